@@ -1,0 +1,103 @@
+"""Target catalog, loaded from ``targets.toml`` shipped in this package.
+
+A target is ``<backend>:<name>``: ``qnn:SM8650`` (a Snapdragon SoC) or ``trt:sm_90`` (a GPU
+compute capability). Names and aliases match case-insensitively.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from farm.errors import UnknownTargetError
+
+BACKENDS = ("qnn", "trt")
+
+
+@dataclass(frozen=True)
+class Target:
+    backend: str
+    name: str
+    marketing: str = ""
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+    soc_model: int | None = None
+    htp_arch: str | None = None
+    compute_capability: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.backend}:{self.name}"
+
+    @property
+    def htp_arch_number(self) -> int | None:
+        return int(self.htp_arch[1:]) if self.htp_arch else None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    targets: tuple[Target, ...]
+
+    def of_backend(self, backend: str) -> list[Target]:
+        return [t for t in self.targets if t.backend == backend]
+
+    def get(self, ref: str, *, backend: str | None = None) -> Target:
+        """Look a target up by ``backend:name``, or by bare name/alias when ``backend`` is given."""
+        raw = ref.strip()
+        if ":" in raw:
+            backend_part, _, name = raw.partition(":")
+            backend_part = backend_part.lower()
+        elif backend:
+            backend_part, name = backend, raw
+        else:
+            raise UnknownTargetError(
+                f"target {ref!r} has no backend prefix",
+                hint=f"write it as <backend>:<name>, e.g. qnn:SM8650 or trt:sm_90 (backends: {', '.join(BACKENDS)})",
+            )
+        if backend_part not in BACKENDS:
+            raise UnknownTargetError(
+                f"unknown backend {backend_part!r} in target {ref!r}",
+                hint=f"known backends: {', '.join(BACKENDS)}",
+            )
+        wanted = name.strip().lower().replace("_", "-")
+        for t in self.of_backend(backend_part):
+            keys = {t.name.lower().replace("_", "-"), *(a.lower().replace("_", "-") for a in t.aliases)}
+            if wanted in keys:
+                return t
+        known = ", ".join(t.name for t in self.of_backend(backend_part))
+        raise UnknownTargetError(
+            f"unknown {backend_part} target {name!r}",
+            hint=f"known {backend_part} targets: {known} (see `farm targets`)",
+            details={"known": [t.name for t in self.of_backend(backend_part)]},
+        )
+
+
+def _load(text: str) -> Catalog:
+    data = tomllib.loads(text)
+    targets: list[Target] = []
+    for backend in BACKENDS:
+        for row in data.get(backend, []):
+            targets.append(
+                Target(
+                    backend=backend,
+                    name=row["name"],
+                    marketing=row.get("marketing", ""),
+                    aliases=tuple(row.get("aliases", ())),
+                    soc_model=row.get("soc_model"),
+                    htp_arch=row.get("htp_arch"),
+                    compute_capability=row.get("compute_capability"),
+                )
+            )
+    return Catalog(tuple(targets))
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> Catalog:
+    """The catalog shipped with the package (parsed once per process)."""
+    text = resources.files(__name__).joinpath("targets.toml").read_text(encoding="utf-8")
+    return _load(text)
+
+
+def parse_target(ref: str) -> Target:
+    return load_catalog().get(ref)

@@ -1,0 +1,145 @@
+"""Errors users see. A leaf module: it imports nothing from the project.
+
+Every error carries a stable ``code`` (scripts match on it), a message and an optional hint.
+The CLI maps them to exit codes in one place (``farm.cli``).
+
+    FarmError
+    ├── InvalidModelError        invalid-model      not ONNX, truncated, external data escaping
+    ├── UnknownTargetError       unknown-target     not in the catalog (lists the known ones)
+    ├── BadOptionsError          bad-options        unknown option, bad value, bad combination
+    ├── UnsupportedOpsError      unsupported-ops    full offload required, ops left on CPU
+    ├── NoWorkerError            no-worker          no toolchain installed / serving
+    ├── ToolchainError           toolchain-error    the EP/SDK failed to compile or load
+    ├── CompileTimeoutError      timeout            compile exceeded its time limit
+    ├── WorkerLostError          worker-lost        the compiling process died
+    ├── StorageError             storage-error      blob store unusable
+    │   ├── BlobNotFound         blob-not-found
+    │   └── DigestMismatchError  digest-mismatch    content does not match its digest
+    ├── NotFoundError            not-found          unknown artifact / model / build / tag
+    ├── NoMatchError             no-match           resolve found nothing loadable
+    ├── ConfigError              bad-config         bad FARM_* setting
+    └── MissingExtraError        missing-extra      optional dependency not installed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FarmError(Exception):
+    """Base of every error a user can cause or must act on."""
+
+    code = "farm-error"
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class InvalidModelError(FarmError):
+    code = "invalid-model"
+
+
+class UnknownTargetError(FarmError):
+    code = "unknown-target"
+
+
+class BadOptionsError(FarmError):
+    code = "bad-options"
+
+
+class UnsupportedOpsError(FarmError):
+    code = "unsupported-ops"
+
+
+class NoWorkerError(FarmError):
+    code = "no-worker"
+
+
+class ToolchainError(FarmError):
+    code = "toolchain-error"
+
+
+class CompileTimeoutError(FarmError):
+    code = "timeout"
+
+
+class WorkerLostError(FarmError):
+    code = "worker-lost"
+
+
+class StorageError(FarmError):
+    code = "storage-error"
+
+
+class BlobNotFound(StorageError):
+    code = "blob-not-found"
+
+
+class DigestMismatchError(StorageError):
+    code = "digest-mismatch"
+
+
+class NotFoundError(FarmError):
+    code = "not-found"
+
+
+class NoMatchError(FarmError):
+    code = "no-match"
+    exit_code = 3
+
+
+class ConfigError(FarmError):
+    code = "bad-config"
+
+
+class MissingExtraError(FarmError):
+    code = "missing-extra"
+
+
+# Failure codes a build row may carry. Deterministic ones are answered from the index on
+# re-submission (same inputs, same failure); the rest are infrastructure and are retried.
+BUILD_FAILURE_CODES = (
+    "invalid-model",
+    "unsupported-ops",
+    "bad-options",
+    "no-worker",
+    "toolchain-error",
+    "timeout",
+    "worker-lost",
+    "storage-error",
+)
+DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options"})
+
+_BY_CODE: dict[str, type[FarmError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidModelError,
+        UnsupportedOpsError,
+        BadOptionsError,
+        NoWorkerError,
+        ToolchainError,
+        CompileTimeoutError,
+        WorkerLostError,
+        StorageError,
+    )
+}
+
+
+def error_for_code(code: str, message: str, *, hint: str | None = None) -> FarmError:
+    """Rebuild a typed error from a stored failure code (e.g. a failed build row)."""
+    return _BY_CODE.get(code, FarmError)(message, hint=hint)

@@ -1,0 +1,187 @@
+"""Build options per backend: schema, parsing of ``k=v`` pairs, validation, normalization.
+
+Normalized options have every default filled in, so "unset" and "explicit default" give the
+same options digest, hence the same build key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from farm.catalog import Target
+from farm.errors import BadOptionsError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    kind: str  # "bool" | "int" | "choice"
+    default: Any
+    help: str
+    choices: tuple[Any, ...] = ()
+    min: int | None = None
+    max: int | None = None
+
+    def coerce(self, raw: Any) -> Any:
+        if self.kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in _TRUE:
+                return True
+            if s in _FALSE:
+                return False
+            raise BadOptionsError(
+                f"option {self.name}={raw!r} is not a boolean", hint="use true/false (or 1/0)"
+            )
+        if self.kind == "int":
+            try:
+                value = int(str(raw).strip())
+            except ValueError:
+                raise BadOptionsError(f"option {self.name}={raw!r} is not an integer") from None
+            if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+                raise BadOptionsError(
+                    f"option {self.name}={value} is out of range", hint=f"allowed: {self.min}..{self.max}"
+                )
+            return value
+        value = str(raw).strip().lower()
+        if value not in self.choices:
+            raise BadOptionsError(
+                f"option {self.name}={raw!r} is not allowed",
+                hint=f"choose one of: {', '.join(map(str, self.choices))}",
+            )
+        return value
+
+
+QNN_OPTIONS: dict[str, OptionSpec] = {
+    s.name: s
+    for s in (
+        OptionSpec("precision", "choice", "fp32", "HTP float precision; fp16 runs float models in fp16 (needs a SoC)",
+                   choices=("fp32", "fp16")),
+        OptionSpec("graph_optimization", "int", 0,
+                   "HTP graph finalization optimization mode (0 default, 3 = longest prepare, best graph)",
+                   min=0, max=3),
+        OptionSpec("require_full_offload", "bool", False,
+                   "fail with unsupported-ops when any node would stay on the CPU"),
+        OptionSpec("embed_mode", "int", 0, "0: context in a .bin beside the model, 1: embedded in the model",
+                   min=0, max=1),
+        OptionSpec("vtcm_mb", "int", 0, "HTP VTCM size in MB to use (0 = SoC default)", min=0, max=64),
+    )
+}
+
+TRT_OPTIONS: dict[str, OptionSpec] = {
+    s.name: s
+    for s in (
+        OptionSpec("precision", "choice", "fp32", "fp32, fp16 or int8 (int8 needs calibration_table)",
+                   choices=("fp32", "fp16", "int8")),
+        OptionSpec("embed_mode", "int", 0, "0: engine beside the model, 1: embedded", min=0, max=1),
+        OptionSpec("builder_optimization_level", "int", 3, "TensorRT builder optimization level", min=0, max=5),
+        OptionSpec("workspace_mb", "int", 0, "max workspace in MiB (0 = TensorRT default)", min=0, max=1 << 20),
+        OptionSpec("hardware_compatibility_level", "choice", "none",
+                   "ampere_plus builds an engine that runs on sm_80 and newer",
+                   choices=("none", "ampere_plus")),
+        OptionSpec("version_compatible", "bool", False, "engine loadable by newer TensorRT versions"),
+        OptionSpec("require_full_offload", "bool", False,
+                   "fail with unsupported-ops when any node would stay on another EP"),
+    )
+}
+
+# String-valued TRT options that are free-form (validated by shape, not by choice).
+TRT_FREEFORM = ("calibration_table", "profile_min_shapes", "profile_opt_shapes", "profile_max_shapes")
+
+SCHEMAS: dict[str, dict[str, OptionSpec]] = {"qnn": QNN_OPTIONS, "trt": TRT_OPTIONS}
+
+
+def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """``["k=v", ...]`` from the command line into a dict; a malformed pair is a bad-options error."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise BadOptionsError(f"option {pair!r} is not of the form key=value")
+        if key in out and out[key] != value:
+            raise BadOptionsError(f"option {key} given twice with different values")
+        out[key] = value
+    return out
+
+
+def normalize(backend: str, raw: Mapping[str, Any], target: Target | None = None) -> dict[str, Any]:
+    """Fill defaults, coerce types, check combinations. Raises BadOptionsError."""
+    schema = SCHEMAS[backend]
+    freeform = TRT_FREEFORM if backend == "trt" else ()
+    unknown = sorted(k for k in raw if k not in schema and k not in freeform)
+    if unknown:
+        known = ", ".join([*schema, *freeform])
+        raise BadOptionsError(
+            f"unknown {backend} option(s): {', '.join(unknown)}", hint=f"known {backend} options: {known}"
+        )
+    out: dict[str, Any] = {name: spec.coerce(raw[name]) if name in raw else spec.default
+                           for name, spec in schema.items()}
+    for name in freeform:
+        value = str(raw.get(name, "")).strip()
+        out[name] = value
+    _check_combinations(backend, out, target)
+    return out
+
+
+def _check_combinations(backend: str, opts: dict[str, Any], target: Target | None) -> None:
+    if backend == "qnn":
+        # The QNN EP refuses enable_htp_fp16_precision without soc_model (measured): catch it here.
+        if opts["precision"] == "fp16" and (target is None or target.soc_model is None):
+            raise BadOptionsError(
+                "precision=fp16 needs a SoC target with a QNN soc_model id",
+                hint="build for a catalog SoC, e.g. --target qnn:SM8650",
+            )
+        return
+    if opts["precision"] == "int8" and not opts["calibration_table"]:
+        raise BadOptionsError(
+            "precision=int8 needs calibration_table=<file>",
+            hint="TensorRT int8 needs a calibration table for models without Q/DQ nodes",
+        )
+    if opts["calibration_table"] and opts["precision"] != "int8":
+        raise BadOptionsError("calibration_table is only used with precision=int8")
+    shapes = [opts[k] for k in ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes")]
+    if any(shapes) and not all(shapes):
+        raise BadOptionsError(
+            "shape profiles need all three of profile_min_shapes, profile_opt_shapes, profile_max_shapes"
+        )
+    for key in ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes"):
+        if opts[key]:
+            _parse_shapes(key, opts[key])
+    if any(shapes):
+        mins, opts_, maxs = (_parse_shapes(k, opts[k]) for k in
+                              ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes"))
+        if set(mins) != set(opts_) or set(mins) != set(maxs):
+            raise BadOptionsError("shape profiles must name the same inputs in min, opt and max")
+        for name in mins:
+            lo, mid, hi = mins[name], opts_[name], maxs[name]
+            if not (len(lo) == len(mid) == len(hi)) or any(a > b or b > c for a, b, c in zip(lo, mid, hi)):
+                raise BadOptionsError(f"shape profile for {name!r} must satisfy min <= opt <= max per dimension")
+    if opts["hardware_compatibility_level"] == "ampere_plus" and target is not None:
+        cc = float(target.compute_capability or 0)
+        if cc < 8.0:
+            raise BadOptionsError(
+                f"hardware_compatibility_level=ampere_plus needs sm_80 or newer, not {target.name}"
+            )
+
+
+def _parse_shapes(key: str, text: str) -> dict[str, tuple[int, ...]]:
+    """'input:1x3x224x224,mask:1x128' -> {'input': (1,3,224,224), 'mask': (1,128)}."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in text.split(","):
+        name, sep, dims = item.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            raise BadOptionsError(
+                f"{key}: {item!r} is not name:DxDxD", hint="e.g. profile_min_shapes=input:1x3x224x224"
+            ) from None
+    return out

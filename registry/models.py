@@ -1,0 +1,165 @@
+"""Index tables. Constraints live here (UNIQUE build key, CHECKs on digests and states)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from registry.db import Base
+
+BUILD_STATES = ("queued", "running", "succeeded", "failed")
+ARTIFACT_STATUSES = ("active", "broken")
+DIGEST_LEN = 71  # "sha256:" + 64 hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _digest_check(column: str) -> CheckConstraint:
+    return CheckConstraint(f"{column} LIKE 'sha256:%' AND length({column}) = {DIGEST_LEN}", name=f"{column}_shape")
+
+
+class Model(Base):
+    """A model bundle, known by its digest."""
+
+    __tablename__ = "models"
+    __table_args__ = (_digest_check("digest"),)
+
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
+    onnx_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    first_name: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Tag(Base):
+    """NAME:TAG -> model digest. Tags move; digests never change."""
+
+    __tablename__ = "tags"
+    __table_args__ = (UniqueConstraint("name", "tag"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    tag: Mapped[str] = mapped_column(String(128))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TagEvent(Base):
+    """History of tag moves (append-only)."""
+
+    __tablename__ = "tag_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    tag: Mapped[str] = mapped_column(String(128))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    previous_digest: Mapped[str | None] = mapped_column(String(DIGEST_LEN))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Build(Base):
+    """One (model, backend, target, toolchain, options) compile. The build key is the arbiter."""
+
+    __tablename__ = "builds"
+    __table_args__ = (
+        UniqueConstraint("build_key"),
+        CheckConstraint("length(build_key) = 64", name="build_key_shape"),
+        CheckConstraint(f"state IN {BUILD_STATES!r}", name="state_known"),
+        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
+        Index(None, "model_digest", "backend", "target"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    build_key: Mapped[str] = mapped_column(String(64))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    backend: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[str] = mapped_column(String(64))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    options_digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    error_code: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    log: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    artifact: Mapped[Artifact | None] = relationship(back_populates="build", uselist=False)
+
+
+class Artifact(Base):
+    """A published build result: a manifest blob plus the files it lists."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        UniqueConstraint("digest"),
+        UniqueConstraint("build_id"),
+        _digest_check("digest"),
+        CheckConstraint(f"status IN {ARTIFACT_STATUSES!r}", name="status_known"),
+        Index(None, "model_digest", "backend", "target", "toolchain"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))  # manifest digest
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    backend: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[str] = mapped_column(String(64))
+    options_digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    ctx_model: Mapped[str] = mapped_column(String(255))
+    ep_sdk_version: Mapped[str | None] = mapped_column(String(64))
+    compile_seconds: Mapped[float] = mapped_column(Float)
+    size: Mapped[int] = mapped_column(BigInteger)
+    nodes_ep: Mapped[int] = mapped_column(Integer)
+    nodes_cpu: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    build: Mapped[Build] = relationship(back_populates="artifact")
+    files: Mapped[list[ArtifactFile]] = relationship(
+        back_populates="artifact", order_by="ArtifactFile.name", cascade="all, delete-orphan"
+    )
+
+    @property
+    def short_id(self) -> str:
+        return self.digest.removeprefix("sha256:")[:12]
+
+
+class ArtifactFile(Base):
+    """A file of an artifact, by the relative name the context model expects."""
+
+    __tablename__ = "artifact_files"
+    __table_args__ = (UniqueConstraint("artifact_id", "name"), _digest_check("digest"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(32))  # ctx-model | context | log | manifest
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    media_type: Mapped[str] = mapped_column(String(128))
+
+    artifact: Mapped[Artifact] = relationship(back_populates="files")

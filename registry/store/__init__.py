@@ -1,0 +1,24 @@
+"""Blob stores, chosen by URL: ``file:///dir`` or ``s3://bucket/prefix?endpoint=http://...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from farm.errors import ConfigError
+from registry.store.base import BlobInfo, BlobStore
+
+__all__ = ["BlobInfo", "BlobStore", "open_store"]
+
+
+def open_store(url: str) -> BlobStore:
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        from registry.store.local import LocalBlobStore
+
+        return LocalBlobStore(Path(parsed.path if parsed.scheme else url))
+    if parsed.scheme == "s3":
+        from registry.store.s3 import S3BlobStore
+
+        return S3BlobStore.from_url(url)
+    raise ConfigError(f"unsupported store URL {url!r}", hint="use file:///path or s3://bucket/prefix?endpoint=...")

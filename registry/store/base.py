@@ -1,0 +1,124 @@
+"""The BlobStore interface. Blobs are content-addressed: ``blobs/sha256/<ab>/<hex>``.
+
+Implementations: ``LocalBlobStore`` (a directory), ``S3BlobStore`` (any S3-compatible
+service). Fakes for unit tests live in ``tests/common``. Every implementation passes the same
+conformance suite (``tests/integration/test_store_conformance.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
+
+from farm.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.keys import CHUNK, is_digest
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: datetime | None = None
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    url: str
+
+    def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
+        """Store a stream; the blob becomes visible only once its sha256 is verified.
+
+        ``expected``: the digest the caller claims; a mismatch raises DigestMismatchError and
+        stores nothing.
+        """
+        ...
+
+    def open(self, digest: str) -> AbstractContextManager[BinaryIO]:
+        """A streamed reader of the blob. Raises BlobNotFound."""
+        ...
+
+    def stat(self, digest: str) -> BlobInfo:
+        """Size (and mtime) of a blob. Raises BlobNotFound."""
+        ...
+
+    def delete(self, digest: str) -> None:
+        """Remove a blob; removing a missing blob is not an error."""
+        ...
+
+    def iter_blobs(self) -> Iterator[BlobInfo]:
+        """Every blob in the store (for verify and gc)."""
+        ...
+
+
+def check_digest(digest: str) -> str:
+    if not is_digest(digest):
+        raise StorageError(f"not a sha256 digest: {digest!r}")
+    return digest
+
+
+def blob_key(digest: str) -> str:
+    hexd = check_digest(digest).removeprefix("sha256:")
+    return f"blobs/sha256/{hexd[:2]}/{hexd}"
+
+
+def exists(store: BlobStore, digest: str) -> bool:
+    try:
+        store.stat(digest)
+    except BlobNotFound:
+        return False
+    return True
+
+
+def put_file(store: BlobStore, path: Path, *, expected: str | None = None) -> BlobInfo:
+    with open(path, "rb") as f:
+        return store.put_stream(f, expected=expected)
+
+
+def put_bytes(store: BlobStore, data: bytes, *, expected: str | None = None) -> BlobInfo:
+    import io
+
+    return store.put_stream(io.BytesIO(data), expected=expected)
+
+
+def read_bytes(store: BlobStore, digest: str) -> bytes:
+    with store.open(digest) as f:
+        data = f.read()
+    from farm.keys import sha256_bytes
+
+    if sha256_bytes(data) != digest:
+        raise DigestMismatchError(f"blob {digest} does not match its digest (tampered or corrupt)")
+    return data
+
+
+def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = None) -> None:
+    """Stream a blob to ``dest`` atomically, verifying size and sha256 on the way."""
+    import hashlib
+    import os
+    import tempfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
+    try:
+        h = hashlib.sha256()
+        n = 0
+        with os.fdopen(fd, "wb") as out, store.open(digest) as src:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        got = "sha256:" + h.hexdigest()
+        if got != digest or (size is not None and n != size):
+            raise DigestMismatchError(
+                f"blob {digest} for {dest.name} failed verification (got {got}, {n} bytes)",
+                hint="the stored blob was altered or corrupted; run `farm registry verify`",
+            )
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,98 @@
+"""LocalBlobStore: a content-addressed directory. Atomic writes: temp file, fsync, rename."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from farm.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.keys import CHUNK
+from registry.store.base import BlobInfo, blob_key, check_digest
+
+
+class LocalBlobStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.url = f"file://{self.root}"
+        self._tmp = self.root / "tmp"
+        try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create blob store at {self.root}: {exc}") from None
+
+    def _path(self, digest: str) -> Path:
+        return self.root / blob_key(digest)
+
+    def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
+        if expected is not None:
+            check_digest(expected)
+        fd, tmp = tempfile.mkstemp(prefix="up-", dir=self._tmp)
+        try:
+            h = hashlib.sha256()
+            size = 0
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            digest = "sha256:" + h.hexdigest()
+            if expected is not None and digest != expected:
+                raise DigestMismatchError(f"upload does not match its digest: expected {expected}, got {digest}")
+            final = self._path(digest)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            # Same content, same name: replacing an existing blob is harmless and keeps it whole.
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+            return BlobInfo(digest, size)
+        except OSError as exc:
+            raise StorageError(f"writing blob failed: {exc}") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    @contextmanager
+    def open(self, digest: str) -> Iterator[BinaryIO]:
+        try:
+            f = open(self._path(digest), "rb")
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not in {self.url}") from None
+        with f:
+            yield f
+
+    def stat(self, digest: str) -> BlobInfo:
+        try:
+            st = self._path(digest).stat()
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not in {self.url}") from None
+        return BlobInfo(digest, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+
+    def delete(self, digest: str) -> None:
+        self._path(digest).unlink(missing_ok=True)
+
+    def iter_blobs(self) -> Iterator[BlobInfo]:
+        base = self.root / "blobs" / "sha256"
+        if not base.exists():
+            return
+        for sub in sorted(base.iterdir()):
+            for p in sorted(sub.iterdir()):
+                st = p.stat()
+                yield BlobInfo("sha256:" + p.name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+
+    def path_of(self, digest: str) -> Path:
+        """Local path of a blob (local store only; lets fetch hard-link or copy cheaply)."""
+        return self._path(digest)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,1 @@
+"""QNN (Qualcomm AI Engine Direct) backend via the onnxruntime-qnn plugin EP."""

@@ -1,0 +1,105 @@
+"""Child process for QNN compiles and loads: the only place that imports onnxruntime_qnn.
+
+    python -m workers.qnn.child compile REQUEST.json RESULT.json
+    python -m workers.qnn.child load    REQUEST.json RESULT.json
+
+Writes ``{"ok": true, ...}`` or ``{"ok": false, "error": {"code", "message"}}`` to RESULT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+# Error texts of the EP/ORT mapped to our failure codes (first match wins).
+_CLASSIFY = (
+    ("soc_model is not specified", "bad-options"),
+    ("QNN_DEVICE_ERROR_INVALID_CONFIG", "bad-options"),
+    ("INVALID_PROTOBUF", "invalid-model"),
+    ("Protobuf parsing failed", "invalid-model"),
+    ("NOT_IMPLEMENTED", "unsupported-ops"),
+    ("Could not find an implementation", "unsupported-ops"),
+)
+
+
+def classify(message: str) -> str:
+    for needle, code in _CLASSIFY:
+        if needle in message:
+            return code
+    return "toolchain-error"
+
+
+def _session_options(provider_options: dict[str, str]):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+    import onnxruntime_qnn as oq
+
+    ort.register_execution_provider_library("QNNExecutionProvider", oq.get_library_path())
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    if not devices:
+        raise RuntimeError("onnxruntime-qnn registered no QNN device")
+    so = ort.SessionOptions()
+    so.log_severity_level = 2
+    so.add_provider_for_devices(devices, {"backend_path": oq.get_qnn_htp_path(), **provider_options})
+    return ort, so
+
+
+def compile_model(req: dict[str, Any]) -> dict[str, Any]:
+    ort, so = _session_options(req["provider_options"])
+    so.add_session_config_entry("ep.context_enable", "1")
+    so.add_session_config_entry("ep.context_file_path", req["ctx_path"])
+    so.add_session_config_entry("ep.context_embed_mode", str(req["embed_mode"]))
+    start = time.perf_counter()
+    # enable_fallback=0: never retry silently on the CPU EP when the QNN EP fails.
+    ort.InferenceSession(req["model"], so, enable_fallback=0)
+    return {"compile_seconds": time.perf_counter() - start}
+
+
+def load_model(req: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    ort, so = _session_options(req["provider_options"])
+    start = time.perf_counter()
+    sess = ort.InferenceSession(req["ctx_model"], so, enable_fallback=0)
+    load_seconds = time.perf_counter() - start
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for inp in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+                 "tensor(int32)": np.int32, "tensor(uint8)": np.uint8}.get(inp.type, np.float32)
+        feeds[inp.name] = rng.random(shape).astype(dtype)
+    start = time.perf_counter()
+    outputs = sess.run(None, feeds)
+    run_seconds = time.perf_counter() - start
+    return {
+        "load_seconds": load_seconds,
+        "run_seconds": run_seconds,
+        "outputs": [list(o.shape) for o in outputs],
+        "providers": sess.get_providers(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    command, req_path, res_path = argv[1], argv[2], argv[3]
+    with open(req_path) as f:
+        req = json.load(f)
+    try:
+        result = {"compile": compile_model, "load": load_model}[command](req)
+        out: dict[str, Any] = {"ok": True, **result}
+        rc = 0
+    except Exception as exc:  # the parent maps the code; the log has the traceback
+        import traceback
+
+        traceback.print_exc()
+        message = str(exc).strip() or type(exc).__name__
+        out = {"ok": False, "error": {"code": classify(message), "message": message}}
+        rc = 1
+    with open(res_path, "w") as f:
+        json.dump(out, f)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
