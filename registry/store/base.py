@@ -118,7 +118,16 @@ def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = No
                 f"blob {digest} for {dest.name} failed verification (got {got}, {n} bytes)",
                 hint="the stored blob was altered or corrupted; run `farm registry verify`",
             )
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

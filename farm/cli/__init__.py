@@ -1,0 +1,104 @@
+"""The ``farm`` command. Subcommands import their heavy modules lazily, so ``farm --help``
+imports no SQLAlchemy, boto3 or onnx. User errors (FarmError) print code, message and hint and
+exit non-zero without a traceback; anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from farm.errors import FarmError
+
+# name -> (module in farm.cli, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "targets": ("catalog_cmd", "list the targets the farm knows (SoCs, GPUs)"),
+    "build": ("build_cmd", "compile a model for targets (embedded: here and now)"),
+    "resolve": ("device_cmd", "which artifact a device should load"),
+    "fetch": ("device_cmd", "download and verify the artifact a device should load"),
+    "load-check": ("device_cmd", "load a context model with the local toolchain and time it"),
+    "ls": ("registry_cmd", "list artifacts"),
+    "show": ("registry_cmd", "show one artifact (manifest, files, build)"),
+    "db": ("registry_cmd", "index database maintenance (upgrade)"),
+}
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``selected``'s module is imported to declare its arguments."""
+    parser = argparse.ArgumentParser(
+        prog="farm",
+        description="ctxfarm: build farm and registry for ONNX Runtime EP context binaries",
+    )
+    parser.add_argument("--version", action="version", version=f"ctxfarm {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        # Each command module declares its own arguments, imported only when that command runs.
+        if name == selected:
+            importlib.import_module(f"farm.cli.{module}").add_arguments(name, p)
+    return parser
+
+
+def _version() -> str:
+    from farm import __version__
+
+    return __version__
+
+
+def print_error(exc: FarmError) -> None:
+    print(f"error[{exc.code}]: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"  hint: {exc.hint}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list[0] if args_list else None)
+    args = parser.parse_args(args_list)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    module = importlib.import_module(f"farm.cli.{args._module}")
+    try:
+        from farm.config import Settings
+
+        settings = Settings.from_env()
+        rc: int = module.run(args.command, args, settings)
+        return rc
+    except FarmError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": exc.to_dict()}, default=str))
+        print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def table(rows: list[dict[str, Any]], columns: list[str], out: Any = None) -> None:
+    """Print rows as an aligned text table."""
+    out = out or sys.stdout
+    cells = [[str(c).upper() for c in columns]] + [["" if r.get(c) is None else str(r.get(c)) for c in columns]
+                                                    for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return ""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

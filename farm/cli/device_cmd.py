@@ -1,0 +1,122 @@
+"""Device-side commands: farm resolve | fetch | load-check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from farm.config import Settings
+from farm.errors import FarmError
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "load-check":
+        p.add_argument("ctx_model", help="a *_ctx.onnx")
+        p.add_argument("--target", "-t", required=True, help="the device, e.g. qnn:SM8650")
+        p.add_argument("--json", action="store_true")
+        return
+    if name == "fetch":
+        p.add_argument("artifact", nargs="?", help="an artifact id; or resolve from --model/--soc/--qnn")
+    p.add_argument("--model", "-m", help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--soc", help="device SoC (Build.SOC_MODEL), e.g. SM8650 or snapdragon-8-gen-3")
+    p.add_argument("--qnn", metavar="VERSION", help="QNN runtime SDK version on the device, e.g. 2.51.0")
+    p.add_argument("--json", action="store_true")
+    if name == "fetch":
+        p.add_argument("--out", "-o", required=True, help="directory to place the files in")
+        p.add_argument("--name", help="write the context model as NAME_ctx.onnx (default: the model name)")
+        p.add_argument("--load-check", action="store_true",
+                       help="load the fetched context model with the local toolchain and time it")
+
+
+def _device(args: argparse.Namespace) -> Any:
+    from farm.catalog import load_catalog
+    from registry.resolve import Device
+
+    if not args.soc or not args.qnn:
+        raise FarmError("a device is described by --soc and --qnn",
+                        hint="e.g. --soc SM8650 --qnn 2.51.0")
+    return Device("qnn", load_catalog().get(args.soc, backend="qnn"), args.qnn)
+
+
+def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from registry.index import resolve_model_ref
+    from registry.resolve import resolve
+
+    if not args.model:
+        raise FarmError("which model? give --model NAME:TAG (or a digest)")
+    device = _device(args)
+    with reg.db.session() as s:
+        digest = resolve_model_ref(s, args.model)
+        artifact, verdict = resolve(s, digest, device, model_label=args.model)
+        s.expunge_all()
+    return artifact, verdict, digest
+
+
+def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    if name == "load-check":
+        return _load_check(args)
+    from registry.index import Registry, find_artifact
+
+    reg = Registry.open(settings)
+    try:
+        if name == "resolve":
+            artifact, verdict, _ = _resolve(reg, args)
+            from registry.resolve import describe
+
+            info = describe(artifact, verdict)
+            info["files"] = [{"name": f.name, "digest": f.digest, "size": f.size}
+                             for f in artifact.files if f.role in ("ctx-model", "context")]
+            if args.json:
+                print(json.dumps(info, indent=2))
+            else:
+                print(f"{artifact.short_id}  {artifact.backend}:{artifact.target}  QNN {artifact.toolchain}  "
+                      f"({verdict.source}: {verdict.reason})")
+                for f in info["files"]:
+                    print(f"  {f['name']}  {f['size']} B  {f['digest']}")
+            return 0
+        # fetch
+        if args.artifact:
+            with reg.db.session() as s:
+                artifact = find_artifact(s, args.artifact)
+                s.expunge_all()
+        else:
+            artifact, _, _ = _resolve(reg, args)
+        from farm.fetch import fetch_artifact, receipt
+
+        display = args.name or (args.model.partition(":")[0] if args.model and not args.model.startswith("sha256:")
+                                else None)
+        result = fetch_artifact(reg.store, artifact, Path(args.out), name=display)
+        extra: dict[str, Any] = {}
+        if args.load_check:
+            from farm.catalog import load_catalog
+            from workers.runner import get_runner
+
+            target = load_catalog().get(f"{artifact.backend}:{artifact.target}")
+            extra["load"] = get_runner(artifact.backend).load_check(result.ctx_model, target)
+        if args.json:
+            print(json.dumps(receipt(result, extra), indent=2))
+        else:
+            print(f"fetched {artifact.short_id} ({result.bytes} B, digests verified) -> {result.ctx_model}")
+            if "load" in extra:
+                load = extra["load"]
+                print(f"loaded with {artifact.backend} in {load['load_seconds'] * 1000:.1f} ms, "
+                      f"ran once in {load['run_seconds'] * 1000:.1f} ms, outputs {load['outputs']}")
+        return 0
+    finally:
+        reg.close()
+
+
+def _load_check(args: argparse.Namespace) -> int:
+    from farm.catalog import parse_target
+    from workers.runner import get_runner
+
+    target = parse_target(args.target)
+    result = get_runner(target.backend).load_check(Path(args.ctx_model), target)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"loaded {args.ctx_model} on {target.ref} in {result['load_seconds'] * 1000:.1f} ms; "
+              f"one run {result['run_seconds'] * 1000:.1f} ms; outputs {result['outputs']}")
+    return 0

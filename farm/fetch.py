@@ -1,0 +1,57 @@
+"""Device-side fetch: resolve, download every file, verify every digest, lay the files out so the
+context model's relative ``ep_cache_context`` paths resolve."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from farm.errors import DigestMismatchError, StorageError
+from registry import manifest as mf
+from registry.models import Artifact
+from registry.store.base import BlobStore, download, read_bytes
+
+PAYLOAD_ROLES = ("ctx-model", "context")
+
+
+@dataclass
+class FetchResult:
+    artifact: str
+    ctx_model: Path
+    files: list[Path]
+    bytes: int
+
+
+def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, name: str | None = None) -> FetchResult:
+    """Download ``artifact`` into ``out_dir``. The manifest is checked against its digest and
+    against the index; each file against the manifest. Nothing half-written is left behind."""
+    manifest = mf.decode(read_bytes(store, artifact.digest), artifact.digest)
+    listed = {f["name"]: f for f in manifest["files"]}
+    indexed = {f.name: f for f in artifact.files if f.role in PAYLOAD_ROLES}
+    if set(listed) != set(indexed) or any(listed[n]["digest"] != indexed[n].digest for n in listed):
+        raise DigestMismatchError(
+            f"artifact {artifact.short_id}: the index and the manifest disagree on its files",
+            hint="run `farm registry verify --repair`",
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx_name = manifest["ctxModel"]
+    final_ctx = f"{name}_ctx.onnx" if name else ctx_name
+    written: list[Path] = []
+    total = 0
+    for fname, entry in sorted(listed.items()):
+        rel = PurePosixPath(fname)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise StorageError(f"manifest lists an unsafe path {fname!r}")
+        # Renaming the top-level context model is safe: it references its .bin files relatively.
+        dest = out_dir / (final_ctx if fname == ctx_name else str(rel))
+        download(store, entry["digest"], dest, size=int(entry["size"]))
+        written.append(dest)
+        total += int(entry["size"])
+    return FetchResult(artifact.digest, out_dir / final_ctx, written, total)
+
+
+def receipt(result: FetchResult, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"artifact": result.artifact, "ctx_model": os.fspath(result.ctx_model),
+            "files": [os.fspath(p) for p in result.files], "bytes": result.bytes, **extra}

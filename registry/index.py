@@ -1,0 +1,267 @@
+"""Record and look up models, tags, builds and artifacts in the SQL index.
+
+The UNIQUE build key is the arbiter of dedupe: whoever inserts the row compiles; everyone else
+reads it. A build row carries a lease so a crashed compiler's build can be taken over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from farm.config import Settings
+from farm.errors import DETERMINISTIC_FAILURES, NotFoundError
+from farm.keys import is_digest
+from registry.db import Database
+from registry.models import Artifact, ArtifactFile, Build, Model, Tag, TagEvent
+from registry.store import BlobStore, open_store
+
+
+@dataclass
+class Registry:
+    """The index database and the blob store, opened together from Settings."""
+
+    db: Database
+    store: BlobStore
+
+    @classmethod
+    def open(cls, settings: Settings) -> Registry:
+        return cls(Database(settings.database_url), open_store(settings.store_url))
+
+    def close(self) -> None:
+        self.db.dispose()
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything we store is UTC.
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt
+
+
+# ---- models and tags ---------------------------------------------------------------------------
+
+def record_model(session: Session, *, digest: str, onnx_digest: str, size: int, files: list[dict[str, Any]],
+                 name: str) -> Model:
+    model = session.get(Model, digest)
+    if model is None:
+        model = Model(digest=digest, onnx_digest=onnx_digest, size=size, files=files, first_name=name)
+        try:
+            with session.begin_nested():
+                session.add(model)
+        except IntegrityError:
+            model = session.get(Model, digest)  # a concurrent submitter recorded it first
+            assert model is not None
+    return model
+
+
+def find_model_by_onnx(session: Session, onnx_digest: str) -> list[Model]:
+    return list(session.scalars(select(Model).where(Model.onnx_digest == onnx_digest)))
+
+
+def set_tag(session: Session, name: str, tag: str, digest: str) -> bool:
+    """Point NAME:TAG at a digest; returns True when the tag moved (history recorded)."""
+    row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
+    if row is not None and row.model_digest == digest:
+        return False
+    previous = row.model_digest if row else None
+    if row is None:
+        session.add(Tag(name=name, tag=tag, model_digest=digest))
+    else:
+        row.model_digest = digest
+        row.updated_at = now()
+    session.add(TagEvent(name=name, tag=tag, model_digest=digest, previous_digest=previous))
+    return True
+
+
+def resolve_model_ref(session: Session, ref: str) -> str:
+    """NAME:TAG, NAME (= NAME:latest), a full digest or a unique hex prefix -> model digest."""
+    if is_digest(ref):
+        if session.get(Model, ref) is None:
+            raise NotFoundError(f"no model {ref} in the registry")
+        return ref
+    name, _, tag = ref.partition(":")
+    if name != "sha256":
+        row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == (tag or "latest")))
+        if row is not None:
+            return row.model_digest
+    prefix = ref.removeprefix("sha256:")
+    if len(prefix) >= 6 and all(c in "0123456789abcdef" for c in prefix):
+        hits = list(session.scalars(select(Model.digest).where(Model.digest.like(f"sha256:{prefix}%")).limit(2)))
+        if len(hits) == 1:
+            return hits[0]
+    tags = [f"{n}:{t}" for n, t in session.execute(select(Tag.name, Tag.tag).order_by(Tag.name, Tag.tag).limit(20))]
+    raise NotFoundError(
+        f"no model {ref!r} in the registry",
+        hint=("known tags: " + ", ".join(tags)) if tags else "build one first: farm build MODEL.onnx --name NAME",
+    )
+
+
+def tags_of(session: Session, digest: str) -> list[str]:
+    return [f"{n}:{t}" for n, t in session.execute(
+        select(Tag.name, Tag.tag).where(Tag.model_digest == digest).order_by(Tag.name, Tag.tag))]
+
+
+# ---- builds --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildSpec:
+    build_key: str
+    model_digest: str
+    backend: str
+    target: str
+    toolchain: str
+    options: dict[str, Any]
+    options_digest: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What claim_build decided: ``compile`` (ours now), ``done`` (answer from the index),
+    ``busy`` (someone else holds a live lease)."""
+
+    action: str
+    build_id: int
+    state: str
+    attempt: int
+
+
+def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owner: str | None = None,
+                max_attempts: int = 3) -> Claim:
+    owner = owner or owner_id()
+    lease_until = now() + timedelta(seconds=lease_seconds)
+    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+    if row is None:
+        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
+                    target=spec.target, toolchain=spec.toolchain, options=spec.options,
+                    options_digest=spec.options_digest, state="running", attempts=1,
+                    lease_owner=owner, lease_expires_at=lease_until, started_at=now())
+        try:
+            with session.begin_nested():
+                session.add(row)
+            return Claim("compile", row.id, "running", 1)
+        except IntegrityError:
+            # Lost the race on the UNIQUE key: read the winner's row.
+            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+            assert row is not None
+    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES):
+        return Claim("done", row.id, row.state, row.attempts)
+    lease = _aware(row.lease_expires_at)
+    if row.state in ("queued", "running") and lease is not None and lease > now():
+        return Claim("busy", row.id, row.state, row.attempts)
+    # Failed for an infrastructure reason, or a lease that ran out (its holder died): take it
+    # over with a compare-and-set on attempts so two takers cannot both win.
+    taken = session.execute(
+        update(Build)
+        .where(Build.id == row.id, Build.attempts == row.attempts)
+        .values(state="running", attempts=row.attempts + 1, lease_owner=owner, lease_expires_at=lease_until,
+                started_at=now(), finished_at=None, error_code=None, error_message=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if taken != 1:
+        return Claim("busy", row.id, row.state, row.attempts)
+    session.expire(row)
+    return Claim("compile", row.id, "running", row.attempts + 1)
+
+
+def fail_build(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:
+    session.execute(
+        update(Build).where(Build.id == build_id)
+        .values(state="failed", error_code=code, error_message=message, log=log, lease_owner=None,
+                lease_expires_at=None, finished_at=now())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def get_build(session: Session, build_id: int) -> Build:
+    row = session.get(Build, build_id)
+    if row is None:
+        raise NotFoundError(f"no build {build_id}")
+    return row
+
+
+# ---- artifacts ----------------------------------------------------------------------------------
+
+def publish_artifact(session: Session, build_id: int, *, manifest_digest: str, manifest_size: int,
+                     ctx_model: str, files: list[dict[str, Any]], ep_sdk_version: str | None,
+                     compile_seconds: float, nodes_ep: int, nodes_cpu: int, log: str) -> Artifact:
+    """Insert the artifact and mark the build succeeded, in the caller's transaction.
+
+    Call only after every blob (files, log, manifest) is in the store.
+    """
+    build = get_build(session, build_id)
+    artifact = Artifact(
+        digest=manifest_digest, build_id=build.id, model_digest=build.model_digest, backend=build.backend,
+        target=build.target, toolchain=build.toolchain, options_digest=build.options_digest,
+        ctx_model=ctx_model, ep_sdk_version=ep_sdk_version, compile_seconds=compile_seconds,
+        size=sum(int(f["size"]) for f in files if f["role"] in ("ctx-model", "context")),
+        nodes_ep=nodes_ep, nodes_cpu=nodes_cpu,
+    )
+    artifact.files = [ArtifactFile(name=f["name"], role=f["role"], digest=f["digest"], size=f["size"],
+                                   media_type=f["mediaType"]) for f in files]
+    artifact.files.append(ArtifactFile(name="manifest.json", role="manifest", digest=manifest_digest,
+                                       size=manifest_size, media_type="application/vnd.ctxfarm.manifest.v1+json"))
+    session.add(artifact)
+    build.state = "succeeded"
+    build.log = log
+    build.finished_at = now()
+    build.lease_owner = None
+    build.lease_expires_at = None
+    session.flush()
+    return artifact
+
+
+def artifact_for_build(session: Session, build_id: int) -> Artifact | None:
+    return session.scalar(select(Artifact).options(selectinload(Artifact.files)).where(Artifact.build_id == build_id))
+
+
+def find_artifact(session: Session, ref: str) -> Artifact:
+    """An artifact by manifest digest, or by a unique prefix of its hex (>= 6 chars)."""
+    hexpart = ref.removeprefix("sha256:").lower()
+    if len(hexpart) < 6 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise NotFoundError(f"{ref!r} is not an artifact id", hint="use the id `farm ls` prints (6+ hex digits)")
+    hits = list(session.scalars(
+        select(Artifact).options(selectinload(Artifact.files), selectinload(Artifact.build))
+        .where(Artifact.digest.like(f"sha256:{hexpart}%")).limit(2)))
+    if not hits:
+        raise NotFoundError(f"no artifact {ref!r}", hint="`farm ls` lists the artifacts")
+    if len(hits) > 1:
+        raise NotFoundError(f"artifact id {ref!r} is ambiguous", hint="give more digits")
+    return hits[0]
+
+
+def list_artifacts(session: Session, *, model_digest: str | None = None, backend: str | None = None,
+                   target: str | None = None, limit: int = 200) -> list[Artifact]:
+    q = select(Artifact).order_by(Artifact.created_at.desc(), Artifact.id.desc()).limit(limit)
+    if model_digest:
+        q = q.where(Artifact.model_digest == model_digest)
+    if backend:
+        q = q.where(Artifact.backend == backend)
+    if target:
+        q = q.where(Artifact.target == target)
+    return list(session.scalars(q))
+
+
+def counts(session: Session) -> dict[str, int]:
+    """Row counts per table (used by tests and `farm registry stats`)."""
+    out = {}
+    for model in (Model, Tag, Build, Artifact, ArtifactFile):
+        out[model.__tablename__] = session.scalar(select(func.count()).select_from(model)) or 0
+    out["builds_unfinished"] = session.scalar(
+        select(func.count()).select_from(Build).where(or_(Build.state == "queued", Build.state == "running"))) or 0
+    return out

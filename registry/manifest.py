@@ -1,0 +1,65 @@
+"""Artifact manifests: canonical JSON, stored as a content-addressed blob (like an OCI manifest).
+
+The manifest digest is the artifact's identity; signatures are made over it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.errors import DigestMismatchError
+from farm.keys import canonical_json, sha256_bytes
+
+MEDIA_MANIFEST = "application/vnd.ctxfarm.manifest.v1+json"
+SCHEMA_VERSION = 1
+
+
+def make_manifest(
+    *,
+    model_digest: str,
+    build_key: str,
+    backend: str,
+    target: dict[str, Any],
+    toolchain: dict[str, Any],
+    options: dict[str, Any],
+    options_digest: str,
+    ctx_model: str,
+    files: list[dict[str, Any]],
+    epcontext: list[dict[str, Any]],
+    placement: dict[str, Any],
+    compile_seconds: float,
+    built_at: str,
+    log: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "mediaType": MEDIA_MANIFEST,
+        "model": model_digest,
+        "buildKey": build_key,
+        "backend": backend,
+        "target": target,
+        "toolchain": toolchain,
+        "options": options,
+        "optionsDigest": options_digest,
+        "ctxModel": ctx_model,
+        "files": sorted(files, key=lambda f: f["name"]),
+        "epcontext": epcontext,
+        "placement": placement,
+        "compileSeconds": round(compile_seconds, 6),
+        "builtAt": built_at,
+        "log": log,
+    }
+
+
+def encode(manifest: dict[str, Any]) -> tuple[bytes, str]:
+    data = canonical_json(manifest)
+    return data, sha256_bytes(data)
+
+
+def decode(data: bytes, digest: str) -> dict[str, Any]:
+    import json
+
+    if sha256_bytes(data) != digest:
+        raise DigestMismatchError(f"manifest {digest} does not match its content (tampered or corrupt)")
+    manifest: dict[str, Any] = json.loads(data)
+    return manifest

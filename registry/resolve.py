@@ -1,0 +1,117 @@
+"""Which artifact should a device load? Compatibility rules, candidate ordering, explained misses.
+
+Order: exact target -> loads (evidence beats rule) -> newest toolchain the runtime can load ->
+default options -> newest build. A miss raises NoMatchError naming the nearest candidates and
+what would make them match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from farm.catalog import Target, load_catalog
+from farm.errors import NoMatchError
+from farm.keys import options_digest, parse_version
+from farm.options import normalize
+from registry.models import Artifact
+
+
+@dataclass(frozen=True)
+class Verdict:
+    loads: bool
+    source: str  # rule | probe
+    reason: str
+
+
+@dataclass(frozen=True)
+class Device:
+    backend: str
+    target: Target
+    runtime: str  # QNN SDK version of the device runtime, or TensorRT version
+
+
+def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
+    """QNN: same SoC, and the runtime SDK is at least the SDK that built the context (measured)."""
+    if artifact.target != device.target.name:
+        built = load_catalog().get(artifact.target, backend="qnn")
+        if (built.htp_arch_number or 0) > (device.target.htp_arch_number or 0):
+            why = f"built for {built.name} ({built.htp_arch}), a newer HTP arch than {device.target.htp_arch}"
+        else:
+            why = f"built for {built.name} ({built.htp_arch}), not {device.target.name} ({device.target.htp_arch})"
+        return Verdict(False, "rule", why)
+    if parse_version(artifact.toolchain) > parse_version(device.runtime):
+        return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
+    return Verdict(True, "rule", f"same SoC, QNN {artifact.toolchain} <= runtime {device.runtime}")
+
+
+RULES = {"qnn": qnn_rule}
+
+
+def verdict(artifact: Artifact, device: Device) -> Verdict:
+    return RULES[device.backend](artifact, device)
+
+
+def _default_options_digest(backend: str, target: Target) -> str:
+    return options_digest(normalize(backend, {}, target))
+
+
+def candidates(session: Session, model_digest: str, backend: str) -> list[Artifact]:
+    return list(session.scalars(
+        select(Artifact).options(selectinload(Artifact.files))
+        .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active")))
+
+
+def rank(arts: list[Artifact], device: Device) -> tuple[list[tuple[Artifact, Verdict]], list[tuple[Artifact, Verdict]]]:
+    """(loadable best-first, not loadable nearest-first)."""
+    default_opts = _default_options_digest(device.backend, device.target)
+    judged = [(a, verdict(a, device)) for a in arts]
+    good = [(a, v) for a, v in judged if v.loads]
+    bad = [(a, v) for a, v in judged if not v.loads]
+    good.sort(key=lambda av: (
+        av[0].target == device.target.name,
+        av[1].source == "probe",
+        parse_version(av[0].toolchain),
+        av[0].options_digest == default_opts,
+        av[0].created_at,
+    ), reverse=True)
+    bad.sort(key=lambda av: (av[0].target == device.target.name, parse_version(av[0].toolchain)), reverse=True)
+    return good, bad
+
+
+def resolve(session: Session, model_digest: str, device: Device, *, model_label: str = "") -> tuple[Artifact, Verdict]:
+    arts = candidates(session, model_digest, device.backend)
+    good, bad = rank(arts, device)
+    if good:
+        return good[0]
+    label = model_label or model_digest
+    nearest = [{"artifact": a.digest, "target": a.target, "toolchain": a.toolchain, "reason": v.reason}
+               for a, v in bad[:5]]
+    if not arts:
+        msg = f"no {device.backend} artifact of {label} exists"
+        hint = f"build one: farm build MODEL --target {device.target.ref}"
+    else:
+        msg = (f"none of the {len(arts)} {device.backend} artifact(s) of {label} loads on "
+               f"{device.target.ref} with runtime {device.runtime}")
+        lines = [f"{a.short_id} {a.target} {device.backend.upper()} {a.toolchain}: {v.reason}" for a, v in bad[:5]]
+        needed = _what_is_needed(bad, device)
+        hint = "nearest: " + "; ".join(lines) + (f". {needed}" if needed else "")
+    raise NoMatchError(msg, hint=hint, details={"nearest": nearest})
+
+
+def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
+    same = [a for a, _ in bad if a.target == device.target.name]
+    if same and device.backend == "qnn":
+        oldest = min(same, key=lambda a: parse_version(a.toolchain))
+        return (f"needed: a build for {device.target.name} with QNN <= {device.runtime} "
+                f"(e.g. farm build --target {device.target.ref} on a QNN {device.runtime} worker), "
+                f"or a device runtime >= {oldest.toolchain}")
+    return f"needed: a build for {device.target.ref}"
+
+
+def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
+    return {"artifact": artifact.digest, "target": artifact.target, "toolchain": artifact.toolchain,
+            "verdict": "loads" if v.loads else "fails", "source": v.source, "reason": v.reason}
