@@ -31,11 +31,12 @@ class FarmError(Exception):
 
     code = "farm-error"
     exit_code = 1
+    default_hint: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = hint or self.default_hint
         self.details = details or {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,38 +53,47 @@ class FarmError(Exception):
 
 class InvalidModelError(FarmError):
     code = "invalid-model"
+    default_hint = "ctxfarm builds ONNX ModelProto files (.onnx), external data as relative files beside them"
 
 
 class UnknownTargetError(FarmError):
     code = "unknown-target"
+    default_hint = "`farm targets` lists the known targets"
 
 
 class BadOptionsError(FarmError):
     code = "bad-options"
+    default_hint = "see the options of each backend in the README (farm build --option key=value)"
 
 
 class UnsupportedOpsError(FarmError):
     code = "unsupported-ops"
+    default_hint = "drop require_full_offload=true to ship a partially offloaded model"
 
 
 class NoWorkerError(FarmError):
     code = "no-worker"
+    default_hint = "install the backend's toolchain (pip install 'ctxfarm[qnn]') or start a worker for it"
 
 
 class ToolchainError(FarmError):
     code = "toolchain-error"
+    default_hint = "the build log (farm show / farm status) holds the SDK's own message"
 
 
 class CompileTimeoutError(FarmError):
     code = "timeout"
+    default_hint = "raise FARM_COMPILE_TIMEOUT if the model legitimately needs longer"
 
 
 class WorkerLostError(FarmError):
     code = "worker-lost"
+    default_hint = "the compiling process died; the build log holds its last words"
 
 
 class StorageError(FarmError):
     code = "storage-error"
+    default_hint = "check FARM_STORE_URL and that the store is reachable and writable"
 
 
 class BlobNotFound(StorageError):
@@ -92,10 +102,12 @@ class BlobNotFound(StorageError):
 
 class DigestMismatchError(StorageError):
     code = "digest-mismatch"
+    default_hint = "the stored content was altered or corrupted: run `farm registry verify`"
 
 
 class NotFoundError(FarmError):
     code = "not-found"
+    default_hint = "`farm ls` lists artifacts; model refs are NAME:TAG, NAME or a digest"
 
 
 class NoMatchError(FarmError):
@@ -105,6 +117,7 @@ class NoMatchError(FarmError):
 
 class ConfigError(FarmError):
     code = "bad-config"
+    default_hint = "see the FARM_* settings in the README"
 
 
 class MissingExtraError(FarmError):

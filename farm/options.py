@@ -43,7 +43,8 @@ class OptionSpec:
             try:
                 value = int(str(raw).strip())
             except ValueError:
-                raise BadOptionsError(f"option {self.name}={raw!r} is not an integer") from None
+                raise BadOptionsError(f"option {self.name}={raw!r} is not an integer",
+                                      hint=f"allowed: {self.min}..{self.max}") from None
             if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
                 raise BadOptionsError(
                     f"option {self.name}={value} is out of range", hint=f"allowed: {self.min}..{self.max}"
@@ -104,9 +105,9 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
-            raise BadOptionsError(f"option {pair!r} is not of the form key=value")
+            raise BadOptionsError(f"option {pair!r} is not of the form key=value", hint="e.g. --option precision=fp16")
         if key in out and out[key] != value:
-            raise BadOptionsError(f"option {key} given twice with different values")
+            raise BadOptionsError(f"option {key} given twice with different values", hint="give each option once")
         out[key] = value
     return out
 
@@ -145,11 +146,13 @@ def _check_combinations(backend: str, opts: dict[str, Any], target: Target | Non
             hint="TensorRT int8 needs a calibration table for models without Q/DQ nodes",
         )
     if opts["calibration_table"] and opts["precision"] != "int8":
-        raise BadOptionsError("calibration_table is only used with precision=int8")
+        raise BadOptionsError("calibration_table is only used with precision=int8",
+                              hint="add precision=int8 or drop calibration_table")
     shapes = [opts[k] for k in ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes")]
     if any(shapes) and not all(shapes):
         raise BadOptionsError(
-            "shape profiles need all three of profile_min_shapes, profile_opt_shapes, profile_max_shapes"
+            "shape profiles need all three of profile_min_shapes, profile_opt_shapes, profile_max_shapes",
+            hint="e.g. profile_min_shapes=x:1x3x224x224 profile_opt_shapes=x:4x3x224x224 profile_max_shapes=x:8x3x224x224",
         )
     for key in ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes"):
         if opts[key]:
@@ -158,16 +161,19 @@ def _check_combinations(backend: str, opts: dict[str, Any], target: Target | Non
         mins, opts_, maxs = (_parse_shapes(k, opts[k]) for k in
                               ("profile_min_shapes", "profile_opt_shapes", "profile_max_shapes"))
         if set(mins) != set(opts_) or set(mins) != set(maxs):
-            raise BadOptionsError("shape profiles must name the same inputs in min, opt and max")
+            raise BadOptionsError("shape profiles must name the same inputs in min, opt and max",
+                                  hint="list every dynamic input in all three profiles")
         for name in mins:
             lo, mid, hi = mins[name], opts_[name], maxs[name]
             if not (len(lo) == len(mid) == len(hi)) or any(a > b or b > c for a, b, c in zip(lo, mid, hi)):
-                raise BadOptionsError(f"shape profile for {name!r} must satisfy min <= opt <= max per dimension")
+                raise BadOptionsError(f"shape profile for {name!r} must satisfy min <= opt <= max per dimension",
+                                      hint="check the order of the three profiles")
     if opts["hardware_compatibility_level"] == "ampere_plus" and target is not None:
         cc = float(target.compute_capability or 0)
         if cc < 8.0:
             raise BadOptionsError(
-                f"hardware_compatibility_level=ampere_plus needs sm_80 or newer, not {target.name}"
+                f"hardware_compatibility_level=ampere_plus needs sm_80 or newer, not {target.name}",
+                hint="drop the option for pre-Ampere GPUs, or build for trt:sm_80 and newer",
             )
 
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the tests need (into .venv) and runs the whole suite. Extra args go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv || exit 1; fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster]' || exit 1
+.venv/bin/python -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: treating as a failure" >&2
+  exit 1
+fi
+exit "$rc"

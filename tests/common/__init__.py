@@ -1,0 +1,1 @@
+"""Fakes and builders shared by unit and integration tests."""

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from farm.config import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Embedded settings in a private FARM_HOME (SQLite + local blob dir)."""
+    return Settings.from_env({"FARM_HOME": str(tmp_path / "farm-home")})
+
+
+@pytest.fixture
+def farm_env(settings: Settings) -> dict[str, str]:
+    """Environment for `farm` subprocesses that use the same FARM_HOME as ``settings``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env["FARM_HOME"] = str(settings.home)
+    return env

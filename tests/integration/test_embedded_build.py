@@ -1,0 +1,245 @@
+"""The walking farm, for real: QNN HTP compiles (onnxruntime-qnn), the embedded registry
+(SQLite + local blobs), rebuild from the index, device-style resolve/fetch/load."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.config import Settings
+from farm.submit import build
+from registry.index import Registry, find_artifact
+from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
+from tests.common.registry_state import snapshot
+
+
+def farm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_two_socs_give_two_artifacts_and_rebuild_is_cached(settings: Settings, farm_env: dict[str, str]) -> None:
+    model = str(light("squeezenet"))
+    out = json.loads(farm(farm_env, "build", model, "-t", "qnn:SM8650", "-t", "qnn:SM8750",
+                          "--name", "squeezenet", "--tag", "stable", "--json").stdout)
+    first = {b["target"]: b for b in out["builds"]}
+    assert {b["state"] for b in first.values()} == {"built"}
+    assert first["qnn:SM8650"]["artifact"] != first["qnn:SM8750"]["artifact"]
+    assert all(b["nodes_ep"] >= 1 and b["nodes_cpu"] == 0 for b in first.values())
+    assert all(b["compile_seconds"] > 0 and b["size"] > 100_000 for b in first.values())
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            a = find_artifact(s, first["qnn:SM8650"]["artifact"])
+            b = find_artifact(s, first["qnn:SM8750"]["artifact"])
+            bins_a = {f.digest for f in a.files if f.role == "context"}
+            bins_b = {f.digest for f in b.files if f.role == "context"}
+            assert bins_a and bins_a.isdisjoint(bins_b), "different soc_model must give different context bytes"
+            assert a.ep_sdk_version and a.ep_sdk_version.startswith("v2.51.0")
+    finally:
+        reg.close()
+
+    before = snapshot(settings)
+    again = json.loads(farm(farm_env, "build", model, "-t", "qnn:SM8650", "-t", "qnn:SM8750",
+                            "--name", "squeezenet", "--tag", "stable", "--json").stdout)
+    assert [b["state"] for b in again["builds"]] == ["cached", "cached"]
+    assert {b["artifact"] for b in again["builds"]} == {b["artifact"] for b in first.values()}
+    assert snapshot(settings) == before, "a cached rebuild must not write anything"
+
+
+def test_fetch_as_device_and_load(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    farm(farm_env, "build", str(light("resnet50")), "-t", "qnn:SM8650", "--name", "resnet", "--tag", "stable")
+    res = json.loads(farm(farm_env, "resolve", "--model", "resnet:stable", "--soc", "snapdragon-8-gen-3",
+                          "--qnn", "2.51.0", "--json").stdout)
+    assert res["target"] == "SM8650" and res["verdict"] == "loads"
+    dev = tmp_path / "device"
+    got = json.loads(farm(farm_env, "fetch", "--model", "resnet:stable", "--soc", "SM8650", "--qnn", "2.51.0",
+                          "--out", str(dev), "--load-check", "--json").stdout)
+    assert got["artifact"] == res["artifact"]
+    assert Path(got["ctx_model"]) == dev / "resnet_ctx.onnx"
+    assert sorted(p.name for p in dev.iterdir()) == sorted(f["name"] if not f["name"].endswith("_ctx.onnx")
+                                                            else "resnet_ctx.onnx" for f in res["files"])
+    assert got["load"]["outputs"] == [[1, 1000]] or got["load"]["outputs"][0][:2] == [1, 1000]
+    assert got["load"]["load_seconds"] > 0
+
+
+def test_device_with_older_runtime_gets_explained_no_match(settings: Settings, farm_env: dict[str, str]) -> None:
+    farm(farm_env, "build", str(light("squeezenet")), "-t", "qnn:SM8650", "--name", "sq")
+    proc = farm(farm_env, "resolve", "--model", "sq", "--soc", "SM8650", "--qnn", "2.47.0", check=False)
+    assert proc.returncode == 3
+    assert "error[no-match]" in proc.stderr and "Traceback" not in proc.stderr
+    assert "newer than the runtime 2.47.0" in proc.stderr and "QNN <= 2.47.0" in proc.stderr
+    other = farm(farm_env, "resolve", "--model", "sq", "--soc", "SM8750", "--qnn", "2.51.0", check=False)
+    assert other.returncode == 3 and "built for SM8650" in other.stderr
+
+
+def test_full_offload_model_from_helper(settings: Settings, tmp_path: Path) -> None:
+    model = conv_relu_add(tmp_path / "crelu.onnx")
+    report = build(settings, model, ["qnn:SM8550"], ["require_full_offload=true"])
+    (o,) = report.outcomes
+    assert o.state == "built" and o.nodes_cpu == 0 and o.nodes_ep == 1
+
+
+def test_external_data_model_compiles_and_digest_covers_data(settings: Settings, tmp_path: Path) -> None:
+    model = conv_relu_add(tmp_path / "ext.onnx", external=True)
+    assert (tmp_path / "ext.data").exists()
+    (o,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert o.state == "built"
+    # Same .onnx bytes, different weights in the data file: a different model, a new compile.
+    other = tmp_path / "other"
+    other.mkdir()
+    conv_relu_add(other / "ext.onnx", seed=1, external=True)
+    (model_b := other / "ext.onnx").write_bytes(model.read_bytes())
+    report_b = build(settings, model_b, ["qnn:SM8650"])
+    assert report_b.outcomes[0].state == "built"
+    assert report_b.model_digest != build(settings, model, ["qnn:SM8650"]).model_digest
+
+
+def test_unsupported_ops_with_full_offload_fails_cleanly(settings: Settings, farm_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    model = partly_unsupported(tmp_path / "partial.onnx")
+    proc = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
+    assert proc.returncode == 1
+    assert "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr and "Mod" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    state = snapshot(settings)
+    assert state["blobs"] == [] and state["rows"]["artifacts"] == 0 and state["rows"]["builds_unfinished"] == 0
+    # Deterministic failure: answered from the index, no second compile.
+    again = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
+    assert again.returncode == 1 and "answered from the index" in again.stderr
+    assert snapshot(settings) == state
+    # Without the requirement the same model ships partially offloaded, CPU ops recorded.
+    (o,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert o.state == "built" and o.nodes_ep == 1 and o.nodes_cpu == 2
+
+
+def test_embed_mode_1_is_one_file_that_loads(settings: Settings, tmp_path: Path) -> None:
+    from farm.catalog import parse_target
+    from farm.fetch import fetch_artifact
+    from workers.qnn.runner import QnnRunner
+
+    (o,) = build(settings, light("squeezenet"), ["qnn:SM8650"], ["embed_mode=1"]).outcomes
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            art = find_artifact(s, o.artifact or "")
+            assert [f.role for f in art.files if f.role in ("ctx-model", "context")] == ["ctx-model"]
+            got = fetch_artifact(reg.store, art, tmp_path / "dev")
+    finally:
+        reg.close()
+    result = QnnRunner().load_check(got.ctx_model, parse_target("qnn:SM8650"))
+    assert result["load_seconds"] > 0
+
+
+def test_compile_timeout_fails_then_retries(settings: Settings, tmp_path: Path) -> None:
+    import dataclasses
+
+    model = conv_relu_add(tmp_path / "t.onnx")
+    hurried = dataclasses.replace(settings, compile_timeout=0.01)
+    (o,) = build(hurried, model, ["qnn:SM8650"]).outcomes
+    assert o.state == "failed" and o.error_code == "timeout"
+    assert snapshot(settings)["rows"]["builds_unfinished"] == 0
+    # timeout is an infrastructure failure: the next submission compiles again (attempt 2).
+    (o2,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert o2.state == "built" and o2.build_id == o.build_id
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            assert find_artifact(s, o2.artifact or "").build.attempts == 2
+    finally:
+        reg.close()
+
+
+def test_concurrent_identical_builds_compile_once(settings: Settings, farm_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    model = conv_relu_add(tmp_path / "c.onnx", seed=7)
+    # Create the schema first so the racers contend on the build key, not on the migration.
+    Registry.open(settings).close()
+    args = [sys.executable, "-m", "farm.cli", "build", str(model), "-t", "qnn:SM8650", "--json"]
+    procs = [subprocess.Popen(args, env=farm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    builds = [json.loads(o[0])["builds"][0] for o in outs]
+    assert len({b["artifact"] for b in builds}) == 1
+    assert sorted(b["state"] for b in builds).count("built") == 1
+    state = snapshot(settings)
+    assert state["rows"]["builds"] == 1 and state["rows"]["artifacts"] == 1
+
+
+@pytest.mark.parametrize(
+    ("make_args", "code"),
+    [
+        (lambda d: [str(d / "not.onnx"), "-t", "qnn:SM8650"], "invalid-model"),
+        (lambda d: [str(d / "trunc.onnx"), "-t", "qnn:SM8650"], "invalid-model"),
+        (lambda d: [str(d / "good.onnx"), "-t", "qnn:SM9999"], "unknown-target"),
+        (lambda d: [str(d / "good.onnx"), "-t", "qnn:SM8650", "-o", "precision=fp8"], "bad-options"),
+        (lambda d: [str(d / "good.onnx"), "-t", "qnn:SM8650", "-o", "no_such=1"], "bad-options"),
+        (lambda d: [str(d / "good.onnx"), "-t", "trt:sm_75", "-o", "hardware_compatibility_level=ampere_plus"],
+         "bad-options"),
+        (lambda d: [str(d / "escape" / "m.onnx"), "-t", "qnn:SM8650"], "invalid-model"),
+    ],
+    ids=["not-onnx", "truncated", "unknown-target", "bad-value", "unknown-option", "bad-combination",
+         "external-data-outside"],
+)
+def test_bad_input_is_a_clear_error_and_changes_nothing(settings: Settings, farm_env: dict[str, str],
+                                                        tmp_path: Path, make_args, code: str) -> None:  # type: ignore[no-untyped-def]
+    import onnx
+
+    (tmp_path / "not.onnx").write_text("hello, not a model\n")
+    good = conv_relu_add(tmp_path / "good.onnx")
+    (tmp_path / "trunc.onnx").write_bytes(light("resnet50").read_bytes()[:30_000])
+    esc = tmp_path / "escape"
+    esc.mkdir()
+    conv_relu_add(esc / "m.onnx", external=True)
+    m = onnx.load(str(esc / "m.onnx"), load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../outside.data"
+    (tmp_path / "outside.data").write_bytes((esc / "m.data").read_bytes())
+    onnx.save_model(m, str(esc / "m.onnx"))
+
+    # A registry that already holds something, to show it is left exactly as it was.
+    build(settings, good, ["qnn:SM8650"], name="good")
+    before = snapshot(settings)
+    proc = farm(farm_env, "build", *make_args(tmp_path), check=False)
+    assert proc.returncode != 0
+    assert f"error[{code}]" in proc.stderr, proc.stderr
+    assert "hint:" in proc.stderr and "Traceback" not in proc.stderr
+    assert snapshot(settings) == before
+
+
+def test_show_and_ls(settings: Settings, farm_env: dict[str, str]) -> None:
+    out = json.loads(farm(farm_env, "build", str(light("squeezenet")), "-t", "qnn:SM8650", "--name", "sq",
+                          "--json").stdout)
+    art = out["builds"][0]["artifact"]
+    shown = json.loads(farm(farm_env, "show", art[7:19], "--json").stdout)
+    man = shown["manifest"]
+    assert shown["artifact"] == art and man["target"]["soc_model"] == 57 and man["target"]["htp_arch"] == "v75"
+    assert man["toolchain"]["version"] == "2.51.0" and man["toolchain"]["ep_version"] == "2.7.0"
+    assert man["epcontext"][0]["source"] == "QNNExecutionProvider" and man["epcontext"][0]["embed_mode"] == 0
+    assert {f["role"] for f in shown["files"]} == {"ctx-model", "context", "log", "manifest"}
+    listed = json.loads(farm(farm_env, "ls", "--model", "sq:latest", "--json").stdout)
+    assert [r["artifact"] for r in listed] == [art[7:19]]
+    missing = farm(farm_env, "show", "abcdef012345", check=False)
+    assert missing.returncode == 1 and "error[not-found]" in missing.stderr
+
+
+def test_importing_farm_and_registry_does_not_import_onnxruntime() -> None:
+    code = ("import sys, farm, farm.submit, farm.fetch, farm.cli, registry, registry.index, registry.resolve, "
+            "workers.runner, workers.qnn.runner; "
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('onnxruntime','onnxruntime_qnn','tensorrt')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ}, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
