@@ -4,7 +4,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv || exit 1; fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster]' || exit 1
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster]' \
+  > .venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

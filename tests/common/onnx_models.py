@@ -1,4 +1,6 @@
-"""Small ONNX models built with onnx.helper (no onnxruntime), for bundle inspection tests."""
+"""Real test models without downloads: the `onnx` wheel's light models, or onnx.helper graphs.
+
+Shared by unit tests (bundle inspection) and integration tests (real QNN compiles)."""
 
 from __future__ import annotations
 
@@ -58,3 +60,57 @@ def set_external_location(path: Path, location: str) -> None:
             if entry.key == "location":
                 entry.value = location
     path.write_bytes(model.SerializeToString())
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def light(name: str) -> Path:
+    path = LIGHT_DIR / f"light_{name}.onnx"
+    assert path.exists(), f"{path} missing from the onnx wheel"
+    return path
+
+
+def _save(model: onnx.ModelProto, path: Path, **kw: object) -> Path:
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path), **kw)  # type: ignore[arg-type]
+    return path
+
+
+def conv_relu_add(path: Path, *, seed: int = 0, external: bool = False) -> Path:
+    """A small conv net every QNN HTP arch takes whole: Conv -> Relu -> Add."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((8,)).astype(np.float32), "b")
+    bias = numpy_helper.from_array(rng.standard_normal((1, 8, 16, 16)).astype(np.float32), "bias")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Add", ["r", "bias"], ["y"]),
+        ],
+        "conv_relu_add", [x], [y], [w, b, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if external:
+        return _save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                     location=path.stem + ".data", size_threshold=0)
+    return _save(model, path)
+
+
+def partly_unsupported(path: Path) -> Path:
+    """Relu/Add go to the HTP; Erf and Mod (fmod) are not supported by the QNN EP (measured)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Add", ["r", "r"], ["a"]),
+            helper.make_node("Erf", ["a"], ["e"]),
+            helper.make_node("Mod", ["e", "e"], ["z"], fmod=1),
+        ],
+        "partly_unsupported", [x], [z],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
