@@ -14,6 +14,7 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     ├── WorkerLostError          worker-lost        the compiling process died
     ├── StorageError             storage-error      blob store unusable
     │   ├── BlobNotFound         blob-not-found
+    │   ├── StorageUnavailable   storage-unavailable  store unreachable / refused credentials
     │   └── DigestMismatchError  digest-mismatch    content does not match its digest
     ├── NotFoundError            not-found          unknown artifact / model / build / tag
     ├── NoMatchError             no-match           resolve found nothing loadable
@@ -98,6 +99,11 @@ class StorageError(FarmError):
 
 class BlobNotFound(StorageError):
     code = "blob-not-found"
+
+
+class StorageUnavailable(StorageError):
+    code = "storage-unavailable"
+    default_hint = "the blob store did not answer: check FARM_STORE_URL, the endpoint and credentials"
 
 
 class DigestMismatchError(StorageError):

@@ -1,0 +1,262 @@
+"""S3BlobStore: any S3-compatible service (AWS, MinIO, SeaweedFS) through boto3.
+
+``s3://BUCKET/PREFIX?endpoint=http://host:port&region=us-east-1`` ; credentials come from the
+usual AWS sources (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profiles, instance roles).
+
+Uploads stream in parts with the sha256 computed on the way; a blob becomes visible only after
+its digest is verified: with a known digest the parts go straight to the final key and the
+multipart upload is completed only on a match (S3 shows nothing before CompleteMultipartUpload);
+with an unknown digest they go to ``uploads/<uuid>`` and are copied server-side once the digest
+is known. Memory stays at about one part whatever the blob size. botocore errors stop here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, BinaryIO
+from urllib.parse import parse_qs, urlparse
+
+from farm.errors import BlobNotFound, ConfigError, DigestMismatchError, StorageError, StorageUnavailable
+from registry.store.base import BlobInfo, blob_key, check_digest
+
+PART_SIZE = 16 * 1024 * 1024  # memory per upload is about one part
+COPY_PART_SIZE = 1024 * 1024 * 1024
+MAX_SINGLE_COPY = 5 * 1024 * 1024 * 1024
+
+
+def _read_full(stream: BinaryIO, n: int) -> bytes:
+    """Read up to n bytes (fewer only at EOF): sockets and pipes return short reads."""
+    chunks = []
+    left = n
+    while left > 0:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class S3BlobStore:
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint: str | None = None, region: str | None = None,
+                 client: Any = None, create_bucket: bool = True, part_size: int = PART_SIZE):
+        if client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ModuleNotFoundError:
+                raise ConfigError("boto3 is needed for an s3:// store", hint="pip install 'ctxfarm[s3]'") from None
+            config = Config(
+                # boto3 >= 1.36 sends CRC checksums by default; several S3-compatible stores
+                # reject them. Our own sha256 is the integrity check.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=120,
+            )
+            client = boto3.client("s3", endpoint_url=endpoint, region_name=region or "us-east-1", config=config)
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.part_size = part_size
+        self.url = f"s3://{bucket}/{self.prefix}" + (f"?endpoint={endpoint}" if endpoint else "")
+        if create_bucket:
+            self._ensure_bucket()
+
+    @classmethod
+    def from_url(cls, url: str) -> S3BlobStore:
+        parsed = urlparse(url)
+        if not parsed.netloc:
+            raise ConfigError(f"store URL {url!r} names no bucket", hint="s3://BUCKET/PREFIX?endpoint=http://...")
+        q = parse_qs(parsed.query)
+        return cls(parsed.netloc, parsed.path, endpoint=q.get("endpoint", [None])[0],
+                   region=q.get("region", [None])[0])
+
+    # ---- keys and errors -----------------------------------------------------------------------
+
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    @contextmanager
+    def _errors(self, what: str, digest: str | None = None) -> Iterator[None]:
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+        try:
+            yield
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+                raise BlobNotFound(f"blob {digest} not in {self.url}") from None
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
+                raise StorageUnavailable(f"{what}: access denied by {self.url} ({code})") from None
+            if status is not None and status >= 500:
+                raise StorageUnavailable(f"{what}: {self.url} answered {status} {code}") from None
+            raise StorageError(f"{what} failed on {self.url}: {code} {exc}") from None
+        except (EndpointConnectionError, NoCredentialsError) as exc:
+            raise StorageUnavailable(f"{what}: {exc}") from None
+        except BotoCoreError as exc:
+            raise StorageUnavailable(f"{what}: {exc}") from None
+
+    def _ensure_bucket(self) -> None:
+        from botocore.exceptions import ClientError
+
+        with self._errors("opening the bucket"):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
+                    raise
+                try:
+                    self.client.create_bucket(Bucket=self.bucket)
+                except ClientError as exc2:
+                    if exc2.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou",
+                                                                           "BucketAlreadyExists"):
+                        raise
+
+    # ---- BlobStore ------------------------------------------------------------------------------
+
+    def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
+        if expected is not None:
+            check_digest(expected)
+        h = hashlib.sha256()
+        first = _read_full(stream, self.part_size)
+        h.update(first)
+        if len(first) < self.part_size:
+            digest = "sha256:" + h.hexdigest()
+            self._check(expected, digest)
+            with self._errors("uploading a blob", digest):
+                self.client.put_object(Bucket=self.bucket, Key=self._key(blob_key(digest)), Body=first)
+            return BlobInfo(digest, len(first))
+        key = self._key(blob_key(expected)) if expected else self._key(f"uploads/{uuid.uuid4().hex}")
+        digest, size = self._multipart(key, first, stream, h, expected)
+        if expected is None:
+            # Digest known only now: move the verified upload to its content address.
+            try:
+                self._copy(key, self._key(blob_key(digest)), size)
+            finally:
+                with self._errors("removing a temporary upload"):
+                    self.client.delete_object(Bucket=self.bucket, Key=key)
+        return BlobInfo(digest, size)
+
+    def _check(self, expected: str | None, digest: str) -> None:
+        if expected is not None and digest != expected:
+            raise DigestMismatchError(f"upload does not match its digest: expected {expected}, got {digest}")
+
+    def _multipart(self, key: str, first: bytes, stream: BinaryIO, h: Any, expected: str | None) -> tuple[str, int]:
+        with self._errors("starting a multipart upload"):
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        parts = []
+        size = 0
+        completed = False
+        try:
+            chunk, number = first, 1
+            while chunk:
+                with self._errors("uploading a part"):
+                    etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                                   PartNumber=number, Body=chunk)["ETag"]
+                parts.append({"PartNumber": number, "ETag": etag})
+                size += len(chunk)
+                number += 1
+                chunk = _read_full(stream, self.part_size)
+                h.update(chunk)
+            digest = "sha256:" + h.hexdigest()
+            self._check(expected, digest)  # mismatch: abort below, nothing becomes visible
+            with self._errors("completing a multipart upload"):
+                self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                                      MultipartUpload={"Parts": parts})
+            completed = True
+            return digest, size
+        finally:
+            if not completed:
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+                except Exception:  # best effort; gc aborts stale uploads later
+                    pass
+
+    def _copy(self, src: str, dst: str, size: int) -> None:
+        source = {"Bucket": self.bucket, "Key": src}
+        with self._errors("copying a blob"):
+            if size <= MAX_SINGLE_COPY:
+                self.client.copy_object(Bucket=self.bucket, Key=dst, CopySource=source)
+                return
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=dst)["UploadId"]
+            parts = []
+            for number, start in enumerate(range(0, size, COPY_PART_SIZE), start=1):
+                end = min(start + COPY_PART_SIZE, size) - 1
+                r = self.client.upload_part_copy(Bucket=self.bucket, Key=dst, UploadId=upload_id, PartNumber=number,
+                                                 CopySource=source, CopySourceRange=f"bytes={start}-{end}")
+                parts.append({"PartNumber": number, "ETag": r["CopyPartResult"]["ETag"]})
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=dst, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+
+    @contextmanager
+    def open(self, digest: str) -> Iterator[BinaryIO]:
+        with self._errors("reading a blob", digest):
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(blob_key(digest)))["Body"]
+        try:
+            yield _Reader(body, self)  # type: ignore[misc]
+        finally:
+            body.close()
+
+    def stat(self, digest: str) -> BlobInfo:
+        with self._errors("reading blob metadata", digest):
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(blob_key(digest)))
+        return BlobInfo(digest, int(head["ContentLength"]), head.get("LastModified"))
+
+    def delete(self, digest: str) -> None:
+        with self._errors("deleting a blob", digest):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_key(check_digest(digest))))
+
+    def iter_blobs(self) -> Iterator[BlobInfo]:
+        base = self._key("blobs/sha256/")
+        with self._errors("listing blobs"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                for obj in page.get("Contents", []):
+                    name = obj["Key"].rsplit("/", 1)[-1]
+                    if len(name) == 64:
+                        yield BlobInfo("sha256:" + name, int(obj["Size"]), obj.get("LastModified"))
+
+    def presign(self, digest: str, ttl_seconds: int = 3600) -> str:
+        """A URL that GETs the blob without credentials until it expires."""
+        with self._errors("presigning", digest):
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._key(blob_key(check_digest(digest)))},
+                ExpiresIn=int(ttl_seconds))
+        return url
+
+    def abort_stale_uploads(self, older_than: datetime) -> int:
+        """Abort multipart uploads and temp objects left by crashed uploaders (gc)."""
+        n = 0
+        with self._errors("listing uploads"):
+            resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self._key(""))
+            for up in resp.get("Uploads", []):
+                if up["Initiated"] < older_than:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])
+                    n += 1
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._key("uploads/")):
+                for obj in page.get("Contents", []):
+                    if obj["LastModified"] < older_than:
+                        self.client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+                        n += 1
+        return n
+
+
+class _Reader:
+    """File-like view of a streamed GET body with errors translated."""
+
+    def __init__(self, body: Any, store: S3BlobStore):
+        self._body = body
+        self._store = store
+
+    def read(self, n: int = -1) -> bytes:
+        with self._store._errors("reading a blob"):
+            data: bytes = self._body.read(None if n is None or n < 0 else n)
+        return data
