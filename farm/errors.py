@@ -18,6 +18,8 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     │   └── DigestMismatchError  digest-mismatch    content does not match its digest
     ├── NotFoundError            not-found          unknown artifact / model / build / tag
     ├── NoMatchError             no-match           resolve found nothing loadable
+    ├── SignatureError           signature-invalid  signature missing a trusted key or not verifying
+    │   └── UnsignedError        unsigned           no signature at all while one is required
     ├── ConfigError              bad-config         bad FARM_* setting
     └── MissingExtraError        missing-extra      optional dependency not installed
 """
@@ -119,6 +121,16 @@ class NotFoundError(FarmError):
 class NoMatchError(FarmError):
     code = "no-match"
     exit_code = 3
+
+
+class SignatureError(FarmError):
+    code = "signature-invalid"
+    default_hint = "the artifact is not signed by a key in FARM_TRUSTED_KEYS; do not install it"
+
+
+class UnsignedError(SignatureError):
+    code = "unsigned"
+    default_hint = "sign it (farm keys sign ARTIFACT with FARM_SIGNING_KEY) or drop FARM_REQUIRE_SIGNATURE"
 
 
 class ConfigError(FarmError):

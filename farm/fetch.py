@@ -22,11 +22,20 @@ class FetchResult:
     ctx_model: Path
     files: list[Path]
     bytes: int
+    signed_by: str | None = None
 
 
-def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, name: str | None = None) -> FetchResult:
-    """Download ``artifact`` into ``out_dir``. The manifest is checked against its digest and
-    against the index; each file against the manifest. Nothing half-written is left behind."""
+def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, name: str | None = None,
+                   signatures: list[tuple[str, str]] | None = None, trusted: list[str] | None = None,
+                   require_signature: bool = False) -> FetchResult:
+    """Download ``artifact`` into ``out_dir``. The signature (when trusted keys are configured or
+    one is required) is checked over the manifest digest, the manifest against its digest and
+    the index, each file against the manifest. Nothing half-written is left behind."""
+    signed_by = None
+    if require_signature or trusted:
+        from registry.signing import check
+
+        signed_by = check(artifact.digest, signatures or [], trusted or [], required=require_signature)
     manifest = mf.decode(read_bytes(store, artifact.digest), artifact.digest)
     listed = {f["name"]: f for f in manifest["files"]}
     indexed = {f.name: f for f in artifact.files if f.role in PAYLOAD_ROLES}
@@ -49,9 +58,10 @@ def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, name:
         download(store, entry["digest"], dest, size=int(entry["size"]))
         written.append(dest)
         total += int(entry["size"])
-    return FetchResult(artifact.digest, out_dir / final_ctx, written, total)
+    return FetchResult(artifact.digest, out_dir / final_ctx, written, total, signed_by)
 
 
 def receipt(result: FetchResult, extra: dict[str, Any]) -> dict[str, Any]:
     return {"artifact": result.artifact, "ctx_model": os.fspath(result.ctx_model),
-            "files": [os.fspath(p) for p in result.files], "bytes": result.bytes, **extra}
+            "files": [os.fspath(p) for p in result.files], "bytes": result.bytes, "signed_by": result.signed_by,
+            **extra}

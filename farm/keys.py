@@ -44,7 +44,7 @@ def sha256_file(path: Path) -> tuple[str, int]:
 
 
 def is_digest(value: str) -> bool:
-    return bool(DIGEST_RE.match(value))
+    return bool(DIGEST_RE.fullmatch(value))
 
 
 def bundle_digest(onnx_digest: str, external: Iterable[tuple[str, str]]) -> str:
@@ -77,4 +77,6 @@ def parse_version(v: str) -> tuple[int, ...]:
     for part in v.split("."):
         m = re.match(r"\d+", part)
         out.append(int(m.group()) if m else 0)
+    while len(out) > 1 and out[-1] == 0:  # "2.51" == "2.51.0"
+        out.pop()
     return tuple(out)

@@ -134,6 +134,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
     reg = registry or Registry.open(settings)
     try:
         planned = plan(model_path, target_refs, option_pairs)
+        signer = _signer(settings)
         bundle = load_bundle(reg, model_path)
         display = name or bundle.stem
         with reg.db.session() as s:
@@ -145,15 +146,23 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
         for p in planned:
             p.build_key = build_key(bundle.digest, p.target.backend, p.target.name, p.toolchain.version,
                                     p.options_digest)
-            report.outcomes.append(_build_one(settings, reg, bundle, display, p, progress))
+            report.outcomes.append(_build_one(settings, reg, bundle, display, p, progress, signer))
         return report
     finally:
         if own:
             reg.close()
 
 
+def _signer(settings: Settings) -> Any:
+    if not settings.signing_key:
+        return None
+    from registry.signing import load_signer
+
+    return load_signer(settings.signing_key)
+
+
 def _build_one(settings: Settings, reg: Any, bundle: ModelBundle, stem: str, p: PlannedBuild,
-               progress: Progress) -> BuildOutcome:
+               progress: Progress, signer: Any = None) -> BuildOutcome:
     from registry.index import BuildSpec, claim_build
 
     spec = BuildSpec(p.build_key, bundle.digest, p.target.backend, p.target.name, p.toolchain.version,
@@ -171,13 +180,13 @@ def _build_one(settings: Settings, reg: Any, bundle: ModelBundle, stem: str, p: 
     if claim.action == "done":
         return _outcome_from_row(reg, claim.build_id, ref, cached=True)
     progress("compiling", ref, {"toolchain": p.toolchain.version, "attempt": claim.attempt})
-    outcome = _compile_and_publish(settings, reg, bundle, stem, p, claim.build_id)
+    outcome = _compile_and_publish(settings, reg, bundle, stem, p, claim.build_id, signer)
     progress("finished", ref, outcome.to_dict())
     return outcome
 
 
 def _compile_and_publish(settings: Settings, reg: Any, bundle: ModelBundle, stem: str, p: PlannedBuild,
-                         build_id: int) -> BuildOutcome:
+                         build_id: int, signer: Any = None) -> BuildOutcome:
     from registry.index import fail_build
     from workers.runner import CompileJob, get_runner
 
@@ -186,7 +195,7 @@ def _compile_and_publish(settings: Settings, reg: Any, bundle: ModelBundle, stem
     try:
         with tempfile.TemporaryDirectory(prefix="ctxfarm-build-") as tmp:
             out = runner.compile(job, Path(tmp))
-            published = publish(reg, build_id, p, bundle.digest, out)
+            published = publish(reg, build_id, p, bundle.digest, out, signer)
     except FarmError as exc:
         log = exc.details.get("log")
         with reg.db.session() as s:
@@ -204,12 +213,13 @@ def _compile_and_publish(settings: Settings, reg: Any, bundle: ModelBundle, stem
                         nodes_cpu=out.placement["cpu_nodes"])
 
 
-def publish(reg: Any, build_id: int, p: PlannedBuild, model_digest: str, out: Any) -> dict[str, Any]:
-    """Blobs first (each verified), then the index rows in one transaction."""
+def publish(reg: Any, build_id: int, p: PlannedBuild, model_digest: str, out: Any,
+            signer: Any = None) -> dict[str, Any]:
+    """Blobs first (each verified), then the index rows (and signature) in one transaction."""
     from datetime import UTC, datetime
 
     from registry import manifest as mf
-    from registry.index import publish_artifact
+    from registry.index import add_signature, publish_artifact
     from registry.store.base import put_bytes, put_file
 
     try:
@@ -239,6 +249,8 @@ def publish(reg: Any, build_id: int, p: PlannedBuild, model_digest: str, out: An
                                    ctx_model=out.ctx_model, files=all_files, ep_sdk_version=ep_sdk,
                                    compile_seconds=out.compile_seconds, nodes_ep=out.placement["ep_nodes"],
                                    nodes_cpu=out.placement["cpu_nodes"], log=out.log)
+            if signer is not None:
+                add_signature(s, manifest_digest, signer.public_b64, signer.sign(manifest_digest))
             return {"digest": art.digest, "size": art.size}
     except FarmError:
         raise

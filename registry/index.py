@@ -161,22 +161,26 @@ def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owne
             assert row is not None
     if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES):
         return Claim("done", row.id, row.state, row.attempts)
+    if row.state == "failed" and row.attempts >= max_attempts:
+        # Infrastructure failures are retried, but not forever (a poison model would loop).
+        return Claim("done", row.id, row.state, row.attempts)
     lease = _aware(row.lease_expires_at)
     if row.state in ("queued", "running") and lease is not None and lease > now():
         return Claim("busy", row.id, row.state, row.attempts)
     # Failed for an infrastructure reason, or a lease that ran out (its holder died): take it
     # over with a compare-and-set on attempts so two takers cannot both win.
+    attempt = row.attempts + 1
     taken = session.execute(
         update(Build)
         .where(Build.id == row.id, Build.attempts == row.attempts)
-        .values(state="running", attempts=row.attempts + 1, lease_owner=owner, lease_expires_at=lease_until,
+        .values(state="running", attempts=attempt, lease_owner=owner, lease_expires_at=lease_until,
                 started_at=now(), finished_at=None, error_code=None, error_message=None)
         .execution_options(synchronize_session=False)
     ).rowcount
     if taken != 1:
         return Claim("busy", row.id, row.state, row.attempts)
     session.expire(row)
-    return Claim("compile", row.id, "running", row.attempts + 1)
+    return Claim("compile", row.id, "running", attempt)
 
 
 def fail_build(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:
@@ -265,3 +269,51 @@ def counts(session: Session) -> dict[str, int]:
     out["builds_unfinished"] = session.scalar(
         select(func.count()).select_from(Build).where(or_(Build.state == "queued", Build.state == "running"))) or 0
     return out
+
+
+# ---- signatures and compatibility evidence --------------------------------------------------------
+
+def add_signature(session: Session, artifact_digest: str, public_b64: str, signature_b64: str) -> None:
+    from registry.models import Signature
+    from registry.signing import key_id
+
+    kid = key_id(public_b64)
+    exists = session.scalar(select(Signature).where(Signature.artifact_digest == artifact_digest,
+                                                    Signature.key_id == kid))
+    if exists is None:
+        session.add(Signature(artifact_digest=artifact_digest, key_id=kid, public_key=public_b64,
+                              signature=signature_b64))
+
+
+def signatures_of(session: Session, artifact_digest: str) -> list[tuple[str, str]]:
+    from registry.models import Signature
+
+    return [(s.public_key, s.signature) for s in session.scalars(
+        select(Signature).where(Signature.artifact_digest == artifact_digest).order_by(Signature.id))]
+
+
+def record_verdict(session: Session, artifact_id: int, runtime_backend: str, runtime_version: str, verdict: str,
+                   source: str, detail: str | None = None) -> None:
+    """Insert or update one piece of compatibility evidence."""
+    from registry.models import CompatVerdict
+
+    row = session.scalar(select(CompatVerdict).where(
+        CompatVerdict.artifact_id == artifact_id, CompatVerdict.runtime_backend == runtime_backend,
+        CompatVerdict.runtime_version == runtime_version, CompatVerdict.source == source))
+    if row is None:
+        session.add(CompatVerdict(artifact_id=artifact_id, runtime_backend=runtime_backend,
+                                  runtime_version=runtime_version, verdict=verdict, source=source, detail=detail))
+    else:
+        row.verdict, row.detail, row.recorded_at = verdict, detail, now()
+
+
+def verdicts_for(session: Session, artifact_ids: list[int], runtime_backend: str) -> dict[tuple[int, str], Any]:
+    """(artifact id, runtime version) -> probe CompatVerdict, for the given artifacts."""
+    from registry.models import CompatVerdict
+
+    if not artifact_ids:
+        return {}
+    rows = session.scalars(select(CompatVerdict).where(
+        CompatVerdict.artifact_id.in_(artifact_ids), CompatVerdict.runtime_backend == runtime_backend,
+        CompatVerdict.source == "probe"))
+    return {(r.artifact_id, r.runtime_version): r for r in rows}

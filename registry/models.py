@@ -163,3 +163,41 @@ class ArtifactFile(Base):
     media_type: Mapped[str] = mapped_column(String(128))
 
     artifact: Mapped[Artifact] = relationship(back_populates="files")
+
+
+class Signature(Base):
+    """An ed25519 signature over an artifact's manifest digest, attached by subject (like cosign)."""
+
+    __tablename__ = "signatures"
+    __table_args__ = (UniqueConstraint("artifact_digest", "key_id"), _digest_check("artifact_digest"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), index=True)
+    key_id: Mapped[str] = mapped_column(String(32))
+    public_key: Mapped[str] = mapped_column(String(64))  # base64 of the raw 32-byte key
+    signature: Mapped[str] = mapped_column(String(128))  # base64 of the 64-byte signature
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+VERDICTS = ("loads", "fails")
+VERDICT_SOURCES = ("rule", "probe")
+
+
+class CompatVerdict(Base):
+    """Evidence that an artifact loads (or not) under a runtime: measured by a probe, or a rule."""
+
+    __tablename__ = "compat_verdicts"
+    __table_args__ = (
+        UniqueConstraint("artifact_id", "runtime_backend", "runtime_version", "source", name="uq_compat_verdicts_key"),
+        CheckConstraint(f"verdict IN {VERDICTS!r}", name="verdict_known"),
+        CheckConstraint(f"source IN {VERDICT_SOURCES!r}", name="source_known"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), index=True)
+    runtime_backend: Mapped[str] = mapped_column(String(16))
+    runtime_version: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[str] = mapped_column(String(8))
+    source: Mapped[str] = mapped_column(String(8))
+    detail: Mapped[str | None] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

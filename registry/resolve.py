@@ -65,10 +65,22 @@ def candidates(session: Session, model_digest: str, backend: str) -> list[Artifa
         .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active")))
 
 
-def rank(arts: list[Artifact], device: Device) -> tuple[list[tuple[Artifact, Verdict]], list[tuple[Artifact, Verdict]]]:
-    """(loadable best-first, not loadable nearest-first)."""
+def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any] | None = None,
+         ) -> tuple[list[tuple[Artifact, Verdict]], list[tuple[Artifact, Verdict]]]:
+    """(loadable best-first, not loadable nearest-first). A probe verdict recorded for exactly this
+    runtime version beats the rule; a different SoC is never served, whatever a probe said."""
     default_opts = _default_options_digest(device.backend, device.target)
-    judged = [(a, verdict(a, device)) for a in arts]
+    probes = probes or {}
+    judged = []
+    for a in arts:
+        v = verdict(a, device)
+        probe = probes.get((a.id, device.runtime))
+        if probe is not None and a.target == device.target.name:
+            what = "loaded" if probe.verdict == "loads" else "failed to load"
+            v = Verdict(probe.verdict == "loads", "probe",
+                        f"probe: {what} under {device.backend.upper()} {device.runtime}"
+                        + (f" ({probe.detail})" if probe.detail and probe.verdict == "fails" else ""))
+        judged.append((a, v))
     good = [(a, v) for a, v in judged if v.loads]
     bad = [(a, v) for a, v in judged if not v.loads]
     good.sort(key=lambda av: (
@@ -83,8 +95,10 @@ def rank(arts: list[Artifact], device: Device) -> tuple[list[tuple[Artifact, Ver
 
 
 def resolve(session: Session, model_digest: str, device: Device, *, model_label: str = "") -> tuple[Artifact, Verdict]:
+    from registry.index import verdicts_for
+
     arts = candidates(session, model_digest, device.backend)
-    good, bad = rank(arts, device)
+    good, bad = rank(arts, device, verdicts_for(session, [a.id for a in arts], device.backend))
     if good:
         return good[0]
     label = model_label or model_digest

@@ -49,7 +49,7 @@ class Catalog:
             backend_part, _, name = raw.partition(":")
             backend_part = backend_part.lower()
         elif backend:
-            backend_part, name = backend, raw
+            backend_part, name = backend.lower(), raw
         else:
             raise UnknownTargetError(
                 f"target {ref!r} has no backend prefix",

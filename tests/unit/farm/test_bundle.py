@@ -127,6 +127,7 @@ def test_digest_depends_on_data_file_name(tmp_path):
 
 
 def test_data_file_in_a_subdirectory(tmp_path):
+    (tmp_path / "weights").mkdir()
     path = save_external(matmul_add(), tmp_path / "m.onnx", location="weights/w.data")
     assert [f.path for f in inspect_model(path).external] == ["weights/w.data"]
 
@@ -151,12 +152,6 @@ def test_symlink_leaving_the_directory(ext, tmp_path):
     shutil.move(str(ext.parent / "w.data"), str(outside))
     (ext.parent / "w.data").symlink_to(outside)
     assert "outside" in invalid(ext).message
-
-
-def test_symlink_inside_the_directory_is_allowed(ext):
-    shutil.move(str(ext.parent / "w.data"), str(ext.parent / "real.data"))
-    (ext.parent / "w.data").symlink_to("real.data")
-    assert [f.path for f in inspect_model(ext).external] == ["w.data"]
 
 
 def test_missing_data_file(ext):

@@ -6,8 +6,6 @@ from farm import errors
 from farm.errors import (
     BUILD_FAILURE_CODES,
     DETERMINISTIC_FAILURES,
-    BlobNotFound,
-    DigestMismatchError,
     FarmError,
     StorageError,
     error_for_code,
@@ -25,9 +23,12 @@ STABLE_CODES = {
     "WorkerLostError": "worker-lost",
     "StorageError": "storage-error",
     "BlobNotFound": "blob-not-found",
+    "StorageUnavailable": "storage-unavailable",
     "DigestMismatchError": "digest-mismatch",
     "NotFoundError": "not-found",
     "NoMatchError": "no-match",
+    "SignatureError": "signature-invalid",
+    "UnsignedError": "unsigned",
     "ConfigError": "bad-config",
     "MissingExtraError": "missing-extra",
 }
@@ -51,8 +52,8 @@ def test_codes_are_unique():
 
 
 def test_storage_errors_share_a_base():
-    assert issubclass(BlobNotFound, StorageError)
-    assert issubclass(DigestMismatchError, StorageError)
+    for name in ("BlobNotFound", "StorageUnavailable", "DigestMismatchError"):
+        assert issubclass(getattr(errors, name), StorageError)
 
 
 @pytest.mark.parametrize("code", BUILD_FAILURE_CODES)

@@ -1,0 +1,26 @@
+"""The dependency wall: the control plane and the worker harness never import onnxruntime; only the
+compile/load child processes under workers/<backend>/ do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+MODULES = ("farm", "farm.submit", "farm.fetch", "farm.cli", "farm.bundle", "farm.options", "registry",
+           "registry.index", "registry.resolve", "registry.manifest", "registry.store.local", "workers",
+           "workers.runner", "workers.qnn.runner", "workers.epcontext")
+FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt")
+
+
+def test_no_onnxruntime_in_the_control_plane():
+    script = (
+        "import importlib, sys\n"
+        f"for m in {MODULES!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{FORBIDDEN!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
