@@ -4,6 +4,8 @@ context model's relative ``ep_cache_context`` paths resolve."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -47,17 +49,27 @@ def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, name:
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx_name = manifest["ctxModel"]
     final_ctx = f"{name}_ctx.onnx" if name else ctx_name
-    written: list[Path] = []
+    # Everything lands in a staging dir first and is moved in only when every file verified:
+    # a failed fetch leaves the device's directory as it was.
+    staging = Path(tempfile.mkdtemp(prefix=".ctxfarm-fetch-", dir=out_dir))
+    placed: list[tuple[Path, Path]] = []
     total = 0
-    for fname, entry in sorted(listed.items()):
-        rel = PurePosixPath(fname)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise StorageError(f"manifest lists an unsafe path {fname!r}")
-        # Renaming the top-level context model is safe: it references its .bin files relatively.
-        dest = out_dir / (final_ctx if fname == ctx_name else str(rel))
-        download(store, entry["digest"], dest, size=int(entry["size"]))
-        written.append(dest)
-        total += int(entry["size"])
+    try:
+        for fname, entry in sorted(listed.items()):
+            rel = PurePosixPath(fname)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise StorageError(f"manifest lists an unsafe path {fname!r}")
+            # Renaming the top-level context model is safe: it references its .bin files relatively.
+            rel_out = final_ctx if fname == ctx_name else str(rel)
+            download(store, entry["digest"], staging / rel_out, size=int(entry["size"]))
+            placed.append((staging / rel_out, out_dir / rel_out))
+            total += int(entry["size"])
+        for src, dest in placed:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    written = [dest for _, dest in placed]
     return FetchResult(artifact.digest, out_dir / final_ctx, written, total, signed_by)
 
 

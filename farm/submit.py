@@ -125,7 +125,7 @@ def plan(model_path: Path, target_refs: Sequence[str], option_pairs: Sequence[st
 
 def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
           *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
-          registry: Any = None) -> BuildReport:
+          registry: Any = None, retry_failed: bool = False) -> BuildReport:
     """Embedded build: compile every missing (model, target, toolchain, options) here."""
     from registry.index import Registry, record_model, set_tag
 
@@ -146,7 +146,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
         for p in planned:
             p.build_key = build_key(bundle.digest, p.target.backend, p.target.name, p.toolchain.version,
                                     p.options_digest)
-            report.outcomes.append(_build_one(settings, reg, bundle, display, p, progress, signer))
+            report.outcomes.append(_build_one(settings, reg, bundle, display, p, progress, signer, retry_failed))
         return report
     finally:
         if own:
@@ -162,7 +162,7 @@ def _signer(settings: Settings) -> Any:
 
 
 def _build_one(settings: Settings, reg: Any, bundle: ModelBundle, stem: str, p: PlannedBuild,
-               progress: Progress, signer: Any = None) -> BuildOutcome:
+               progress: Progress, signer: Any = None, retry_failed: bool = False) -> BuildOutcome:
     from registry.index import BuildSpec, claim_build
 
     spec = BuildSpec(p.build_key, bundle.digest, p.target.backend, p.target.name, p.toolchain.version,
@@ -171,7 +171,8 @@ def _build_one(settings: Settings, reg: Any, bundle: ModelBundle, stem: str, p: 
     ref = p.target.ref
     while True:
         with reg.db.session() as s:
-            claim = claim_build(s, spec, lease_seconds=lease)
+            claim = claim_build(s, spec, lease_seconds=lease, retry_failed=retry_failed)
+        retry_failed = False  # once: a busy wait must not re-run what the other process just failed
         if claim.action != "busy":
             break
         # Another process is compiling this key: wait for its row rather than compile twice.

@@ -142,7 +142,12 @@ class Claim:
 
 
 def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owner: str | None = None,
-                max_attempts: int = 3) -> Claim:
+                max_attempts: int = 3, retry_failed: bool = False) -> Claim:
+    """Insert the build row (we compile) or read the existing one.
+
+    ``retry_failed`` re-runs a failed build whatever its code or attempt count (an operator
+    who fixed the cause, e.g. raised the timeout, asks for it explicitly).
+    """
     owner = owner or owner_id()
     lease_until = now() + timedelta(seconds=lease_seconds)
     row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
@@ -159,9 +164,10 @@ def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owne
             # Lost the race on the UNIQUE key: read the winner's row.
             row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
             assert row is not None
-    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES):
+    retry = retry_failed and row.state == "failed"
+    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES and not retry):
         return Claim("done", row.id, row.state, row.attempts)
-    if row.state == "failed" and row.attempts >= max_attempts:
+    if row.state == "failed" and row.attempts >= max_attempts and not retry:
         # Infrastructure failures are retried, but not forever (a poison model would loop).
         return Claim("done", row.id, row.state, row.attempts)
     lease = _aware(row.lease_expires_at)

@@ -22,6 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load-check": ("device_cmd", "load a context model with the local toolchain and time it"),
     "ls": ("registry_cmd", "list artifacts"),
     "show": ("registry_cmd", "show one artifact (manifest, files, build)"),
+    "coverage": ("ops_cmd", "models x targets x toolchains: what is built, failed, missing"),
+    "registry": ("ops_cmd", "verify blobs against the index, garbage-collect unreferenced blobs"),
+    "keys": ("ops_cmd", "ed25519 signing keys: create, sign an artifact, print a public key"),
     "db": ("registry_cmd", "index database maintenance (upgrade)"),
 }
 

@@ -22,6 +22,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                    help="build option (repeatable), e.g. precision=fp16, require_full_offload=true")
     p.add_argument("--require-full-offload", action="store_true",
                    help="fail with unsupported-ops if any node would stay on the CPU")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="compile again builds that failed (by default failures are answered from the index)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -58,7 +60,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         options.append("require_full_offload=true")
     start = time.perf_counter()
     report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
-                   progress=ProgressLine())
+                   progress=ProgressLine(), retry_failed=args.retry_failed)
     elapsed = time.perf_counter() - start
     if args.json:
         print(json.dumps({"model": report.model_digest, "name": report.name, "tag": report.tag,

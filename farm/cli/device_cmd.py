@@ -28,6 +28,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--name", help="write the context model as NAME_ctx.onnx (default: the model name)")
         p.add_argument("--load-check", action="store_true",
                        help="load the fetched context model with the local toolchain and time it")
+        p.add_argument("--require-signature", action="store_true",
+                       help="refuse an artifact without a valid signature by a key in FARM_TRUSTED_KEYS")
+    if name == "resolve":
+        p.add_argument("--presign", type=int, metavar="TTL_S",
+                       help="add presigned GET URLs (S3 stores) valid for TTL_S seconds, for devices to fetch directly")
 
 
 def _device(args: argparse.Namespace) -> Any:
@@ -68,6 +73,13 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             info = describe(artifact, verdict)
             info["files"] = [{"name": f.name, "digest": f.digest, "size": f.size}
                              for f in artifact.files if f.role in ("ctx-model", "context")]
+            if args.presign:
+                presign = getattr(reg.store, "presign", None)
+                if presign is None:
+                    raise FarmError("this store cannot presign URLs", hint="presigned URLs need an s3:// store")
+                info["manifest_url"] = presign(artifact.digest, args.presign)
+                for f in info["files"]:
+                    f["url"] = presign(f["digest"], args.presign)
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
@@ -77,17 +89,24 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                     print(f"  {f['name']}  {f['size']} B  {f['digest']}")
             return 0
         # fetch
+        from registry.index import signatures_of
+        from registry.signing import parse_trusted
+
         if args.artifact:
             with reg.db.session() as s:
                 artifact = find_artifact(s, args.artifact)
                 s.expunge_all()
         else:
             artifact, _, _ = _resolve(reg, args)
+        with reg.db.session() as s:
+            signatures = signatures_of(s, artifact.digest)
         from farm.fetch import fetch_artifact, receipt
 
         display = args.name or (args.model.partition(":")[0] if args.model and not args.model.startswith("sha256:")
                                 else None)
-        result = fetch_artifact(reg.store, artifact, Path(args.out), name=display)
+        result = fetch_artifact(reg.store, artifact, Path(args.out), name=display, signatures=signatures,
+                                trusted=parse_trusted(settings.trusted_keys),
+                                require_signature=args.require_signature or settings.require_signature)
         extra: dict[str, Any] = {}
         if args.load_check:
             from farm.catalog import load_catalog
@@ -98,7 +117,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps(receipt(result, extra), indent=2))
         else:
-            print(f"fetched {artifact.short_id} ({result.bytes} B, digests verified) -> {result.ctx_model}")
+            signed = f", signed by {result.signed_by}" if result.signed_by else ""
+            print(f"fetched {artifact.short_id} ({result.bytes} B, digests verified{signed}) -> {result.ctx_model}")
             if "load" in extra:
                 load = extra["load"]
                 print(f"loaded with {artifact.backend} in {load['load_seconds'] * 1000:.1f} ms, "

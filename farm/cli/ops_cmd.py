@@ -1,0 +1,171 @@
+"""Ops commands: farm coverage | registry verify|gc | keys create|sign."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from farm.cli import human_size, table
+from farm.config import Settings
+from farm.errors import ConfigError, FarmError
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "coverage":
+        p.add_argument("--backend", choices=["qnn", "trt"])
+        p.add_argument("--model", "-m", action="append", default=[], help="only these NAME:TAG (repeatable)")
+        p.add_argument("--missing", action="store_true",
+                       help="list what each model lacks for the newest toolchain the farm knows")
+        p.add_argument("--target", "-t", action="append", default=[],
+                       help="with --missing: the wanted targets (default: those each model was built for)")
+        p.add_argument("--json", action="store_true")
+    elif name == "registry":
+        p.add_argument("action", choices=["verify", "gc"])
+        p.add_argument("--quick", action="store_true", help="verify: sizes only, no re-hash")
+        p.add_argument("--repair", action="store_true", help="verify: mark broken artifacts unresolvable")
+        p.add_argument("--grace", default="24h", help="gc: keep unreferenced blobs younger than this (e.g. 30m, 24h)")
+        p.add_argument("--dry-run", action="store_true", help="gc: report, delete nothing")
+        p.add_argument("--json", action="store_true")
+    elif name == "keys":
+        p.add_argument("action", choices=["create", "sign", "public"])
+        p.add_argument("arg", nargs="?", help="create: key path; sign: artifact id; public: key path")
+        p.add_argument("--json", action="store_true")
+
+
+def parse_duration(text: str) -> timedelta:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise ConfigError(f"bad duration {text!r}", hint="e.g. 90s, 30m, 24h, 7d")
+    value, unit = float(m.group(1)), m.group(2) or "s"
+    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+
+
+def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    if name == "keys" and args.action in ("create", "public"):
+        return _keys_local(args)
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        if name == "coverage":
+            return _coverage(reg, args)
+        if name == "registry":
+            return _registry(reg, args)
+        return _sign(reg, args, settings)
+    finally:
+        reg.close()
+
+
+def _coverage(reg, args) -> int:  # type: ignore[no-untyped-def]
+    from registry.coverage import coverage
+
+    with reg.db.session() as s:
+        cov = coverage(s, backend=args.backend, models=args.model or None)
+    if args.missing:
+        targets = None
+        if args.target:
+            from farm.catalog import parse_target
+
+            targets = [parse_target(t).ref for t in args.target]
+        rows = cov.missing(targets)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        elif rows:
+            table(rows, ["model", "target", "toolchain", "state"])
+        else:
+            print("nothing missing for the newest toolchains: " +
+                  ", ".join(f"{b} {v[-1]}" for b, v in sorted(cov.toolchains.items())))
+        return 1 if rows else 0
+    if args.json:
+        print(json.dumps({"toolchains": cov.toolchains,
+                          "cells": [{"model": m, "target": t, "toolchain": tc, "state": c.state, "builds": c.builds,
+                                     "codes": sorted(set(c.codes))} for (m, t, tc), c in sorted(cov.cells.items())]},
+                         indent=2))
+        return 0
+    columns = [(b, v) for b, versions in sorted(cov.toolchains.items()) for v in versions]
+    pairs = sorted({(m, t) for (m, t, _tc) in cov.cells})
+    rows = []
+    for model, target in pairs:
+        row = {"model": model, "target": target}
+        backend = target.split(":", 1)[0]
+        for b, v in columns:
+            if b == backend:
+                cell = cov.cells.get((model, target, v))
+                row[f"{b} {v}"] = cell.label() if cell else "missing"
+        rows.append(row)
+    if not rows:
+        print("no builds yet")
+        return 0
+    table(rows, ["model", "target", *[f"{b} {v}" for b, v in columns]])
+    return 0
+
+
+def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
+    from registry.verify import gc, to_dict, verify
+
+    if args.action == "verify":
+        with reg.db.session() as s:
+            rep = verify(s, reg.store, full=not args.quick, repair=args.repair)
+        if args.json:
+            print(json.dumps(to_dict(rep), indent=2))
+        else:
+            print(f"checked {rep.artifacts} artifact(s), {rep.blobs} good blob(s), {human_size(rep.bytes)}"
+                  f"{' (sizes only)' if args.quick else ''}")
+            if rep.problems:
+                table([p.__dict__ | {"artifact": p.artifact[7:19]} for p in rep.problems],
+                      ["artifact", "file", "problem", "digest"])
+            if rep.marked_broken:
+                print(f"marked {len(rep.marked_broken)} artifact(s) broken: resolve will not serve them")
+            elif rep.problems:
+                print("run with --repair to mark them broken", file=sys.stderr)
+        return 0 if rep.ok else 1
+    with reg.db.session() as s:
+        rep = gc(s, reg.store, grace=parse_duration(args.grace), dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(to_dict(rep), indent=2))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(f"scanned {rep.scanned} blob(s), {rep.referenced} referenced; {verb} {len(rep.deleted)} "
+              f"({human_size(rep.freed_bytes)}); kept {rep.kept_young} younger than {args.grace}; "
+              f"aborted {rep.aborted_uploads} stale upload(s)")
+    return 0
+
+
+def _keys_local(args) -> int:  # type: ignore[no-untyped-def]
+    from registry.signing import key_id, load_signer
+
+    if not args.arg:
+        raise FarmError(f"keys {args.action} needs a key path")
+    path = Path(args.arg)
+    if args.action == "create":
+        from registry.signing import create_key
+
+        if path.exists():
+            raise ConfigError(f"{path} exists; not overwriting a key")
+        pub = create_key(path)
+        print(f"private key {path} (keep it secret; FARM_SIGNING_KEY={path})")
+        print(f"public key  {pub}  (id {key_id(pub)}; give it to devices: FARM_TRUSTED_KEYS={pub})")
+        return 0
+    signer = load_signer(path)
+    print(signer.public_b64)
+    return 0
+
+
+def _sign(reg, args, settings: Settings) -> int:  # type: ignore[no-untyped-def]
+    from registry.index import add_signature, find_artifact
+    from registry.signing import load_signer
+
+    if not settings.signing_key:
+        raise ConfigError("FARM_SIGNING_KEY is not set", hint="farm keys create KEY; export FARM_SIGNING_KEY=KEY")
+    if not args.arg:
+        raise FarmError("keys sign needs an artifact id")
+    signer = load_signer(settings.signing_key)
+    with reg.db.session() as s:
+        art = find_artifact(s, args.arg)
+        add_signature(s, art.digest, signer.public_b64, signer.sign(art.digest))
+        print(f"signed {art.digest} with key {signer.key_id}")
+    return 0

@@ -1,0 +1,159 @@
+"""Registry integrity: ``verify`` (every indexed blob present, right size and digest) and ``gc``
+(delete blobs no artifact references, older than a grace window)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from farm.errors import BlobNotFound, StorageError
+from farm.keys import CHUNK
+from registry.models import Artifact, ArtifactFile, Model
+from registry.store.base import BlobStore
+
+
+@dataclass
+class Problem:
+    artifact: str
+    file: str
+    digest: str
+    problem: str  # missing | size | digest | unreadable
+
+
+@dataclass
+class VerifyReport:
+    artifacts: int = 0
+    blobs: int = 0
+    bytes: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    marked_broken: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _hash_blob(store: BlobStore, digest: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with store.open(digest) as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return "sha256:" + h.hexdigest(), n
+
+
+def verify(session: Session, store: BlobStore, *, full: bool = True, repair: bool = False,
+           include_broken: bool = False) -> VerifyReport:
+    """Check every file of every (active) artifact. ``full`` re-hashes content (else size only);
+    ``repair`` marks artifacts with a problem ``broken`` so resolve never serves them."""
+    report = VerifyReport()
+    q = select(Artifact.id, Artifact.digest, ArtifactFile.name, ArtifactFile.digest, ArtifactFile.size).join(
+        ArtifactFile, ArtifactFile.artifact_id == Artifact.id).order_by(Artifact.id, ArtifactFile.name)
+    if not include_broken:
+        q = q.where(Artifact.status == "active")
+    checked: dict[str, str | None] = {}  # blob digest -> problem (a blob shared by artifacts is read once)
+    broken: dict[int, str] = {}
+    seen_artifacts: set[int] = set()
+    for art_id, art_digest, name, digest, size in session.execute(q):
+        seen_artifacts.add(art_id)
+        if digest not in checked:
+            checked[digest] = _check_blob(store, digest, size, full)
+            if checked[digest] is None:
+                report.blobs += 1
+                report.bytes += size
+        problem = checked[digest]
+        if problem:
+            report.problems.append(Problem(art_digest, name, digest, problem))
+            broken[art_id] = art_digest
+    report.artifacts = len(seen_artifacts)
+    if repair and broken:
+        session.execute(update(Artifact).where(Artifact.id.in_(list(broken))).values(status="broken")
+                        .execution_options(synchronize_session=False))
+        report.marked_broken = sorted(broken.values())
+    return report
+
+
+def _check_blob(store: BlobStore, digest: str, size: int, full: bool) -> str | None:
+    try:
+        info = store.stat(digest)
+        if info.size != size:
+            return "size"
+        if full:
+            got, n = _hash_blob(store, digest)
+            if got != digest or n != size:
+                return "digest"
+    except BlobNotFound:
+        return "missing"
+    except StorageError:
+        return "unreadable"
+    return None
+
+
+@dataclass
+class GcReport:
+    scanned: int = 0
+    referenced: int = 0
+    deleted: list[str] = field(default_factory=list)
+    kept_young: int = 0
+    freed_bytes: int = 0
+    aborted_uploads: int = 0
+
+
+def referenced_digests(session: Session) -> set[str]:
+    """Every blob digest the index points at: artifact files (incl. manifests and logs), broken
+    artifacts too (their evidence), and stored model bundle files."""
+    refs = set(session.scalars(select(ArtifactFile.digest)))
+    for files in session.scalars(select(Model.files)):
+        refs.update(f["digest"] for f in files if f.get("stored"))
+    return refs
+
+
+def gc(session: Session, store: BlobStore, *, grace: timedelta, dry_run: bool = False,
+       now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> GcReport:
+    """Delete unreferenced blobs older than ``grace``. A publication uploads blobs before it
+    inserts its rows, so a young unreferenced blob may be an upload in flight: keep it."""
+    report = GcReport()
+    refs = referenced_digests(session)
+    report.referenced = len(refs)
+    cutoff = now() - grace
+    for info in store.iter_blobs():
+        report.scanned += 1
+        if info.digest in refs:
+            continue
+        if info.modified is None or _aware(info.modified) > cutoff:
+            report.kept_young += 1
+            continue
+        if not dry_run:
+            # Re-read the blob's age right before deleting: a publisher re-putting the same
+            # content refreshes it, and must not lose it to us.
+            try:
+                fresh = store.stat(info.digest)
+            except BlobNotFound:
+                continue
+            if fresh.modified is not None and _aware(fresh.modified) > cutoff:
+                report.kept_young += 1
+                continue
+            store.delete(info.digest)
+        report.deleted.append(info.digest)
+        report.freed_bytes += info.size
+    abort = getattr(store, "abort_stale_uploads", None)
+    if abort is not None and not dry_run:
+        report.aborted_uploads = abort(cutoff)
+    return report
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def to_dict(report: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(report)
