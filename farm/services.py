@@ -32,7 +32,7 @@ class Service:
     log: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:

@@ -43,7 +43,8 @@ def _read_full(stream: BinaryIO, n: int) -> bytes:
 
 class S3BlobStore:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint: str | None = None, region: str | None = None,
-                 client: Any = None, create_bucket: bool = True, part_size: int = PART_SIZE):
+                 client: Any = None, create_bucket: bool = True, part_size: int = PART_SIZE,
+                 max_attempts: int = 5):
         if client is None:
             try:
                 import boto3
@@ -56,7 +57,7 @@ class S3BlobStore:
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 s3={"addressing_style": "path"},
-                retries={"max_attempts": 5, "mode": "standard"},
+                retries={"max_attempts": max_attempts, "mode": "standard"},
                 connect_timeout=10,
                 read_timeout=120,
             )
@@ -76,7 +77,7 @@ class S3BlobStore:
             raise ConfigError(f"store URL {url!r} names no bucket", hint="s3://BUCKET/PREFIX?endpoint=http://...")
         q = parse_qs(parsed.query)
         return cls(parsed.netloc, parsed.path, endpoint=q.get("endpoint", [None])[0],
-                   region=q.get("region", [None])[0])
+                   region=q.get("region", [None])[0], max_attempts=int(q.get("retries", ["5"])[0]))
 
     # ---- keys and errors -----------------------------------------------------------------------
 

@@ -66,3 +66,24 @@ class InMemoryBlobStore:
             return self.blobs[check_digest(digest)]
         except KeyError:
             raise BlobNotFound(f"blob {digest} not in {self.url}") from None
+
+
+class FailingBlobStore:
+    """Wraps a real store and fails the Nth put (a crash or outage mid-publication)."""
+
+    def __init__(self, inner: object, fail_on_put: int):
+        self.inner = inner
+        self.url = getattr(inner, "url", "failing://")
+        self.fail_on_put = fail_on_put
+        self.puts = 0
+
+    def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
+        from farm.errors import StorageUnavailable
+
+        self.puts += 1
+        if self.puts == self.fail_on_put:
+            raise StorageUnavailable(f"injected failure on put #{self.puts}")
+        return self.inner.put_stream(stream, expected=expected)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)

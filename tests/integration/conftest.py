@@ -1,9 +1,100 @@
+"""Real services for integration tests: SeaweedFS (S3) started on free loopback ports,
+PostgreSQL (the machine's, or our own when none runs), Redis likewise. Every process we start
+is stopped by its PID at the end of the session."""
+
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+from farm.config import Settings
+from farm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _aws_credentials() -> Iterator[None]:
+    # SeaweedFS without an IAM config accepts any key pair; boto3 insists on having one.
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ["AWS_ACCESS_KEY_ID"] = "ctxfarm-test"
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "ctxfarm-test-secret"
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def s3_url(seaweedfs: Service) -> str:
+    """A fresh bucket per test."""
+    return f"s3://ctxfarm-{uuid.uuid4().hex[:12]}/registry?endpoint={seaweedfs.url}"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL (no database) of a PostgreSQL: the machine's on 5432, or one we start."""
+    if reachable("127.0.0.1", 5432):
+        yield "postgresql+psycopg://postgres@127.0.0.1:5432"
+        return
+    svc = start_postgres(tmp_path_factory.mktemp("pg"))
+    yield svc.url.rsplit("/", 1)[0]
+    svc.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh database per test, dropped afterwards."""
+    import psycopg
+
+    name = f"ctxfarm_t_{uuid.uuid4().hex[:12]}"
+    admin = pg_server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{pg_server}/{name}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server (own port) so tests never touch the machine's data."""
+    svc = start_redis(tmp_path_factory.mktemp("redis"))
+    yield svc.url
+    svc.stop()
+
+
+@pytest.fixture(params=["sqlite+local", "postgres+s3"])
+def cluster_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    """The same registry code on the embedded stack and on PostgreSQL + S3 (SeaweedFS)."""
+    env = {"FARM_HOME": str(tmp_path / "farm-home")}
+    if request.param == "postgres+s3":
+        env["FARM_DATABASE_URL"] = request.getfixturevalue("pg_url")
+        env["FARM_STORE_URL"] = request.getfixturevalue("s3_url")
+    return Settings.from_env(env)
+
+
+@pytest.fixture
+def cluster_env(cluster_settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env["FARM_HOME"] = str(cluster_settings.home)
+    env["FARM_DATABASE_URL"] = cluster_settings.database_url
+    env["FARM_STORE_URL"] = cluster_settings.store_url
+    return env
