@@ -155,17 +155,48 @@ def _vm_hwm() -> int | None:
 
 # ---- parent side ------------------------------------------------------------------------------
 
-def make_source(path: Path, size: int) -> str:
-    """Random bytes written in 16 MiB chunks (never the whole file in memory); returns the digest."""
+def make_source(path: Path, size: int) -> tuple[str, float]:
+    """Random bytes written in 16 MiB chunks (never the whole file in memory).
+
+    Returns the digest and the seconds spent hashing alone (what put_stream adds over boto3)."""
     h = hashlib.sha256()
+    hashing = 0.0
     with open(path, "wb") as f:
         left = size
         while left:
             chunk = os.urandom(min(16 * MIB, left))
+            t0 = time.perf_counter()
             h.update(chunk)
+            hashing += time.perf_counter() - t0
             f.write(chunk)
             left -= len(chunk)
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + h.hexdigest(), hashing
+
+
+def warm_up(client: Any, part: int) -> None:
+    """Bucket, volume assignment and filer paths exist before the first timed phase (untimed)."""
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    key = "warmup/blob"
+    upload_id = client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    parts = []
+    for number in range(1, 9):
+        etag = client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload_id, PartNumber=number,
+                                  Body=os.urandom(part))["ETag"]
+        parts.append({"PartNumber": number, "ETag": etag})
+    client.complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
+    while body.read(READ_CHUNK):
+        pass
+    client.delete_object(Bucket=BUCKET, Key=key)
+
+
+def rotated(items: list[Any], r: int) -> list[Any]:
+    """Round r starts at a different phase, so no phase is always first (or always after another)."""
+    k = r % len(items)
+    return items[k:] + items[:k]
 
 
 def run_child(phase: str, common: list[str]) -> dict[str, Any]:
@@ -215,17 +246,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-store-", dir=args.tmp) as tmp:
         src = Path(tmp) / "source.bin"
         t0 = time.perf_counter()
-        digest = make_source(src, size)
+        digest, hash_s = make_source(src, size)
         print(f"source: {args.size_mib} MiB on disk, {digest[:19]}, written and hashed in "
-              f"{time.perf_counter() - t0:.1f} s (not timed below)", flush=True)
+              f"{time.perf_counter() - t0:.1f} s (not timed below; sha256 alone {hash_s:.2f} s)", flush=True)
         svc = start_seaweedfs(Path(tmp) / "weed")
         try:
             common = ["--endpoint", svc.url, "--file", str(src), "--digest", digest, "--part-mib", str(args.part_mib)]
             idle = {name: run_child(name, common) for name in ("idle-import", "idle-clients")}
             admin = boto3.client("s3", endpoint_url=svc.url, region_name="us-east-1", config=_botocore_config())
+            warm_up(admin, args.part_mib * MIB)
+            puts = [p[0] for p in phases if p[1] == "put"]
+            gets = [p[0] for p in phases if p[1] == "get"]
             for r in range(args.repeat):
                 prefix = f"round{r}"
-                for phase, _, _ in phases:
+                for phase in rotated(puts, r) + rotated(gets, r):
                     res = run_child(phase, [*common, "--prefix", prefix])
                     if res["bytes"] != size:
                         raise RuntimeError(f"{phase} moved {res['bytes']} bytes, expected {size}")
@@ -264,6 +298,8 @@ def main() -> int:
               f"{(idle[name]['peak_rss'] - idle_rss) / MIB:10.1f}")
     print("time x boto3: phase seconds / raw boto3 seconds of the same direction, this run "
           "(put: 1-thread upload_fileobj; get: get_object)")
+    print(f"sha256 of the whole blob alone (put_stream hashes inline, boto3 does not): {hash_s:.2f} s "
+          f"= {hash_s / seconds['boto3-put']:.2f} x boto3 put")
 
     import botocore
 
@@ -271,7 +307,7 @@ def main() -> int:
     out.mkdir(exist_ok=True)
     (out / "store.json").write_text(json.dumps({
         "size_mib": args.size_mib, "part_mib": args.part_mib, "read_chunk_mib": READ_CHUNK // MIB,
-        "repeat": args.repeat, "baseline": BASELINE, "rows": rows,
+        "repeat": args.repeat, "baseline": BASELINE, "rows": rows, "sha256_seconds": hash_s,
         "idle_rss_mib": {k: v["peak_rss"] / MIB for k, v in idle.items()},
         "env": {"python": platform.python_version(), "boto3": boto3.__version__, "botocore": botocore.__version__,
                 "cpus": os.cpu_count()},

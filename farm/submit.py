@@ -199,10 +199,12 @@ def _compile_and_publish(settings: Settings, reg: Any, bundle: ModelBundle, stem
             published = publish(reg, build_id, p, bundle.digest, out, signer)
     except FarmError as exc:
         log = exc.details.get("log")
+        # Build rows carry the design's failure codes; every store trouble is storage-error.
+        code = "storage-error" if isinstance(exc, StorageError) else exc.code
         with reg.db.session() as s:
-            fail_build(s, build_id, exc.code, exc.message, log)
+            fail_build(s, build_id, code, exc.message, log)
         return BuildOutcome(p.target.ref, p.toolchain.version, "failed", build_id,
-                            error_code=exc.code, error_message=exc.message)
+                            error_code=code, error_message=exc.message)
     except BaseException:
         # A bug or Ctrl-C: release the row so the next run retries instead of waiting out the lease.
         with reg.db.session() as s:
