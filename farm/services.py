@@ -110,7 +110,9 @@ def start_seaweedfs(data_dir: Path, *, timeout: float = 60.0) -> Service:
             f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer'] + 10000}",
             "-s3", f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3'] + 10000}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0",
-            "-volume.max=0", "-master.volumeSizeLimitMB=1024"]
+            # Explicit volume slots: the default (free disk / volume size) runs out on small
+            # disks once a few buckets (one collection each) have grown their volumes.
+            "-volume.max=100", "-master.volumeSizeLimitMB=256"]
     proc = _spawn(argv, log)
     url = f"http://127.0.0.1:{ports['s3']}"
 

@@ -44,8 +44,9 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 @pytest.fixture
 def s3_url(seaweedfs: Service) -> str:
-    """A fresh bucket per test."""
-    return f"s3://ctxfarm-{uuid.uuid4().hex[:12]}/registry?endpoint={seaweedfs.url}"
+    """A fresh prefix per test in one bucket (SeaweedFS gives every bucket its own volumes: a
+    bucket per test would run a small disk out of volume slots)."""
+    return f"s3://ctxfarm-test/{uuid.uuid4().hex[:12]}?endpoint={seaweedfs.url}"
 
 
 @pytest.fixture(scope="session")

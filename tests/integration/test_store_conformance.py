@@ -73,7 +73,8 @@ def test_digest_mismatch_stores_nothing(store: BlobStore, size: int) -> None:
     assert not exists(store, wrong) and not exists(store, sha256_bytes(data))
     assert list(store.iter_blobs()) == []
     if hasattr(store, "client"):
-        ups = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])  # type: ignore[attr-defined]
+        ups = store.client.list_multipart_uploads(  # type: ignore[attr-defined]
+            Bucket=store.bucket, Prefix=store.prefix).get("Uploads", [])  # type: ignore[attr-defined]
         assert ups == [], "a refused multipart upload must be aborted"
 
 

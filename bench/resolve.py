@@ -1,0 +1,342 @@
+"""Resolve latency with many artifacts in PostgreSQL (p50/p99), against a SELECT 1 round trip.
+
+Creates a throwaway database, builds the schema with Alembic (``registry.db.Database``), bulk
+inserts models (tagged ``name_i:stable``) x QNN SoCs of the catalog x 10 toolchain versions, two
+artifact_files rows each, then times over the same random queries, interleaved:
+
+    SELECT 1                  one round trip on the session's connection (the baseline)
+    resolve                   registry.resolve.resolve(session, digest, Device) (hits and misses)
+    device query              resolve_model_ref("name_i:stable") + resolve, same session
+    device query, new session what `farm device resolve` does: Database.session() per query
+
+and coverage(session) over all builds. Ratios are against the SELECT 1 p50 of this run. SQL
+statements per call and the share of time inside cursor.execute are counted too, and
+EXPLAIN (ANALYZE, BUFFERS) of each statement of one resolve is printed as evidence. Prints a
+table and writes JSON to bench/out/resolve.json; the database is dropped at the end.
+
+    python bench/resolve.py                       # 100 000 artifacts, 2000 queries
+    python bench/resolve.py --artifacts 10000 --queries 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import event, insert, text  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from farm.catalog import load_catalog  # noqa: E402
+from farm.errors import NoMatchError  # noqa: E402
+from farm.keys import options_digest  # noqa: E402
+from farm.options import normalize  # noqa: E402
+from registry.coverage import coverage  # noqa: E402
+from registry.db import Database  # noqa: E402
+from registry.index import resolve_model_ref  # noqa: E402
+from registry.models import Artifact, ArtifactFile, Build, Model, Tag  # noqa: E402
+from registry.resolve import Device, resolve  # noqa: E402
+
+TOOLCHAINS = [f"2.{m}.0" for m in range(40, 52)]  # 2.40.0 .. 2.51.0
+PER_PAIR = 10  # toolchains built per (model, SoC): a window of 10 of the 12
+RUNTIMES = [f"2.{m}.0" for m in range(38, 53)]  # device runtimes queried; < 2.40 never loads
+BATCH = 10_000
+
+
+def _hex(*parts: object) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
+
+
+def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int) -> dict[str, int]:
+    """Bulk insert with core executemany batches; explicit ids, sequences moved past them."""
+    per_model = len(socs) * PER_PAIR
+    n_models = math.ceil(n_artifacts / per_model)
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    catalog = load_catalog()
+    default_opts = {s: options_digest(normalize("qnn", {}, catalog.get(s, backend="qnn"))) for s in socs}
+    counts = {"models": 0, "tags": 0, "builds": 0, "artifacts": 0, "artifact_files": 0}
+
+    def flush(conn: Any, table: Any, rows: list[dict[str, Any]], name: str) -> None:
+        if rows:
+            conn.execute(insert(table), rows)
+            counts[name] += len(rows)
+            rows.clear()
+
+    with db.engine.begin() as conn:
+        models, tags = [], []
+        for i in range(n_models + unbuilt):
+            digest = "sha256:" + _hex("model", i)
+            models.append({"digest": digest, "onnx_digest": "sha256:" + _hex("onnx", i), "size": 4_000_000 + i,
+                           "files": [{"name": "model.onnx", "digest": "sha256:" + _hex("onnx", i)}],
+                           "first_name": f"name_{i}", "created_at": t0})
+            tags.append({"id": i + 1, "name": f"name_{i}", "tag": "stable", "model_digest": digest,
+                         "updated_at": t0})
+        flush(conn, Model.__table__, models, "models")
+        flush(conn, Tag.__table__, tags, "tags")
+
+        builds: list[dict[str, Any]] = []
+        arts: list[dict[str, Any]] = []
+        files: list[dict[str, Any]] = []
+        n = 0
+        for i in range(n_models):
+            mdigest = "sha256:" + _hex("model", i)
+            for j, soc in enumerate(socs):
+                start = (i * 7 + j) % (len(TOOLCHAINS) - PER_PAIR + 1)
+                for tc in TOOLCHAINS[start:start + PER_PAIR]:
+                    if n == n_artifacts:
+                        break
+                    n += 1
+                    at = t0 + timedelta(seconds=n)
+                    opts = default_opts[soc]
+                    builds.append({
+                        "id": n, "build_key": _hex("build", i, soc, tc), "model_digest": mdigest, "backend": "qnn",
+                        "target": soc, "toolchain": tc, "options": {}, "options_digest": opts,
+                        "state": "succeeded", "attempts": 1, "created_at": at, "started_at": at, "finished_at": at,
+                    })
+                    arts.append({
+                        "id": n, "digest": "sha256:" + _hex("manifest", n), "build_id": n, "model_digest": mdigest,
+                        "backend": "qnn", "target": soc, "toolchain": tc, "options_digest": opts,
+                        "ctx_model": "model_ctx.onnx", "ep_sdk_version": tc, "compile_seconds": 12.5,
+                        "size": 9_000_000, "nodes_ep": 120, "nodes_cpu": 0, "status": "active", "created_at": at,
+                    })
+                    for k, (name, role, mt) in enumerate((
+                            ("model_ctx.onnx", "ctx-model", "application/onnx"),
+                            ("model_ctx_qnn.bin", "context", "application/octet-stream"))):
+                        files.append({"id": 2 * n - 1 + k, "artifact_id": n, "name": name, "role": role,
+                                      "digest": "sha256:" + _hex("file", n, k), "size": 4_500_000, "media_type": mt})
+                    if len(builds) >= BATCH:
+                        flush(conn, Build.__table__, builds, "builds")
+                        flush(conn, Artifact.__table__, arts, "artifacts")
+                        flush(conn, ArtifactFile.__table__, files, "artifact_files")
+        flush(conn, Build.__table__, builds, "builds")
+        flush(conn, Artifact.__table__, arts, "artifacts")
+        flush(conn, ArtifactFile.__table__, files, "artifact_files")
+        for table in ("tags", "builds", "artifacts", "artifact_files"):
+            conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                              f"(SELECT coalesce(max(id), 1) FROM {table}))"))
+    with db.engine.connect() as conn:
+        # What autovacuum would have done on a live index; plans below use real statistics.
+        conn.execute(text("ANALYZE"))
+        conn.commit()
+    counts["built_models"] = n_models
+    return counts
+
+
+class SqlCounter:
+    """Statements and seconds spent in cursor.execute (psycopg fetches results there)."""
+
+    def __init__(self, engine: Any):
+        self.n = 0
+        self.seconds = 0.0
+        self.capture: list[tuple[str, Any]] | None = None
+        self._t = 0.0
+        event.listen(engine, "before_cursor_execute", self._before)
+        event.listen(engine, "after_cursor_execute", self._after)
+
+    def _before(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if self.capture is not None:
+            self.capture.append((statement, params))
+        self._t = time.perf_counter()
+
+    def _after(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        self.seconds += time.perf_counter() - self._t
+        self.n += 1
+
+    def reset(self) -> None:
+        self.n, self.seconds = 0, 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifacts", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=200, help="untimed queries first (caches, compiled SQL)")
+    ap.add_argument("--coverage-runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test",
+                    help="an existing database to CREATE/DROP the throwaway one from")
+    args = ap.parse_args()
+
+    import psycopg
+
+    socs = [t.name for t in load_catalog().of_backend("qnn")]
+    unbuilt = max(1, math.ceil(args.artifacts / (len(socs) * PER_PAIR)) // 100)  # ~1% of models: no artifact
+    dbname = f"ctxfarm_bench_{os.getpid()}"
+    base = args.admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    admin = psycopg.connect(args.admin_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{dbname}"')
+    db: Database | None = None
+    try:
+        t0 = time.perf_counter()
+        db = Database(f"{base}/{dbname}")
+        schema_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        counts = populate(db, args.artifacts, socs, unbuilt)
+        load_s = time.perf_counter() - t0
+        print(f"database {dbname}: schema {schema_s:.1f} s; inserted {counts['models']} models, "
+              f"{counts['artifacts']} builds/artifacts, {counts['artifact_files']} artifact_files "
+              f"in {load_s:.1f} s (+ ANALYZE)", flush=True)
+        result = measure(db, args, socs, counts, unbuilt)
+        result.update(database=dbname, schema_seconds=schema_s, load_seconds=load_s, counts=counts)
+    finally:
+        if db is not None:
+            db.dispose()
+        admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        admin.close()
+
+    out = Path(__file__).resolve().parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / "resolve.json").write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dict[str, int],
+            unbuilt: int) -> dict[str, Any]:
+    catalog = load_catalog()
+    rng = random.Random(args.seed)
+    n_models = counts["built_models"] + unbuilt
+    devices = {(s, r): Device("qnn", catalog.get(s, backend="qnn"), r) for s in socs for r in RUNTIMES}
+    queries = [(rng.randrange(n_models), rng.choice(socs), rng.choice(RUNTIMES))
+               for _ in range(args.warmup + args.queries)]
+    digests = {i: "sha256:" + _hex("model", i) for i in range(n_models)}
+    sql = SqlCounter(db.engine)
+    names = ["SELECT 1", "resolve", "resolve (hit)", "resolve (miss: NoMatchError)",
+             "device query (ref + resolve)", "device query, new session per query"]
+    lat: dict[str, list[float]] = {k: [] for k in names}
+    stmts: dict[str, list[int]] = {k: [] for k in names}
+    sql_s: dict[str, list[float]] = {k: [] for k in names}
+    misses = 0
+
+    def timed(name: str, fn: Any) -> Any:
+        sql.reset()
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            dt = time.perf_counter() - t
+            if record:
+                lat[name].append(dt)
+                stmts[name].append(sql.n)
+                sql_s[name].append(sql.seconds)
+
+    def resolve_or_miss(s: Session, digest: str, device: Device) -> bool:
+        try:
+            resolve(s, digest, device)
+            return True
+        except NoMatchError:
+            return False
+
+    def device_query(s: Session, ref: str, device: Device) -> bool:
+        return resolve_or_miss(s, resolve_model_ref(s, ref), device)
+
+    def fresh_session(ref: str, device: Device) -> bool:
+        with db.session() as s2:
+            ok = device_query(s2, ref, device)
+            s2.expunge_all()
+        return ok
+
+    with db.session() as s:
+        for q, (i, soc, runtime) in enumerate(queries):
+            record = q >= args.warmup
+            device, ref = devices[(soc, runtime)], f"name_{i}:stable"
+            timed("SELECT 1", lambda: s.execute(text("SELECT 1")).scalar())
+            hit = timed("resolve", lambda: resolve_or_miss(s, digests[i], device))  # noqa: B023
+            s.expunge_all()  # a fresh identity map per query, as a request would have
+            if record:
+                kind = "resolve (hit)" if hit else "resolve (miss: NoMatchError)"
+                misses += not hit
+                lat[kind].append(lat["resolve"][-1])
+                stmts[kind].append(stmts["resolve"][-1])
+                sql_s[kind].append(sql_s["resolve"][-1])
+            timed("device query (ref + resolve)", lambda: device_query(s, ref, device))  # noqa: B023
+            s.expunge_all()
+            timed("device query, new session per query", lambda: fresh_session(ref, device))  # noqa: B023
+
+        cov = []
+        for run in range(max(1, args.coverage_runs)):
+            sql.reset()
+            sql.capture = [] if run == 0 else None
+            t = time.perf_counter()
+            c = coverage(s)
+            cov.append(time.perf_counter() - t)
+            cov_stmts, cov_sql = sql.n, sql.seconds
+            if run == 0:
+                cov_captured, sql.capture = sql.capture or [], None
+        lat["coverage (all builds)"] = cov
+        stmts["coverage (all builds)"] = [cov_stmts]
+        sql_s["coverage (all builds)"] = [cov_sql]
+        cov_cells = len(c.cells)
+
+        # EXPLAIN ANALYZE of exactly the statements one resolve sends (a model with artifacts).
+        sql.capture = []
+        i = next(i for i, _, _ in queries if i < counts["built_models"])
+        resolve_or_miss(s, digests[i], devices[(socs[0], RUNTIMES[-1])])
+        captured, sql.capture = sql.capture, None
+        s.expunge_all()
+        plans = []
+        for statement, params in captured:
+            rows = s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, params).all()
+            plans.append({"statement": " ".join(statement.split()), "plan": [r[0] for r in rows]})
+        cov_plan = []
+        for statement, params in cov_captured:
+            cov_plan += [r[0] for r in s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement,
+                                                                      params).all()]
+
+    base = statistics.median(lat["SELECT 1"])
+    rows = []
+    for name, values in lat.items():
+        if not values:
+            continue
+        p50 = statistics.median(values)
+        rows.append({"measure": name, "n": len(values), "p50_ms": p50 * 1e3, "p99_ms": pct(values, 0.99) * 1e3,
+                     "max_ms": max(values) * 1e3, "p50_x_select1": p50 / base,
+                     "sql_statements": statistics.median(stmts[name]),
+                     "sql_share": statistics.median(sql_s[name]) / p50 if p50 else 0.0})
+
+    print(f"\n{counts['artifacts']} artifacts ({counts['built_models']} models x {len(socs)} QNN SoCs x "
+          f"{PER_PAIR} toolchains, {unbuilt} models without artifacts), {args.queries} random queries "
+          f"after {args.warmup} warm-up, {misses} misses; coverage: {len(cov)} runs, {cov_cells} cells")
+    print(f"{'measure':38s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'p50 x SELECT 1':>15s} "
+          f"{'SQL stmts':>9s} {'in SQL':>7s}")
+    for r in rows:
+        print(f"{r['measure']:38s} {r['n']:5d} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['max_ms']:8.3f} "
+              f"{r['p50_x_select1']:15.1f} {r['sql_statements']:9.0f} {r['sql_share']:7.0%}")
+    print("in SQL: median seconds inside cursor.execute / p50 (the rest is Python: ORM loading, ranking)")
+    print("\nEXPLAIN (ANALYZE, BUFFERS) of the statements of one resolve:")
+    for p in plans:
+        print("  " + p["statement"][:160] + ("..." if len(p["statement"]) > 160 else ""))
+        for line in p["plan"]:
+            print("    " + line)
+    print("coverage:")
+    for line in cov_plan:
+        print("    " + line)
+
+    import sqlalchemy
+
+    return {"artifacts": counts["artifacts"], "queries": args.queries, "warmup": args.warmup, "misses": misses,
+            "seed": args.seed, "baseline": "SELECT 1 p50", "baseline_ms": base * 1e3, "rows": rows,
+            "coverage_cells": cov_cells, "explain": plans, "explain_coverage": cov_plan,
+            "env": {"python": platform.python_version(), "sqlalchemy": sqlalchemy.__version__,
+                    "postgres": db.engine.dialect.server_version_info, "cpus": os.cpu_count()}}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
