@@ -164,6 +164,11 @@ def pct(values: list[float], q: float) -> float:
     return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
+def _clip(line: str, width: int = 200) -> str:
+    """Plan lines with 100-id IN lists are long; the JSON keeps them whole."""
+    return line if len(line) <= width else line[:width] + "..."
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifacts", type=int, default=100_000)
@@ -324,10 +329,10 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
     for p in plans:
         print("  " + p["statement"][:160] + ("..." if len(p["statement"]) > 160 else ""))
         for line in p["plan"]:
-            print("    " + line)
+            print("    " + _clip(line))
     print("coverage:")
     for line in cov_plan:
-        print("    " + line)
+        print("    " + _clip(line))
 
     import sqlalchemy
 

@@ -287,14 +287,15 @@ def main() -> int:
 
     print(f"\nblob {args.size_mib} MiB, part {args.part_mib} MiB, read chunk 1 MiB, "
           f"{args.repeat} round(s) (seconds = median), SeaweedFS on loopback")
-    print(f"{'phase':49s} {'seconds':>8s} {'MiB/s':>8s} {'time x boto3':>13s} {'peak RSS MiB':>13s} "
-          f"{'over idle':>10s}")
+    print(f"{'phase':49s} {'seconds':>8s} {'min-max s':>13s} {'MiB/s':>8s} {'time x boto3':>13s} "
+          f"{'peak RSS MiB':>13s} {'over idle':>10s}")
     for row in rows:
-        print(f"{row['label']:49s} {row['seconds']:8.2f} {row['mib_per_s']:8.1f} {row['time_x_boto3']:13.2f} "
-              f"{row['peak_rss_mib']:13.1f} {row['rss_over_idle_mib']:10.1f}")
+        spread = f"{min(row['runs']):.2f}-{max(row['runs']):.2f}"
+        print(f"{row['label']:49s} {row['seconds']:8.2f} {spread:>13s} {row['mib_per_s']:8.1f} "
+              f"{row['time_x_boto3']:13.2f} {row['peak_rss_mib']:13.1f} {row['rss_over_idle_mib']:10.1f}")
     for name, what in (("idle-import", "idle child (imports only)"),
                        ("idle-clients", "idle child (imports + both clients built)")):
-        print(f"{what:49s} {'':8s} {'':8s} {'':13s} {idle[name]['peak_rss'] / MIB:13.1f} "
+        print(f"{what:49s} {'':8s} {'':13s} {'':8s} {'':13s} {idle[name]['peak_rss'] / MIB:13.1f} "
               f"{(idle[name]['peak_rss'] - idle_rss) / MIB:10.1f}")
     print("time x boto3: phase seconds / raw boto3 seconds of the same direction, this run "
           "(put: 1-thread upload_fileobj; get: get_object)")

@@ -31,6 +31,21 @@ class Settings:
     signing_key: str | None = None
     trusted_keys: tuple[str, ...] = field(default_factory=tuple)
     require_signature: bool = False
+    # Cluster mode. The build row lease is renewed every lease/3 s while a worker compiles, so a
+    # dead worker's build is free again after at most lease_seconds, however long compiles are.
+    lease_seconds: float = 60.0
+    heartbeat_seconds: float = 10.0
+    max_attempts: int = 3
+    # Redis redelivers a task unacked this long: keep it above the longest compile (the DB lease
+    # still guards against a second delivery running twice).
+    visibility_timeout: float = 0.0
+    # Queued builds whose message is older than this are sent again (a broker that lost its
+    # queue after a restart); tasks are idempotent, so a duplicate costs nothing.
+    requeue_after: float = 600.0
+
+    @property
+    def effective_visibility_timeout(self) -> float:
+        return self.visibility_timeout or max(3600.0, 2 * self.compile_timeout + 300)
 
     @property
     def embedded(self) -> bool:
@@ -51,6 +66,19 @@ class Settings:
         if timeout <= 0:
             raise ConfigError(f"FARM_COMPILE_TIMEOUT must be positive, got {timeout_raw!r}")
         trusted = tuple(k for k in env.get("FARM_TRUSTED_KEYS", "").split(",") if k.strip())
+
+        def number(name: str, default: float) -> float:
+            raw = env.get(name, "")
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, got {raw!r}")
+            return value
+
         return cls(
             home=home,
             database_url=env.get("FARM_DATABASE_URL") or f"sqlite:///{home / 'index.db'}",
@@ -60,4 +88,9 @@ class Settings:
             signing_key=env.get("FARM_SIGNING_KEY") or None,
             trusted_keys=trusted,
             require_signature=env.get("FARM_REQUIRE_SIGNATURE", "").lower() in ("1", "true", "yes"),
+            lease_seconds=number("FARM_LEASE_SECONDS", 60.0),
+            heartbeat_seconds=number("FARM_HEARTBEAT_SECONDS", 10.0),
+            max_attempts=int(number("FARM_MAX_ATTEMPTS", 3)),
+            visibility_timeout=number("FARM_VISIBILITY_TIMEOUT", 0.0) if env.get("FARM_VISIBILITY_TIMEOUT") else 0.0,
+            requeue_after=number("FARM_REQUEUE_AFTER", 600.0),
         )

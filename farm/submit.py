@@ -254,7 +254,7 @@ def publish(reg: Any, build_id: int, p: PlannedBuild, model_digest: str, out: An
                                    nodes_cpu=out.placement["cpu_nodes"], log=out.log)
             if signer is not None:
                 add_signature(s, manifest_digest, signer.public_b64, signer.sign(manifest_digest))
-            return {"digest": art.digest, "size": art.size}
+            return {"digest": art.digest, "size": art.size, "artifact_id": art.id}
     except FarmError:
         raise
     except OSError as exc:

@@ -323,3 +323,132 @@ def verdicts_for(session: Session, artifact_ids: list[int], runtime_backend: str
         CompatVerdict.artifact_id.in_(artifact_ids), CompatVerdict.runtime_backend == runtime_backend,
         CompatVerdict.source == "probe"))
     return {(r.artifact_id, r.runtime_version): r for r in rows}
+
+
+# ---- cluster: workers, queued builds, releases ------------------------------------------------------
+
+def register_worker(session: Session, *, name: str, host: str, pid: int, toolchain: Any, queues: list[str],
+                    extra: dict[str, Any] | None = None) -> int:
+    from registry.models import Worker
+
+    row = Worker(name=name, host=host, pid=pid, backend=toolchain.backend, toolchain=toolchain.version,
+                 ort_version=toolchain.ort_version, ep_package=toolchain.ep_package, ep_version=toolchain.ep_version,
+                 queues=queues, extra=extra or {})
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def heartbeat(session: Session, worker_id: int, *, jobs_done_delta: int = 0, stopped: bool = False) -> None:
+    from registry.models import Worker
+
+    values: dict[str, Any] = {"last_seen": now()}
+    if jobs_done_delta:
+        values["jobs_done"] = Worker.jobs_done + jobs_done_delta
+    if stopped:
+        values["stopped_at"] = now()
+    session.execute(update(Worker).where(Worker.id == worker_id).values(**values)
+                    .execution_options(synchronize_session=False))
+
+
+def live_workers(session: Session, *, stale_after: float) -> list[Any]:
+    from registry.models import Worker
+
+    cutoff = now() - timedelta(seconds=stale_after)
+    return list(session.scalars(select(Worker).where(Worker.stopped_at.is_(None), Worker.last_seen >= cutoff)
+                                .order_by(Worker.backend, Worker.toolchain, Worker.name)))
+
+
+def all_workers(session: Session, limit: int = 200) -> list[Any]:
+    from registry.models import Worker
+
+    return list(session.scalars(select(Worker).order_by(Worker.last_seen.desc()).limit(limit)))
+
+
+def queue_build(session: Session, spec: BuildSpec, queue: str) -> tuple[int, bool]:
+    """Insert a queued build row (the UNIQUE key dedupes). Returns (build id, needs a message):
+    a new row, or an existing one that is waiting or failed for an infrastructure reason."""
+    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+    if row is None:
+        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
+                    target=spec.target, toolchain=spec.toolchain, options=spec.options,
+                    options_digest=spec.options_digest, state="queued", attempts=0, queue=queue, enqueued_at=now())
+        try:
+            with session.begin_nested():
+                session.add(row)
+            return row.id, True
+        except IntegrityError:
+            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+            assert row is not None
+            return row.id, False  # a concurrent submitter inserted it and sends its message
+    if row.state == "failed" and row.error_code not in DETERMINISTIC_FAILURES:
+        # Infrastructure failure: a new submission is a new chance, with a fresh attempt budget.
+        session.execute(update(Build).where(Build.id == row.id, Build.state == "failed")
+                        .values(state="queued", attempts=0, error_code=None, error_message=None, queue=queue,
+                                enqueued_at=now(), finished_at=None)
+                        .execution_options(synchronize_session=False))
+        return row.id, True
+    return row.id, False
+
+
+def stale_queued(session: Session, queues: list[str], older_than: float, limit: int = 100) -> list[int]:
+    """Queued builds on these queues whose message is older than ``older_than`` seconds; their
+    enqueued_at is bumped so only one reconciler re-sends each."""
+    cutoff = now() - timedelta(seconds=older_than)
+    ids = list(session.scalars(select(Build.id).where(Build.state == "queued", Build.queue.in_(queues),
+                                                       Build.enqueued_at < cutoff).limit(limit)))
+    taken = []
+    for build_id in ids:
+        n = session.execute(update(Build).where(Build.id == build_id, Build.state == "queued",
+                                                Build.enqueued_at < cutoff)
+                            .values(enqueued_at=now()).execution_options(synchronize_session=False)).rowcount
+        if n:
+            taken.append(build_id)
+    return taken
+
+
+def start_build(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int) -> str:
+    """A worker's claim on a delivered build. Returns ``run`` (ours now), ``done`` (nothing to
+    do), ``busy`` (another worker holds a live lease) or ``exhausted`` (attempt cap reached:
+    the row is now failed with worker-lost)."""
+    row = get_build(session, build_id)
+    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES):
+        return "done"
+    if row.state == "failed" and row.attempts >= max_attempts:
+        return "done"
+    lease = _aware(row.lease_expires_at)
+    if row.state == "running" and lease is not None and lease > now():
+        return "busy"
+    if row.attempts >= max_attempts:
+        # Every attempt so far died with its worker (a poison model, or a flaky host).
+        fail_build(session, row.id, "worker-lost",
+                   f"gave up after {row.attempts} attempt(s): the compiling worker was lost each time", row.log)
+        return "exhausted"
+    taken = session.execute(
+        update(Build).where(Build.id == row.id, Build.attempts == row.attempts, Build.state == row.state)
+        .values(state="running", attempts=row.attempts + 1, lease_owner=owner,
+                lease_expires_at=now() + timedelta(seconds=lease_seconds), started_at=now(), worker=owner)
+        .execution_options(synchronize_session=False)).rowcount
+    return "run" if taken == 1 else "busy"
+
+
+def renew_lease(session: Session, build_id: int, owner: str, lease_seconds: float) -> bool:
+    return bool(session.execute(
+        update(Build).where(Build.id == build_id, Build.lease_owner == owner, Build.state == "running")
+        .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
+        .execution_options(synchronize_session=False)).rowcount)
+
+
+def requeue_after_failure(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:
+    """An infrastructure failure with attempts left: back to queued, the error kept for status."""
+    session.execute(update(Build).where(Build.id == build_id)
+                    .values(state="queued", error_code=code, error_message=message, log=log, lease_owner=None,
+                            lease_expires_at=None, enqueued_at=now())
+                    .execution_options(synchronize_session=False))
+
+
+def release_builds(session: Session, release_id: int) -> list[Build]:
+    from registry.models import ReleaseBuild
+
+    return list(session.scalars(select(Build).join(ReleaseBuild, ReleaseBuild.build_id == Build.id)
+                                .where(ReleaseBuild.release_id == release_id).order_by(Build.target, Build.toolchain)))

@@ -105,6 +105,9 @@ class Build(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queue: Mapped[str | None] = mapped_column(String(128))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    worker: Mapped[str | None] = mapped_column(String(255))
 
     artifact: Mapped[Artifact | None] = relationship(back_populates="build", uselist=False)
 
@@ -201,3 +204,45 @@ class CompatVerdict(Base):
     source: Mapped[str] = mapped_column(String(8))
     detail: Mapped[str | None] = mapped_column(Text)
     recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Worker(Base):
+    """A farm worker: what it serves and when it was last seen (heartbeat)."""
+
+    __tablename__ = "workers"
+    __table_args__ = (UniqueConstraint("name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(16))
+    toolchain: Mapped[str] = mapped_column(String(64))
+    ort_version: Mapped[str] = mapped_column(String(32))
+    ep_package: Mapped[str] = mapped_column(String(64))
+    ep_version: Mapped[str] = mapped_column(String(32))
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Release(Base):
+    """A release: one model over a target x toolchain matrix. Fan-in is tracked here, in SQL."""
+
+    __tablename__ = "releases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    label: Mapped[str | None] = mapped_column(String(255))
+    matrix: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ReleaseBuild(Base):
+    __tablename__ = "release_builds"
+
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"), primary_key=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), primary_key=True, index=True)

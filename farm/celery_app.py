@@ -1,0 +1,72 @@
+"""The Celery app: Redis broker, one queue per (backend, toolchain), tasks sent by name.
+
+``farm`` only sends (``send_task`` by name, after the DB commit); the task bodies live in
+``workers.tasks`` and are imported by workers alone. Results are tracked in SQL, never in a
+Celery result backend (chords on Redis lose counts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.config import Settings
+from farm.errors import ConfigError, MissingExtraError, NoWorkerError
+
+COMPILE_TASK = "ctxfarm.compile_model"
+PROBE_TASK = "ctxfarm.probe_artifact"
+
+
+def compile_queue(backend: str, toolchain: str, target: str | None = None) -> str:
+    """compile.qnn.2.51.0 ; TensorRT builds for the GPU it runs on: compile.trt.10.13.sm_90."""
+    if backend == "trt" and target:
+        return f"compile.trt.{toolchain}.{target}"
+    return f"compile.{backend}.{toolchain}"
+
+
+def probe_queue(backend: str, toolchain: str) -> str:
+    return f"probe.{backend}.{toolchain}"
+
+
+def make_app(settings: Settings) -> Any:
+    if not settings.broker_url:
+        raise ConfigError("FARM_BROKER_URL is not set: cluster commands need a Redis broker",
+                          hint="export FARM_BROKER_URL=redis://127.0.0.1:6379/0 (or use `farm build` embedded)")
+    try:
+        from celery import Celery
+    except ModuleNotFoundError:
+        raise MissingExtraError("celery is not installed", hint="pip install 'ctxfarm[cluster]'") from None
+    app = Celery("ctxfarm", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue="ctxfarm.default",
+        task_create_missing_queues=True,
+        broker_transport_options={"visibility_timeout": settings.effective_visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # Our own compile timeout kills the compile child; the task limit is the backstop.
+        task_time_limit=settings.compile_timeout + 300,
+        task_soft_time_limit=settings.compile_timeout + 240,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+def check_broker(app: Any, timeout: float = 3.0) -> None:
+    """Fail fast and clearly when the broker is down, before anything is written."""
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+    except Exception as exc:
+        raise NoWorkerError(f"the broker {app.conf.broker_url} is unreachable: {exc}",
+                            hint="check FARM_BROKER_URL and that Redis is running; nothing was submitted") from None
+
+
+def send(app: Any, task: str, args: list[Any], queue: str) -> None:
+    app.send_task(task, args=args, queue=queue, routing_key=queue)
