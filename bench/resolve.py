@@ -21,12 +21,14 @@ table and writes JSON to bench/out/resolve.json; the database is dropped at the 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
 import os
 import platform
 import random
+import signal
 import statistics
 import sys
 import time
@@ -158,6 +160,28 @@ class SqlCounter:
         self.n, self.seconds = 0, 0.0
 
 
+class GcCounter:
+    """Full (generation 2) collections and their seconds: what the tail latency is made of."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.seconds = 0.0
+        self._t = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.full += 1
+            self.seconds += time.perf_counter() - self._t
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._cb)
+
+
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     s = sorted(values)
@@ -179,6 +203,9 @@ def main() -> int:
     ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test",
                     help="an existing database to CREATE/DROP the throwaway one from")
     args = ap.parse_args()
+
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks still stop what this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     import psycopg
 
@@ -223,15 +250,19 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
                for _ in range(args.warmup + args.queries)]
     digests = {i: "sha256:" + _hex("model", i) for i in range(n_models)}
     sql = SqlCounter(db.engine)
+    gcs = GcCounter()
     names = ["SELECT 1", "resolve", "resolve (hit)", "resolve (miss: NoMatchError)",
              "device query (ref + resolve)", "device query, new session per query"]
     lat: dict[str, list[float]] = {k: [] for k in names}
     stmts: dict[str, list[int]] = {k: [] for k in names}
     sql_s: dict[str, list[float]] = {k: [] for k in names}
+    full_gc: dict[str, list[int]] = {k: [] for k in names}
+    gc_s: dict[str, float] = dict.fromkeys(names, 0.0)
     misses = 0
 
     def timed(name: str, fn: Any) -> Any:
         sql.reset()
+        full0, gc0 = gcs.full, gcs.seconds
         t = time.perf_counter()
         try:
             return fn()
@@ -241,6 +272,8 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
                 lat[name].append(dt)
                 stmts[name].append(sql.n)
                 sql_s[name].append(sql.seconds)
+                full_gc[name].append(gcs.full - full0)
+                gc_s[name] += gcs.seconds - gc0
 
     def resolve_or_miss(s: Session, digest: str, device: Device) -> bool:
         try:
@@ -271,6 +304,7 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
                 lat[kind].append(lat["resolve"][-1])
                 stmts[kind].append(stmts["resolve"][-1])
                 sql_s[kind].append(sql_s["resolve"][-1])
+                full_gc[kind].append(full_gc["resolve"][-1])
             timed("device query (ref + resolve)", lambda: device_query(s, ref, device))  # noqa: B023
             s.expunge_all()
             timed("device query, new session per query", lambda: fresh_session(ref, device))  # noqa: B023
@@ -286,6 +320,7 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
             if run == 0:
                 cov_captured, sql.capture = sql.capture or [], None
         lat["coverage (all builds)"] = cov
+        full_gc["coverage (all builds)"] = []
         stmts["coverage (all builds)"] = [cov_stmts]
         sql_s["coverage (all builds)"] = [cov_sql]
         cov_cells = len(c.cells)
@@ -300,6 +335,7 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
         for statement, params in captured:
             rows = s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, params).all()
             plans.append({"statement": " ".join(statement.split()), "plan": [r[0] for r in rows]})
+        gcs.close()
         cov_plan = []
         for statement, params in cov_captured:
             cov_plan += [r[0] for r in s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement,
@@ -314,17 +350,25 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
         rows.append({"measure": name, "n": len(values), "p50_ms": p50 * 1e3, "p99_ms": pct(values, 0.99) * 1e3,
                      "max_ms": max(values) * 1e3, "p50_x_select1": p50 / base,
                      "sql_statements": statistics.median(stmts[name]),
-                     "sql_share": statistics.median(sql_s[name]) / p50 if p50 else 0.0})
+                     "sql_share": statistics.median(sql_s[name]) / p50 if p50 else 0.0,
+                     "calls_with_full_gc": sum(1 for g in full_gc[name] if g) if full_gc[name] else None,
+                     "full_gc_seconds": gc_s.get(name)})
 
     print(f"\n{counts['artifacts']} artifacts ({counts['built_models']} models x {len(socs)} QNN SoCs x "
           f"{PER_PAIR} toolchains, {unbuilt} models without artifacts), {args.queries} random queries "
           f"after {args.warmup} warm-up, {misses} misses; coverage: {len(cov)} runs, {cov_cells} cells")
     print(f"{'measure':38s} {'n':>5s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'p50 x SELECT 1':>15s} "
-          f"{'SQL stmts':>9s} {'in SQL':>7s}")
+          f"{'SQL stmts':>9s} {'in SQL':>7s} {'full GC':>8s}")
     for r in rows:
+        fg = "" if r["calls_with_full_gc"] is None else str(r["calls_with_full_gc"])
         print(f"{r['measure']:38s} {r['n']:5d} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['max_ms']:8.3f} "
-              f"{r['p50_x_select1']:15.1f} {r['sql_statements']:9.0f} {r['sql_share']:7.0%}")
-    print("in SQL: median seconds inside cursor.execute / p50 (the rest is Python: ORM loading, ranking)")
+              f"{r['p50_x_select1']:15.1f} {r['sql_statements']:9.0f} {r['sql_share']:7.0%} {fg:>8s}")
+    print("in SQL: median seconds inside cursor.execute / p50 (the rest is Python: ORM loading, ranking); "
+          "full GC: calls during which a generation-2 collection ran")
+    n_full = sum(sum(v) for v in full_gc.values())
+    if n_full:
+        print(f"full collections inside timed calls: {n_full}, {sum(gc_s.values()) / n_full * 1e3:.1f} ms each "
+              f"on average ({len(gc.get_objects())} objects tracked by the GC at the end)")
     print("\nEXPLAIN (ANALYZE, BUFFERS) of the statements of one resolve:")
     for p in plans:
         print("  " + p["statement"][:160] + ("..." if len(p["statement"]) > 160 else ""))

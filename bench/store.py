@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -215,6 +216,21 @@ def delete_round(client: Any, prefix: str) -> None:
             client.delete_object(Bucket=BUCKET, Key=obj["Key"])
 
 
+def stop(svc: Any) -> None:
+    """svc.stop(), and SIGKILL to its process group if that is interrupted (a second Ctrl-C while
+    weed takes its time over SIGTERM would otherwise leave it running on a deleted directory)."""
+    try:
+        svc.stop()
+    except BaseException:
+        if svc.proc is not None and svc.proc.poll() is None:
+            try:
+                os.killpg(svc.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            svc.proc.wait()
+        raise
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=2048, help="blob size in MiB (default 2048 = 2 GiB)")
@@ -229,6 +245,9 @@ def main() -> int:
     ap.add_argument("--digest", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if not args.worker:
+        # SIGTERM unwinds like Ctrl-C, so the finally blocks still stop what this run started.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Any credentials do for SeaweedFS without an identity config; children inherit them.
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "ctxfarm")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "ctxfarm")
@@ -268,7 +287,7 @@ def main() -> int:
                           f"peak RSS {res['peak_rss'] / MIB:7.1f} MiB", flush=True)
                 delete_round(admin, prefix)
         finally:
-            svc.stop()
+            stop(svc)
 
     seconds = {p: statistics.median(x["seconds"] for x in results[p]) for p, _, _ in phases}
     idle_rss = idle["idle-import"]["peak_rss"]

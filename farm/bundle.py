@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from farm.errors import InvalidModelError
 from farm.keys import bundle_digest, sha256_file
@@ -43,7 +44,7 @@ class ModelBundle:
     def stem(self) -> str:
         return self.path.stem
 
-    def files_json(self) -> list[dict[str, object]]:
+    def files_json(self) -> list[dict[str, Any]]:
         return [{"path": self.path.name, "digest": self.onnx.digest, "size": self.onnx.size}] + [
             {"path": f.path, "digest": f.digest, "size": f.size} for f in self.external
         ]

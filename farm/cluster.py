@@ -63,7 +63,7 @@ def _matrix(target_refs: Sequence[str], sdks: Sequence[str], served: dict[tuple[
         t = parse_target(ref)
         if t not in targets:
             targets.append(t)
-    pairs = []
+    pairs: list[tuple[Target, str]] = []
     for t in targets:
         versions = list(dict.fromkeys(sdks)) or sorted(v for (b, v) in served if b == t.backend)
         if not versions:
@@ -110,7 +110,7 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
         # Blobs first: the bundle, content-addressed (a re-submission uploads nothing new).
         files = bundle.files_json()
         paths = [bundle.path] + [bundle.root / f.path for f in bundle.external]
-        for entry, path in zip(files, paths):
+        for entry, path in zip(files, paths, strict=True):
             put_file(reg.store, path, expected=entry["digest"])
             entry["stored"] = True
         display = name or bundle.stem

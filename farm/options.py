@@ -50,13 +50,13 @@ class OptionSpec:
                     f"option {self.name}={value} is out of range", hint=f"allowed: {self.min}..{self.max}"
                 )
             return value
-        value = str(raw).strip().lower()
-        if value not in self.choices:
+        choice = str(raw).strip().lower()
+        if choice not in self.choices:
             raise BadOptionsError(
                 f"option {self.name}={raw!r} is not allowed",
                 hint=f"choose one of: {', '.join(map(str, self.choices))}",
             )
-        return value
+        return choice
 
 
 QNN_OPTIONS: dict[str, OptionSpec] = {
@@ -165,7 +165,7 @@ def _check_combinations(backend: str, opts: dict[str, Any], target: Target | Non
                                   hint="list every dynamic input in all three profiles")
         for name in mins:
             lo, mid, hi = mins[name], opts_[name], maxs[name]
-            if not (len(lo) == len(mid) == len(hi)) or any(a > b or b > c for a, b, c in zip(lo, mid, hi)):
+            if not (len(lo) == len(mid) == len(hi)) or any(a > b or b > c for a, b, c in zip(lo, mid, hi, strict=False)):
                 raise BadOptionsError(f"shape profile for {name!r} must satisfy min <= opt <= max per dimension",
                                       hint="check the order of the three profiles")
     if opts["hardware_compatibility_level"] == "ampere_plus" and target is not None:

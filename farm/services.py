@@ -145,14 +145,17 @@ def _free(port: int) -> bool:
             return False
 
 
-def start_redis(data_dir: Path, *, timeout: float = 20.0) -> Service:
+def start_redis(data_dir: Path, *, port: int | None = None, persist: bool = False, timeout: float = 20.0) -> Service:
+    """A private redis-server. ``persist`` turns the append-only file on, so queued messages
+    survive a restart (as a production broker should be configured)."""
     exe = shutil.which("redis-server")
     if not exe:
         raise ServiceError("redis-server is not installed", hint="apt-get install redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log = data_dir / "redis.log"
-    proc = _spawn([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+    proc = _spawn([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                   "--appendonly", "yes" if persist else "no", "--appendfsync", "always",
                    "--dir", str(data_dir)], log)
     _wait(lambda: reachable("127.0.0.1", port), "redis-server", proc, log, timeout)
     return Service("redis", f"redis://127.0.0.1:{port}/0", proc, log)

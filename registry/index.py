@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import CursorResult, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -37,6 +37,12 @@ class Registry:
 
     def close(self) -> None:
         self.db.dispose()
+
+
+def _changed(session: Session, stmt: Any) -> int:
+    """Rows an UPDATE touched (the compare-and-set result)."""
+    result: CursorResult[Any] = session.execute(stmt.execution_options(synchronize_session=False))  # type: ignore[assignment]
+    return int(result.rowcount)
 
 
 def owner_id() -> str:
@@ -176,13 +182,11 @@ def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owne
     # Failed for an infrastructure reason, or a lease that ran out (its holder died): take it
     # over with a compare-and-set on attempts so two takers cannot both win.
     attempt = row.attempts + 1
-    taken = session.execute(
+    taken = _changed(session,
         update(Build)
         .where(Build.id == row.id, Build.attempts == row.attempts)
         .values(state="running", attempts=attempt, lease_owner=owner, lease_expires_at=lease_until,
-                started_at=now(), finished_at=None, error_code=None, error_message=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+                started_at=now(), finished_at=None, error_code=None, error_message=None))
     if taken != 1:
         return Claim("busy", row.id, row.state, row.attempts)
     session.expire(row)
@@ -392,16 +396,19 @@ def queue_build(session: Session, spec: BuildSpec, queue: str) -> tuple[int, boo
 
 
 def stale_queued(session: Session, queues: list[str], older_than: float, limit: int = 100) -> list[int]:
-    """Queued builds on these queues whose message is older than ``older_than`` seconds; their
-    enqueued_at is bumped so only one reconciler re-sends each."""
-    cutoff = now() - timedelta(seconds=older_than)
-    ids = list(session.scalars(select(Build.id).where(Build.state == "queued", Build.queue.in_(queues),
+    """Builds on these queues whose message may be lost: queued with a message older than
+    ``older_than`` seconds (a broker that lost its lists), or running under an expired lease (a
+    dead worker; Redis would redeliver only after its visibility timeout). Their enqueued_at is
+    bumped so only one reconciler re-sends each, once per ``older_than``."""
+    t = now()
+    cutoff = t - timedelta(seconds=older_than)
+    orphaned = or_(Build.state == "queued", (Build.state == "running") & (Build.lease_expires_at < t))
+    ids = list(session.scalars(select(Build.id).where(orphaned, Build.queue.in_(queues),
                                                        Build.enqueued_at < cutoff).limit(limit)))
     taken = []
     for build_id in ids:
-        n = session.execute(update(Build).where(Build.id == build_id, Build.state == "queued",
-                                                Build.enqueued_at < cutoff)
-                            .values(enqueued_at=now()).execution_options(synchronize_session=False)).rowcount
+        n = _changed(session, update(Build).where(Build.id == build_id, orphaned, Build.enqueued_at < cutoff)
+                     .values(enqueued_at=now()))
         if n:
             taken.append(build_id)
     return taken
@@ -424,19 +431,17 @@ def start_build(session: Session, build_id: int, *, owner: str, lease_seconds: f
         fail_build(session, row.id, "worker-lost",
                    f"gave up after {row.attempts} attempt(s): the compiling worker was lost each time", row.log)
         return "exhausted"
-    taken = session.execute(
+    taken = _changed(session,
         update(Build).where(Build.id == row.id, Build.attempts == row.attempts, Build.state == row.state)
         .values(state="running", attempts=row.attempts + 1, lease_owner=owner,
-                lease_expires_at=now() + timedelta(seconds=lease_seconds), started_at=now(), worker=owner)
-        .execution_options(synchronize_session=False)).rowcount
+                lease_expires_at=now() + timedelta(seconds=lease_seconds), started_at=now(), worker=owner))
     return "run" if taken == 1 else "busy"
 
 
 def renew_lease(session: Session, build_id: int, owner: str, lease_seconds: float) -> bool:
-    return bool(session.execute(
+    return bool(_changed(session,
         update(Build).where(Build.id == build_id, Build.lease_owner == owner, Build.state == "running")
-        .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
-        .execution_options(synchronize_session=False)).rowcount)
+        .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))))
 
 
 def requeue_after_failure(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:

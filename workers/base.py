@@ -103,7 +103,8 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
         decision = start_build(s, build_id, owner=ctx.owner, lease_seconds=s_.lease_seconds,
                                max_attempts=s_.max_attempts)
         b = get_build(s, build_id)
-        row = {"backend": b.backend, "target": b.target, "toolchain": b.toolchain, "options": b.options,
+        s.refresh(b)  # the claim was a bulk UPDATE: read what it wrote (attempts = this attempt)
+        row: dict[str, Any] = {"backend": b.backend, "target": b.target, "toolchain": b.toolchain, "options": b.options,
                "options_digest": b.options_digest, "build_key": b.build_key, "model": b.model_digest,
                "attempts": b.attempts}
         model = s.get(Model, b.model_digest)
@@ -126,21 +127,36 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
             job = CompileJob(model_path, target, row["options"], stem, s_.compile_timeout)
             out = ctx.runner.compile(job, Path(tmp) / "work")
             published = publish(ctx.registry, build_id, planned, row["model"], out, _signer(s_))
+            self_probe(ctx, published["artifact_id"], out.out_dir / out.ctx_model, target)
     except FarmError as exc:
         code = "storage-error" if isinstance(exc, StorageError) else exc.code
         text = exc.details.get("log")
         with ctx.registry.db.session() as s:
-            if code in DETERMINISTIC_FAILURES or row["attempts"] + 1 >= s_.max_attempts:
+            if code in DETERMINISTIC_FAILURES or row["attempts"] >= s_.max_attempts:
                 fail_build(s, build_id, code, exc.message, text)
                 return "failed", 0.0
             requeue_after_failure(s, build_id, code, exc.message, text)
-        return "retry", backoff(row["attempts"] + 1)
+        return "retry", backoff(row["attempts"])
     with ctx.registry.db.session() as s:
         if ctx.worker_id:
             heartbeat(s, ctx.worker_id, jobs_done_delta=1)
     log.info("build %s published %s", build_id, published["digest"])
     schedule_probes(ctx, published["artifact_id"])
     return "succeeded", 0.0
+
+
+def self_probe(ctx: WorkerContext, artifact_id: int, ctx_model: Path, target: Any) -> str:
+    """Load the fresh artifact under the toolchain that built it: evidence, not an assumption."""
+    from registry.index import record_verdict
+
+    try:
+        ctx.runner.load_check(ctx_model, target, timeout=ctx.settings.compile_timeout)
+        verdict, detail = "loads", None
+    except FarmError as exc:
+        verdict, detail = "fails", exc.message[:2000]
+    with ctx.registry.db.session() as s:
+        record_verdict(s, artifact_id, ctx.toolchain.backend, ctx.toolchain.version, verdict, "probe", detail)
+    return verdict
 
 
 def _signer(settings: Settings) -> Any:

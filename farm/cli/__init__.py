@@ -93,7 +93,7 @@ def table(rows: list[dict[str, Any]], columns: list[str], out: Any = None) -> No
                                                     for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
 
 
 def human_size(n: int | None) -> str:

@@ -124,14 +124,14 @@ def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
                 print("run with --repair to mark them broken", file=sys.stderr)
         return 0 if rep.ok else 1
     with reg.db.session() as s:
-        rep = gc(s, reg.store, grace=parse_duration(args.grace), dry_run=args.dry_run)
+        grep_ = gc(s, reg.store, grace=parse_duration(args.grace), dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(to_dict(rep), indent=2))
+        print(json.dumps(to_dict(grep_), indent=2))
     else:
         verb = "would delete" if args.dry_run else "deleted"
-        print(f"scanned {rep.scanned} blob(s), {rep.referenced} referenced; {verb} {len(rep.deleted)} "
-              f"({human_size(rep.freed_bytes)}); kept {rep.kept_young} younger than {args.grace}; "
-              f"aborted {rep.aborted_uploads} stale upload(s)")
+        print(f"scanned {grep_.scanned} blob(s), {grep_.referenced} referenced; {verb} {len(grep_.deleted)} "
+              f"({human_size(grep_.freed_bytes)}); kept {grep_.kept_young} younger than {args.grace}; "
+              f"aborted {grep_.aborted_uploads} stale upload(s)")
     return 0
 
 

@@ -1,0 +1,128 @@
+"""``python -m farm.devfarm``: bring up a local farm (services + one worker per QNN SDK venv).
+
+Used by ``infra/farm-up.sh`` and ``bench/farm.py``. Every process started here is stopped here,
+by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from farm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_venvs() -> list[Path]:
+    return sorted(p for p in (ROOT / ".venvs").glob("qnn-*") if (p / "bin" / "farm").exists())
+
+
+@contextmanager
+def services(base: Path) -> Iterator[dict[str, str]]:
+    """FARM_* settings for a farm on real services under ``base``."""
+    started: list[Service] = []
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        redis = start_redis(base / "redis", persist=True)
+        started.append(redis)
+        if reachable("127.0.0.1", 5432):
+            import psycopg
+
+            name = f"ctxfarm_dev_{os.getpid()}"
+            with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+                c.execute(f'CREATE DATABASE "{name}"')
+            db_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        else:
+            pg = start_postgres(base / "pg")
+            started.append(pg)
+            db_url = pg.url
+        s3 = start_seaweedfs(base / "seaweedfs")
+        started.append(s3)
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "ctxfarm")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "ctxfarm-secret")
+        yield {"FARM_HOME": str(base / "home"), "FARM_DATABASE_URL": db_url, "FARM_BROKER_URL": redis.url,
+               "FARM_STORE_URL": f"s3://ctxfarm/registry?endpoint={s3.url}",
+               "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+               "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    finally:
+        for svc in reversed(started):
+            svc.stop()
+
+
+@contextmanager
+def workers(env: dict[str, str], venvs: list[Path], log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for v in venvs:
+            log = open(log_dir / f"worker-{v.name}.log", "wb")
+            procs.append(subprocess.Popen([str(v / "bin" / "farm"), "worker"], env={**os.environ, **env},
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True))
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def wait_live(env: dict[str, str], n: int, timeout: float = 90) -> None:
+    from farm.config import Settings
+    from registry.index import Registry, live_workers
+
+    settings = Settings.from_env({**os.environ, **env})
+    reg = Registry.open(settings)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with reg.db.session() as s:
+                if len(live_workers(s, stale_after=3 * settings.heartbeat_seconds)) >= n:
+                    return
+            time.sleep(0.5)
+    finally:
+        reg.close()
+    raise SystemExit(f"only some of the {n} workers came up; see their logs")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dir", default=str(ROOT / ".farm"))
+    args = ap.parse_args()
+    venvs = worker_venvs()
+    if not venvs:
+        print("no worker venvs: run infra/workers/create-venvs.sh", file=sys.stderr)
+        return 1
+    base = Path(args.dir)
+    with services(base) as env:
+        from registry.db import Database
+
+        Database(env["FARM_DATABASE_URL"]).dispose()
+        with workers(env, venvs, base):
+            wait_live(env, len(venvs))
+            print("farm is up; in another shell:")
+            for k, v in env.items():
+                print(f"  export {k}='{v}'")
+            print(f"  farm workers   # {len(venvs)} workers: " + ", ".join(v.name for v in venvs))
+            print("Ctrl-C stops the farm.", flush=True)
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# A local farm in one command: Redis, PostgreSQL and SeaweedFS (the machine's Redis/PostgreSQL
+# when they run, else private ones), then one worker per QNN SDK venv (2.47.0, 2.49.40, 2.51.0).
+# Prints the FARM_* settings to export in another shell; Ctrl-C stops everything it started.
+#   infra/farm-up.sh [--dir DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${FARM_UP_DIR:-$PWD/.farm}
+[ "${1:-}" = "--dir" ] && DIR=$2
+[ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[qnn,cluster,test,sign]'; }
+./infra/workers/create-venvs.sh
+export PATH="$PWD/.venv/bin:$PATH"
+exec .venv/bin/python -m farm.devfarm --dir "$DIR"

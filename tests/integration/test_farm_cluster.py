@@ -1,0 +1,308 @@
+"""The distributed farm for real: Celery workers in their own QNN SDK venvs (.venvs/qnn-*,
+made by infra/workers/create-venvs.sh) against a private Redis, PostgreSQL and SeaweedFS."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.services import Service, start_redis
+from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
+
+ROOT = Path(__file__).resolve().parents[2]
+VENVS = ROOT / ".venvs"
+
+
+def venv_farm(version: str) -> Path:
+    exe = VENVS / f"qnn-{version}" / "bin" / "farm"
+    if not exe.exists():
+        pytest.fail(f"{exe} missing: run infra/workers/create-venvs.sh (infra/test.sh does)")
+    return exe
+
+
+class Farm:
+    """A private farm: its own Redis, its own PostgreSQL database, an S3 prefix; workers as
+    subprocesses, each in its own process group so a test can SIGKILL one whole."""
+
+    def __init__(self, tmp: Path, redis: Service, pg_url: str, s3_url: str):
+        self.tmp, self.redis, self.workers = tmp, redis, []  # type: ignore[var-annotated]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+        self.env.update({
+            "FARM_HOME": str(tmp / "home"), "FARM_DATABASE_URL": pg_url, "FARM_STORE_URL": s3_url,
+            "FARM_BROKER_URL": redis.url, "FARM_HEARTBEAT_SECONDS": "1", "FARM_LEASE_SECONDS": "6",
+            "FARM_VISIBILITY_TIMEOUT": "8", "FARM_REQUEUE_AFTER": "4", "FARM_MAX_ATTEMPTS": "3",
+            "FARM_COMPILE_TIMEOUT": "120",
+        })
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def start_worker(self, version: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"worker-{version}-{len(self.workers)}.log", "wb")
+        proc = subprocess.Popen([str(venv_farm(version)), "worker"], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.workers.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = json.loads(self.cli("workers", "--json").stdout)
+            if any(w["pid"] == proc.pid for w in live):
+                time.sleep(1.0)  # the Celery consumer starts right after registration
+                return proc
+            assert proc.poll() is None, (self.tmp / f"worker-{version}-{len(self.workers) - 1}.log").read_text()
+            time.sleep(0.3)
+        raise AssertionError(f"worker {version} did not register")
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                self.kill(p, signal.SIGTERM)
+
+    def db(self) -> Any:
+        from farm.config import Settings
+        from registry.index import Registry
+
+        return Registry.open(Settings.from_env(self.env))
+
+    def builds(self) -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        from registry.models import Build
+
+        reg = self.db()
+        try:
+            with reg.db.session() as s:
+                return [{"id": b.id, "state": b.state, "attempts": b.attempts, "code": b.error_code,
+                         "toolchain": b.toolchain, "target": b.target}
+                        for b in s.scalars(select(Build).order_by(Build.id))]
+        finally:
+            reg.close()
+
+    def wait_builds(self, pred: Any, timeout: float = 120) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.builds()
+            if rows and pred(rows):
+                return rows
+            time.sleep(0.5)
+        raise AssertionError(f"builds did not reach the state in time: {self.builds()}")
+
+
+@pytest.fixture
+def farm_cluster(tmp_path: Path, pg_url: str, s3_url: str) -> Iterator[Farm]:
+    redis = start_redis(tmp_path / "redis", persist=True)
+    f = Farm(tmp_path, redis, pg_url, s3_url)
+    f.cli("db", "upgrade")
+    try:
+        yield f
+    finally:
+        f.stop()
+        f.redis.stop()
+
+
+def verdicts(f: Farm) -> dict[tuple[str, str], str]:
+    from sqlalchemy import select
+
+    from registry.models import Artifact, CompatVerdict
+
+    reg = f.db()
+    try:
+        with reg.db.session() as s:
+            rows = s.execute(select(Artifact.target, Artifact.toolchain, CompatVerdict.runtime_version,
+                                    CompatVerdict.verdict).join(CompatVerdict, CompatVerdict.artifact_id == Artifact.id))
+            return {(f"{t}@{tc}", rv): v for t, tc, rv, v in rows}
+    finally:
+        reg.close()
+
+
+def test_release_two_sdks_two_socs_with_probes(farm_cluster: Farm) -> None:
+    f = farm_cluster
+    f.start_worker("2.47.0")
+    f.start_worker("2.51.0")
+    model = str(light("squeezenet"))
+    args = ["submit", model, "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--sdk", "2.47.0", "--sdk", "2.51.0",
+            "--name", "sq", "--tag", "stable", "--wait", "--timeout", "180", "--json"]
+    out = json.loads(f.cli(*args).stdout)
+    assert sorted((b["target"], b["toolchain"], b["state"]) for b in out["builds"]) == [
+        ("qnn:SM8650", "2.47.0", "succeeded"), ("qnn:SM8650", "2.51.0", "succeeded"),
+        ("qnn:SM8750", "2.47.0", "succeeded"), ("qnn:SM8750", "2.51.0", "succeeded")]
+    assert all(b["attempts"] == 1 for b in out["builds"])
+    assert len({b["artifact"] for b in out["builds"]}) == 4
+    # The probe: each artifact loaded under the other toolchain, evidence recorded.
+    deadline = time.monotonic() + 90
+    while len(verdicts(f)) < 8 and time.monotonic() < deadline:
+        time.sleep(1)
+    v = verdicts(f)
+    assert v[("SM8650@2.51.0", "2.47.0")] == "fails" and v[("SM8750@2.51.0", "2.47.0")] == "fails"
+    assert v[("SM8650@2.47.0", "2.51.0")] == "loads" and v[("SM8750@2.47.0", "2.51.0")] == "loads"
+    # and each under its own toolchain, by the worker that built it
+    assert all(v[(f"{t}@{tc}", tc)] == "loads" for t in ("SM8650", "SM8750") for tc in ("2.47.0", "2.51.0"))
+    # Resolve uses it: a 2.47 device gets the 2.47 build (probe evidence), a 2.51 one the 2.51 build.
+    r47 = json.loads(f.cli("resolve", "--model", "sq:stable", "--soc", "SM8650", "--qnn", "2.47.0", "--json").stdout)
+    r51 = json.loads(f.cli("resolve", "--model", "sq:stable", "--soc", "SM8650", "--qnn", "2.51.0", "--json").stdout)
+    assert (r47["toolchain"], r51["toolchain"]) == ("2.47.0", "2.51.0")
+    assert r47["source"] == r51["source"] == "probe"
+    # No evidence for 2.49.40: the rule decides (newest build <= runtime).
+    r49 = json.loads(f.cli("resolve", "--model", "sq:stable", "--soc", "SM8650", "--qnn", "2.49.40", "--json").stdout)
+    assert (r49["toolchain"], r49["source"]) == ("2.47.0", "rule")
+    # A fully cached re-submission compiles nothing and is final at once.
+    again = json.loads(f.cli(*args).stdout)
+    assert [b["state"] for b in again["builds"]] == ["succeeded"] * 4
+    assert [b["build"] for b in again["builds"]] == [b["build"] for b in out["builds"]]
+    assert all(b["attempts"] == 1 for b in f.builds())
+    workers = json.loads(f.cli("workers", "--json").stdout)
+    assert sorted((w["toolchain"], w["onnxruntime"], w["jobs"]) for w in workers) == [
+        ("2.47.0", "1.24.4", 2), ("2.51.0", "1.31.1", 2)]
+
+
+def test_concurrent_identical_submissions_compile_once(farm_cluster: Farm, tmp_path: Path) -> None:
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    model = conv_relu_add(tmp_path / "m.onnx", seed=3)
+    args = [sys.executable, "-m", "farm.cli", "submit", str(model), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--json"]
+    procs = [subprocess.Popen(args, env=f.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    ids = {json.loads(o)["builds"][0]["build"] for o, _ in outs}
+    assert len(ids) == 1
+    rows = f.wait_builds(lambda r: r[0]["state"] == "succeeded")
+    assert [(r["state"], r["attempts"]) for r in rows] == [("succeeded", 1)]
+
+
+def test_sigkill_worker_mid_compile_build_finishes_once(farm_cluster: Farm) -> None:
+    f = farm_cluster
+    w = f.start_worker("2.51.0")
+    f.cli("submit", str(light("resnet50")), "-t", "qnn:SM8650", "--sdk", "2.51.0")
+    f.wait_builds(lambda r: r[0]["state"] == "running", timeout=60)
+    f.kill(w)  # the whole worker: main process, pool child and compile child
+    assert f.builds()[0]["state"] == "running"
+    f.start_worker("2.51.0")
+    rows = f.wait_builds(lambda r: r[0]["state"] in ("succeeded", "failed"), timeout=120)
+    assert [(r["state"], r["attempts"]) for r in rows] == [("succeeded", 2)]
+    out = json.loads(f.cli("ls", "--json").stdout)
+    assert len(out) == 1
+
+
+def test_poison_model_fails_with_worker_lost_after_the_cap(farm_cluster: Farm, tmp_path: Path) -> None:
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    stop = threading.Event()
+    kills: list[int] = []
+
+    def killer() -> None:
+        # Every compile of this model dies (as a crashing SDK would): SIGKILL each compile child.
+        while not stop.is_set():
+            out = subprocess.run(["pgrep", "-f", "workers.qnn.child compile"], capture_output=True, text=True)
+            for pid in out.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    kills.append(int(pid))
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        f.cli("submit", str(conv_relu_add(tmp_path / "poison.onnx", seed=9)), "-t", "qnn:SM8650", "--sdk", "2.51.0")
+        rows = f.wait_builds(lambda r: r[0]["state"] == "failed", timeout=120)
+    finally:
+        stop.set()
+        t.join()
+    assert [(r["state"], r["code"], r["attempts"]) for r in rows] == [("failed", "worker-lost", 3)]
+    assert len(set(kills)) == 3
+    status = json.loads(f.cli("status", "--build", str(rows[0]["id"]), "--json").stdout)
+    assert "signal 9" in status["error_message"]
+
+
+def test_deterministic_failure_is_not_retried(farm_cluster: Farm, tmp_path: Path) -> None:
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    proc = f.cli("submit", str(partly_unsupported(tmp_path / "p.onnx")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
+                 "--require-full-offload" if False else "-o", "require_full_offload=true", "--wait", "--timeout", "120",
+                 check=False)
+    assert proc.returncode == 1 and "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr
+    assert [(r["state"], r["code"], r["attempts"]) for r in f.builds()] == [("failed", "unsupported-ops", 1)]
+
+
+def test_unserved_toolchain_is_refused_or_queued(farm_cluster: Farm) -> None:
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    model = str(light("squeezenet"))
+    refused = f.cli("submit", model, "-t", "qnn:SM8650", "--sdk", "2.49.40", check=False)
+    assert refused.returncode != 0 and "error[no-worker]" in refused.stderr and "qnn 2.51.0" in refused.stderr
+    assert f.builds() == []
+    queued = json.loads(f.cli("submit", model, "-t", "qnn:SM8650", "--sdk", "2.49.40", "--allow-queue",
+                              "--json").stdout)
+    assert [b["state"] for b in queued["builds"]] == ["queued"]
+    f.start_worker("2.49.40")
+    rows = f.wait_builds(lambda r: r[0]["state"] == "succeeded")
+    assert rows[0]["toolchain"] == "2.49.40"
+
+
+def test_broker_restart_and_broker_down(farm_cluster: Farm, tmp_path: Path) -> None:
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    # Broker restart: the worker reconnects; a build submitted afterwards runs.
+    port = int(f.redis.url.rsplit(":", 1)[1].split("/")[0])
+    f.redis.stop()
+    f.redis = start_redis(tmp_path / "redis", port=port, persist=True)
+    f.cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--wait", "--timeout", "120")
+    # Broker down: a clear error, and nothing written anywhere.
+    f.redis.stop()
+    before = f.builds()
+    down = f.cli("submit", str(conv_relu_add(tmp_path / "x.onnx", seed=5)), "-t", "qnn:SM8650", "--sdk", "2.51.0",
+                 check=False, timeout=60)
+    assert down.returncode != 0 and "unreachable" in down.stderr and "Traceback" not in down.stderr
+    assert f.builds() == before
+    f.redis = start_redis(tmp_path / "redis", port=port, persist=True)
+
+
+def test_lost_queue_is_resent_by_the_reconciler(farm_cluster: Farm) -> None:
+    import redis as redis_lib
+
+    f = farm_cluster
+    queued = json.loads(f.cli("submit", str(light("squeezenet")), "-t", "qnn:SM8750", "--sdk", "2.51.0",
+                              "--allow-queue", "--json").stdout)
+    assert [b["state"] for b in queued["builds"]] == ["queued"]
+    redis_lib.Redis.from_url(f.redis.url).flushall()  # a broker restart without persistence
+    f.start_worker("2.51.0")
+    rows = f.wait_builds(lambda r: r[0]["state"] == "succeeded", timeout=90)
+    assert rows[0]["attempts"] == 1
+
+
+def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
+    from farm.services import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update({"FARM_HOME": str(tmp_path), "FARM_BROKER_URL": "redis://127.0.0.1:6379/15",
+                "FARM_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x",
+                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"})
+    proc = subprocess.run([sys.executable, "-m", "farm.cli", "submit", str(light("squeezenet")), "-t", "qnn:SM8650",
+                           "--sdk", "2.51.0"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "error[storage-error]" in proc.stderr and "unreachable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "blobs" / "blobs").exists(), "nothing uploaded when the index is down"
+    _ = uuid  # noqa: F841
