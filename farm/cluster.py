@@ -132,7 +132,8 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                 od = options_digest(opts)
                 spec = BuildSpec(build_key(bundle.digest, t.backend, t.name, version, od), bundle.digest,
                                  t.backend, t.name, version, opts, od)
-                queue = compile_queue(t.backend, version, t.name)
+                hw_compat = opts.get("hardware_compatibility_level") == "ampere_plus"
+                queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
                 build_id, needs_message = queue_build(s, spec, queue)
                 s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
                 if needs_message:

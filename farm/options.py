@@ -168,6 +168,13 @@ def _check_combinations(backend: str, opts: dict[str, Any], target: Target | Non
             if not (len(lo) == len(mid) == len(hi)) or any(a > b or b > c for a, b, c in zip(lo, mid, hi, strict=False)):
                 raise BadOptionsError(f"shape profile for {name!r} must satisfy min <= opt <= max per dimension",
                                       hint="check the order of the three profiles")
+    if opts["version_compatible"]:
+        # TensorRT has a version-compatible builder flag, but onnxruntime's TensorRT EP exposes no
+        # option to set it (checked against the EP's option list): refuse rather than pretend.
+        raise BadOptionsError(
+            "version_compatible=true cannot be honored: the onnxruntime TensorRT EP has no option for it",
+            hint="build per TensorRT version (the farm keys builds by TRT version), or use hardware_compatibility_level",
+        )
     if opts["hardware_compatibility_level"] == "ampere_plus" and target is not None:
         cc = float(target.compute_capability or 0)
         if cc < 8.0:

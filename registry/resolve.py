@@ -48,7 +48,24 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
     return Verdict(True, "rule", f"same SoC, QNN {artifact.toolchain} <= runtime {device.runtime}")
 
 
-RULES = {"qnn": qnn_rule}
+def trt_rule(artifact: Artifact, device: Device) -> Verdict:
+    """TensorRT: same TensorRT version; same compute capability, unless the engine was built
+    hardware-compatible (Ampere+), which serves sm_80 and newer."""
+    if parse_version(artifact.toolchain) != parse_version(device.runtime):
+        return Verdict(False, "rule", f"built with TensorRT {artifact.toolchain}; runtime {device.runtime} "
+                                      "(engines are tied to the TensorRT version)")
+    options = artifact.build.options if artifact.build is not None else {}
+    device_cc = float(device.target.compute_capability or 0)
+    if options.get("hardware_compatibility_level") == "ampere_plus":
+        if device_cc >= 8.0:
+            return Verdict(True, "rule", f"hardware-compatible (Ampere+) engine, {device.target.name} is sm_80+")
+        return Verdict(False, "rule", f"hardware-compatible engines need sm_80+, not {device.target.name}")
+    if artifact.target != device.target.name:
+        return Verdict(False, "rule", f"built for {artifact.target}, not {device.target.name}")
+    return Verdict(True, "rule", f"same GPU arch {artifact.target}, TensorRT {artifact.toolchain}")
+
+
+RULES = {"qnn": qnn_rule, "trt": trt_rule}
 
 
 def verdict(artifact: Artifact, device: Device) -> Verdict:
@@ -61,7 +78,7 @@ def _default_options_digest(backend: str, target: Target) -> str:
 
 def candidates(session: Session, model_digest: str, backend: str) -> list[Artifact]:
     return list(session.scalars(
-        select(Artifact).options(selectinload(Artifact.files))
+        select(Artifact).options(selectinload(Artifact.files), selectinload(Artifact.build))
         .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active")))
 
 
@@ -118,6 +135,9 @@ def resolve(session: Session, model_digest: str, device: Device, *, model_label:
 
 def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
     same = [a for a, _ in bad if a.target == device.target.name]
+    if device.backend == "trt":
+        return (f"needed: a build for {device.target.ref} with TensorRT {device.runtime} "
+                f"(a TRT {device.runtime} worker on a {device.target.name} GPU), or a hardware-compatible one")
     if same and device.backend == "qnn":
         oldest = min(same, key=lambda a: parse_version(a.toolchain))
         return (f"needed: a build for {device.target.name} with QNN <= {device.runtime} "

@@ -119,6 +119,15 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
             fail_build(s, build_id, "no-worker", f"misrouted: this worker serves {ctx.toolchain.backend} "
                        f"{ctx.toolchain.version}, the build needs {row['backend']} {row['toolchain']}", None)
         return "failed", 0.0
+    gpu = os.environ.get("CTXFARM_GPU_TARGET")
+    if row["backend"] == "trt" and gpu:
+        from workers.trt.runner import serves
+
+        if not serves(gpu, row["target"], row["options"]):
+            with ctx.registry.db.session() as s:
+                fail_build(s, build_id, "no-worker", f"misrouted: this worker's GPU is {gpu}, the build is for "
+                           f"{row['target']}", None)
+            return "failed", 0.0
     target = load_catalog().get(row["target"], backend=row["backend"])
     planned = PlannedBuild(target, ctx.toolchain, row["options"], row["options_digest"], row["build_key"])
     try:

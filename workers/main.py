@@ -37,6 +37,8 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
         worker_id = register_worker(s, name=name, host=host, pid=os.getpid(), toolchain=toolchain, queues=queues,
                                     extra={"target": target} if target else {})
     os.environ.update(CTXFARM_WORKER_ID=str(worker_id), CTXFARM_WORKER_NAME=name, CTXFARM_BACKEND=backend)
+    if target:
+        os.environ["CTXFARM_GPU_TARGET"] = target
     print(f"worker {name}: {backend} {toolchain.version} (onnxruntime {toolchain.ort_version}, "
           f"{toolchain.ep_package} {toolchain.ep_version}) serving {', '.join(queues)}", flush=True)
 

@@ -22,6 +22,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", help="NAME:TAG, NAME or a model digest")
     p.add_argument("--soc", help="device SoC (Build.SOC_MODEL), e.g. SM8650 or snapdragon-8-gen-3")
     p.add_argument("--qnn", metavar="VERSION", help="QNN runtime SDK version on the device, e.g. 2.51.0")
+    p.add_argument("--gpu", help="device GPU by compute capability, e.g. sm_89 (TensorRT)")
+    p.add_argument("--trt", metavar="VERSION", help="TensorRT runtime version on the device, e.g. 10.13.3")
     p.add_argument("--json", action="store_true")
     if name == "fetch":
         p.add_argument("--out", "-o", required=True, help="directory to place the files in")
@@ -39,8 +41,12 @@ def _device(args: argparse.Namespace) -> Any:
     from farm.catalog import load_catalog
     from registry.resolve import Device
 
+    if args.gpu or args.trt:
+        if not args.gpu or not args.trt:
+            raise FarmError("a GPU device is described by --gpu and --trt", hint="e.g. --gpu sm_89 --trt 10.13.3")
+        return Device("trt", load_catalog().get(args.gpu, backend="trt"), args.trt)
     if not args.soc or not args.qnn:
-        raise FarmError("a device is described by --soc and --qnn",
+        raise FarmError("a device is described by --soc and --qnn (or --gpu and --trt)",
                         hint="e.g. --soc SM8650 --qnn 2.51.0")
     return Device("qnn", load_catalog().get(args.soc, backend="qnn"), args.qnn)
 
@@ -83,7 +89,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
-                print(f"{artifact.short_id}  {artifact.backend}:{artifact.target}  QNN {artifact.toolchain}  "
+                print(f"{artifact.short_id}  {artifact.backend}:{artifact.target}  "
+                      f"{'QNN' if artifact.backend == 'qnn' else 'TensorRT'} {artifact.toolchain}  "
                       f"({verdict.source}: {verdict.reason})")
                 for f in info["files"]:
                     print(f"  {f['name']}  {f['size']} B  {f['digest']}")

@@ -26,9 +26,9 @@ for kind in "${kinds[@]}"; do
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req" -e "$ROOT[cluster]" \
     > "$venv.pip.log" 2>&1 || { cat "$venv.pip.log"; exit 1; }
   cp "$req" "$venv/.requirements"
-  "$venv/bin/python" - <<'PY'
-import importlib.metadata as md
+  "$venv/bin/python" - "${kind%%-*}" <<'PY' || echo "   (toolchain not usable on this machine: see above)"
+import sys
 from workers.runner import get_runner
-print("  ", get_runner("qnn").toolchain())
+print("  ", get_runner(sys.argv[1]).toolchain())
 PY
 done

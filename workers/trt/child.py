@@ -1,0 +1,90 @@
+"""Child process for TensorRT compiles and loads: the only place that imports onnxruntime-gpu.
+
+    python -m workers.trt.child compile|load REQUEST.json RESULT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from workers.qnn.child import classify
+
+PROVIDER = "TensorrtExecutionProvider"
+
+
+def _feeds(sess: Any) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+             "tensor(int32)": np.int32, "tensor(uint8)": np.uint8}
+    return {i.name: rng.random([d if isinstance(d, int) and d > 0 else 1 for d in i.shape])
+            .astype(types.get(i.type, np.float32)) for i in sess.get_inputs()}
+
+
+def compile_model(req: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 2
+    providers = [(PROVIDER, req["provider_options"]), ("CUDAExecutionProvider", {})]
+    start = time.perf_counter()
+    sess = ort.InferenceSession(req["model"], so, providers=providers, enable_fallback=0)
+    if PROVIDER not in sess.get_providers():
+        raise RuntimeError(f"TensorRT EP not available: session providers {sess.get_providers()}")
+    if not os.path.exists(req["ctx_path"]):
+        # Dynamic shapes without profiles: the engine is built on the first run.
+        sess.run(None, _feeds(sess))
+    return {"compile_seconds": time.perf_counter() - start, "providers": sess.get_providers()}
+
+
+def load_model(req: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 2
+    start = time.perf_counter()
+    sess = ort.InferenceSession(req["ctx_model"], so, providers=[PROVIDER, "CUDAExecutionProvider"],
+                                enable_fallback=0)
+    load_seconds = time.perf_counter() - start
+    feeds = _feeds(sess)
+    start = time.perf_counter()
+    outputs = sess.run(None, feeds)
+    run_seconds = time.perf_counter() - start
+    result: dict[str, Any] = {"load_seconds": load_seconds, "run_seconds": run_seconds,
+                              "outputs": [list(o.shape) for o in outputs], "providers": sess.get_providers()}
+    if req.get("reference_model"):
+        cpu = ort.InferenceSession(req["reference_model"], providers=["CPUExecutionProvider"])
+        ref = cpu.run(None, feeds)
+        result["max_abs_diff"] = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                                     for a, b in zip(outputs, ref, strict=True))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    command, req_path, res_path = argv[1], argv[2], argv[3]
+    with open(req_path) as f:
+        req = json.load(f)
+    try:
+        out: dict[str, Any] = {"ok": True, **{"compile": compile_model, "load": load_model}[command](req)}
+        rc = 0
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        message = str(exc).strip() or type(exc).__name__
+        out = {"ok": False, "error": {"code": classify(message), "message": message}}
+        rc = 1
+    with open(res_path, "w") as f:
+        json.dump(out, f)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
