@@ -10,12 +10,17 @@ artifact_files rows each, then times over the same random queries, interleaved:
     device query, new session what `farm device resolve` does: Database.session() per query
 
 and coverage(session) over all builds. Ratios are against the SELECT 1 p50 of this run. SQL
-statements per call and the share of time inside cursor.execute are counted too, and
-EXPLAIN (ANALYZE, BUFFERS) of each statement of one resolve is printed as evidence. Prints a
-table and writes JSON to bench/out/resolve.json; the database is dropped at the end.
+statements per call, the share of time inside cursor.execute and the calls during which a full
+(generation 2) garbage collection ran are counted too, and EXPLAIN (ANALYZE, BUFFERS) of each
+statement of one resolve is printed as evidence. Prints a table and writes JSON to
+bench/out/resolve.json; the database is dropped at the end.
 
     python bench/resolve.py                       # 100 000 artifacts, 2000 queries
     python bench/resolve.py --artifacts 10000 --queries 500
+    python bench/resolve.py --log-kib 16          # builds rows carry a compile log, as workers store
+
+EXPLAIN ANALYZE does not detoast the columns it returns, so the cost of a large ``builds.log``
+shows in the timings (and the "in SQL" share), not in the plans.
 """
 
 from __future__ import annotations
@@ -61,8 +66,23 @@ def _hex(*parts: object) -> str:
     return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
 
 
-def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int) -> dict[str, int]:
+def synthetic_log(kib: int) -> str | None:
+    """A compile log of about ``kib`` KiB (text that compresses like a real one), or None."""
+    if kib <= 0:
+        return None
+    lines, size, n = [], 0, 0
+    while size < kib * 1024:
+        line = (f"[{n * 0.0137:10.4f}] QnnHtp: op {n % 977:4d} Conv2d_{n % 53} mapped to HTP, vtcm {n * 37 % 8192:5d} "
+                f"bytes, graph 'main' node {n}\n")
+        lines.append(line)
+        size += len(line)
+        n += 1
+    return "".join(lines)[: kib * 1024]
+
+
+def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int, log_kib: int = 0) -> dict[str, int]:
     """Bulk insert with core executemany batches; explicit ids, sequences moved past them."""
+    log = synthetic_log(log_kib)
     per_model = len(socs) * PER_PAIR
     n_models = math.ceil(n_artifacts / per_model)
     t0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -106,6 +126,7 @@ def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int) -> d
                         "id": n, "build_key": _hex("build", i, soc, tc), "model_digest": mdigest, "backend": "qnn",
                         "target": soc, "toolchain": tc, "options": {}, "options_digest": opts,
                         "state": "succeeded", "attempts": 1, "created_at": at, "started_at": at, "finished_at": at,
+                        "log": log,
                     })
                     arts.append({
                         "id": n, "digest": "sha256:" + _hex("manifest", n), "build_id": n, "model_digest": mdigest,
@@ -200,6 +221,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=200, help="untimed queries first (caches, compiled SQL)")
     ap.add_argument("--coverage-runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--log-kib", type=int, default=0,
+                    help="compile log stored in each builds row (workers keep up to 256 KiB); default none")
     ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test",
                     help="an existing database to CREATE/DROP the throwaway one from")
     args = ap.parse_args()
@@ -221,10 +244,11 @@ def main() -> int:
         db = Database(f"{base}/{dbname}")
         schema_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        counts = populate(db, args.artifacts, socs, unbuilt)
+        counts = populate(db, args.artifacts, socs, unbuilt, args.log_kib)
         load_s = time.perf_counter() - t0
         print(f"database {dbname}: schema {schema_s:.1f} s; inserted {counts['models']} models, "
-              f"{counts['artifacts']} builds/artifacts, {counts['artifact_files']} artifact_files "
+              f"{counts['artifacts']} builds/artifacts ({args.log_kib} KiB log each), "
+              f"{counts['artifact_files']} artifact_files "
               f"in {load_s:.1f} s (+ ANALYZE)", flush=True)
         result = measure(db, args, socs, counts, unbuilt)
         result.update(database=dbname, schema_seconds=schema_s, load_seconds=load_s, counts=counts)
@@ -331,12 +355,12 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
         resolve_or_miss(s, digests[i], devices[(socs[0], RUNTIMES[-1])])
         captured, sql.capture = sql.capture, None
         s.expunge_all()
-        plans = []
+        plans: list[dict[str, Any]] = []
         for statement, params in captured:
-            rows = s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, params).all()
-            plans.append({"statement": " ".join(statement.split()), "plan": [r[0] for r in rows]})
+            plan = s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, params).all()
+            plans.append({"statement": " ".join(statement.split()), "plan": [r[0] for r in plan]})
         gcs.close()
-        cov_plan = []
+        cov_plan: list[str] = []
         for statement, params in cov_captured:
             cov_plan += [r[0] for r in s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement,
                                                                       params).all()]
@@ -380,8 +404,9 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
 
     import sqlalchemy
 
-    return {"artifacts": counts["artifacts"], "queries": args.queries, "warmup": args.warmup, "misses": misses,
-            "seed": args.seed, "baseline": "SELECT 1 p50", "baseline_ms": base * 1e3, "rows": rows,
+    return {"artifacts": counts["artifacts"], "log_kib": args.log_kib, "queries": args.queries,
+            "warmup": args.warmup, "misses": misses, "seed": args.seed, "baseline": "SELECT 1 p50",
+            "baseline_ms": base * 1e3, "rows": rows,
             "coverage_cells": cov_cells, "explain": plans, "explain_coverage": cov_plan,
             "env": {"python": platform.python_version(), "sqlalchemy": sqlalchemy.__version__,
                     "postgres": db.engine.dialect.server_version_info, "cpus": os.cpu_count()}}

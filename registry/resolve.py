@@ -17,7 +17,7 @@ from farm.catalog import Target, load_catalog
 from farm.errors import NoMatchError
 from farm.keys import options_digest, parse_version
 from farm.options import normalize
-from registry.models import Artifact
+from registry.models import Artifact, Build
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,16 @@ def _default_options_digest(backend: str, target: Target) -> str:
     return options_digest(normalize(backend, {}, target))
 
 
-def candidates(session: Session, model_digest: str, backend: str) -> list[Artifact]:
-    return list(session.scalars(
-        select(Artifact).options(selectinload(Artifact.files), selectinload(Artifact.build))
-        .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active")))
+def candidates(session: Session, model_digest: str, backend: str, target: str | None = None) -> list[Artifact]:
+    """Active artifacts of a model for a backend (one target's only, when given). Files are not
+    loaded (only the winner's are needed); of the build only its options (TRT rules read them),
+    never its log."""
+    q = (select(Artifact)
+         .options(selectinload(Artifact.build).load_only(Build.options))
+         .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active"))
+    if target is not None:
+        q = q.where(Artifact.target == target)
+    return list(session.scalars(q))
 
 
 def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any] | None = None,
@@ -114,10 +120,16 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
 def resolve(session: Session, model_digest: str, device: Device, *, model_label: str = "") -> tuple[Artifact, Verdict]:
     from registry.index import verdicts_for
 
+    if device.backend == "qnn":
+        # The QNN rule never serves another SoC: look at this one first, the rest only to explain a miss.
+        arts = candidates(session, model_digest, device.backend, device.target.name)
+        good, _ = rank(arts, device, verdicts_for(session, [a.id for a in arts], device.backend))
+        if good:
+            return _with_files(good[0])
     arts = candidates(session, model_digest, device.backend)
     good, bad = rank(arts, device, verdicts_for(session, [a.id for a in arts], device.backend))
     if good:
-        return good[0]
+        return _with_files(good[0])
     label = model_label or model_digest
     nearest = [{"artifact": a.digest, "target": a.target, "toolchain": a.toolchain, "reason": v.reason}
                for a, v in bad[:5]]
@@ -131,6 +143,11 @@ def resolve(session: Session, model_digest: str, device: Device, *, model_label:
         needed = _what_is_needed(bad, device)
         hint = "nearest: " + "; ".join(lines) + (f". {needed}" if needed else "")
     raise NoMatchError(msg, hint=hint, details={"nearest": nearest})
+
+
+def _with_files(choice: tuple[Artifact, Verdict]) -> tuple[Artifact, Verdict]:
+    choice[0].files  # noqa: B018  (load the winner's files while the session is open)
+    return choice
 
 
 def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:

@@ -136,7 +136,9 @@ class S3BlobStore:
                 self.client.put_object(Bucket=self.bucket, Key=self._key(blob_key(digest)), Body=first)
             return BlobInfo(digest, len(first))
         key = self._key(blob_key(expected)) if expected else self._key(f"uploads/{uuid.uuid4().hex}")
-        digest, size = self._multipart(key, first, stream, h, expected)
+        parts = self._parts(first, stream, h)
+        del first  # the generator owns it now: memory stays at about one part
+        digest, size = self._multipart(key, parts, h, expected)
         if expected is None:
             # Digest known only now: move the verified upload to its content address.
             try:
@@ -150,23 +152,30 @@ class S3BlobStore:
         if expected is not None and digest != expected:
             raise DigestMismatchError(f"upload does not match its digest: expected {expected}, got {digest}")
 
-    def _multipart(self, key: str, first: bytes, stream: BinaryIO, h: Any, expected: str | None) -> tuple[str, int]:
+    def _parts(self, first: bytes, stream: BinaryIO, h: Any) -> Iterator[bytes]:
+        """Yield the already-read first part, then the rest, hashing as it reads. Each part is
+        dropped before the next is read."""
+        chunk, first = first, b""
+        while chunk:
+            yield chunk
+            chunk = b""
+            chunk = _read_full(stream, self.part_size)
+            h.update(chunk)
+
+    def _multipart(self, key: str, chunks: Iterator[bytes], h: Any, expected: str | None) -> tuple[str, int]:
         with self._errors("starting a multipart upload"):
             upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
         parts = []
         size = 0
         completed = False
         try:
-            chunk, number = first, 1
-            while chunk:
+            for number, chunk in enumerate(chunks, start=1):
                 with self._errors("uploading a part"):
                     etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
                                                    PartNumber=number, Body=chunk)["ETag"]
                 parts.append({"PartNumber": number, "ETag": etag})
                 size += len(chunk)
-                number += 1
-                chunk = _read_full(stream, self.part_size)
-                h.update(chunk)
+                del chunk
             digest = "sha256:" + h.hexdigest()
             self._check(expected, digest)  # mismatch: abort below, nothing becomes visible
             with self._errors("completing a multipart upload"):
