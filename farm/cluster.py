@@ -90,7 +90,6 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
     from registry.store.base import put_file
 
     model_path = Path(model)
-    app = app or make_app(settings)
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
@@ -106,12 +105,22 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                 details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
         options = {t: normalize(t.backend, raw, t) for t, _ in matrix}
         bundle = load_bundle(reg, model_path)  # invalid-model before anything is written
-        check_broker(app)
+        specs = []
+        for t, version in matrix:
+            opts = options[t]
+            od = options_digest(opts)
+            specs.append((t, version, BuildSpec(build_key(bundle.digest, t.backend, t.name, version, od),
+                                                bundle.digest, t.backend, t.name, version, opts, od)))
+        if _needs_compiles(reg, [spec.build_key for _, _, spec in specs]):
+            # Something will be sent: the broker must answer before anything is written.
+            app = app or make_app(settings)
+            check_broker(app)
         # Blobs first: the bundle, content-addressed (a re-submission uploads nothing new).
         files = bundle.files_json()
         paths = [bundle.path] + [bundle.root / f.path for f in bundle.external]
         for entry, path in zip(files, paths, strict=True):
-            put_file(reg.store, path, expected=entry["digest"])
+            if not _stored(reg.store, entry["digest"], entry["size"]):
+                put_file(reg.store, path, expected=entry["digest"])
             entry["stored"] = True
         display = name or bundle.stem
         to_send: list[tuple[int, str]] = []
@@ -127,12 +136,8 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                                       "options": raw})
             s.add(release)
             s.flush()
-            for t, version in matrix:
-                opts = options[t]
-                od = options_digest(opts)
-                spec = BuildSpec(build_key(bundle.digest, t.backend, t.name, version, od), bundle.digest,
-                                 t.backend, t.name, version, opts, od)
-                hw_compat = opts.get("hardware_compatibility_level") == "ampere_plus"
+            for t, version, spec in specs:
+                hw_compat = spec.options.get("hardware_compatibility_level") == "ampere_plus"
                 queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
                 build_id, needs_message = queue_build(s, spec, queue)
                 s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
@@ -140,6 +145,8 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                     to_send.append((build_id, queue))
             release_id = release.id
         # After the commit: a worker that gets the message finds the row.
+        if to_send and app is None:
+            app = make_app(settings)
         for build_id, queue in to_send:
             send(app, COMPILE_TASK, [build_id], queue)
         with reg.db.session() as s:
@@ -147,6 +154,28 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
     finally:
         if own:
             reg.close()
+
+
+def _needs_compiles(reg: Any, keys: list[str]) -> bool:
+    """Will queue_build want to send anything for these keys (new, or failed for an infra reason)?"""
+    from sqlalchemy import select
+
+    from farm.errors import DETERMINISTIC_FAILURES
+    from registry.models import Build
+
+    with reg.db.session() as s:
+        rows = {k: (st, code) for k, st, code in s.execute(
+            select(Build.build_key, Build.state, Build.error_code).where(Build.build_key.in_(keys)))}
+    return any(k not in rows or (rows[k][0] == "failed" and rows[k][1] not in DETERMINISTIC_FAILURES) for k in keys)
+
+
+def _stored(store: Any, digest: str, size: int) -> bool:
+    from farm.errors import BlobNotFound
+
+    try:
+        return bool(store.stat(digest).size == size)
+    except BlobNotFound:
+        return False
 
 
 def _status(session: Any, release_id: int, builds: list[Any]) -> ReleaseStatus:

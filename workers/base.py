@@ -133,10 +133,10 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
     try:
         with LeaseKeeper(ctx, build_id), tempfile.TemporaryDirectory(prefix="ctxfarm-job-") as tmp:
             model_path = fetch_bundle(ctx.registry.store, files, Path(tmp) / "model")
-            job = CompileJob(model_path, target, row["options"], stem, s_.compile_timeout)
+            job = CompileJob(model_path, target, row["options"], stem, s_.compile_timeout, verify_load=True)
             out = ctx.runner.compile(job, Path(tmp) / "work")
             published = publish(ctx.registry, build_id, planned, row["model"], out, _signer(s_))
-            self_probe(ctx, published["artifact_id"], out.out_dir / out.ctx_model, target)
+            self_probe(ctx, published["artifact_id"], out.out_dir / out.ctx_model, target, out.self_load)
     except FarmError as exc:
         code = "storage-error" if isinstance(exc, StorageError) else exc.code
         text = exc.details.get("log")
@@ -154,15 +154,20 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
     return "succeeded", 0.0
 
 
-def self_probe(ctx: WorkerContext, artifact_id: int, ctx_model: Path, target: Any) -> str:
-    """Load the fresh artifact under the toolchain that built it: evidence, not an assumption."""
+def self_probe(ctx: WorkerContext, artifact_id: int, ctx_model: Path, target: Any,
+               loaded: dict[str, Any] | None = None) -> str:
+    """Load the fresh artifact under the toolchain that built it: evidence, not an assumption.
+    ``loaded``: the compile child already did (runners that support verify_load)."""
     from registry.index import record_verdict
 
-    try:
-        ctx.runner.load_check(ctx_model, target, timeout=ctx.settings.compile_timeout)
-        verdict, detail = "loads", None
-    except FarmError as exc:
-        verdict, detail = "fails", exc.message[:2000]
+    if loaded is not None:
+        verdict, detail = ("loads", None) if loaded.get("ok") else ("fails", str(loaded.get("error")))
+    else:
+        try:
+            ctx.runner.load_check(ctx_model, target, timeout=ctx.settings.compile_timeout)
+            verdict, detail = "loads", None
+        except FarmError as exc:
+            verdict, detail = "fails", exc.message[:2000]
     with ctx.registry.db.session() as s:
         record_verdict(s, artifact_id, ctx.toolchain.backend, ctx.toolchain.version, verdict, "probe", detail)
     return verdict

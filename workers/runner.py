@@ -54,6 +54,7 @@ class CompileJob:
     options: dict[str, Any]
     ctx_stem: str  # output is <ctx_stem>_ctx.onnx (+ context files named by the EP)
     timeout: float
+    verify_load: bool = False  # also load the result in the compile child (self-probe)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class CompileOutput:
     placement: dict[str, Any]
     toolchain: Toolchain
     log: str
-
+    self_load: dict[str, Any] | None = None  # {"ok", "load_seconds" | "error"} when verify_load
 
 class Runner(Protocol):
     backend: str

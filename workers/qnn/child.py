@@ -31,11 +31,16 @@ def classify(message: str) -> str:
     return "toolchain-error"
 
 
+_REGISTERED: list[bool] = []  # an EP library registers once per process
+
+
 def _session_options(provider_options: dict[str, str]):  # type: ignore[no-untyped-def]
     import onnxruntime as ort
     import onnxruntime_qnn as oq
 
-    ort.register_execution_provider_library("QNNExecutionProvider", oq.get_library_path())
+    if not _REGISTERED:
+        ort.register_execution_provider_library("QNNExecutionProvider", oq.get_library_path())
+        _REGISTERED.append(True)
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:
         raise RuntimeError("onnxruntime-qnn registered no QNN device")
@@ -53,7 +58,16 @@ def compile_model(req: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     # enable_fallback=0: never retry silently on the CPU EP when the QNN EP fails.
     ort.InferenceSession(req["model"], so, enable_fallback=0)
-    return {"compile_seconds": time.perf_counter() - start}
+    result: dict[str, Any] = {"compile_seconds": time.perf_counter() - start}
+    if req.get("verify_load"):
+        # Load the fresh context in this process (no second interpreter + EP start-up): the
+        # worker records it as probe evidence for its own toolchain.
+        try:
+            loaded = load_model({"ctx_model": req["ctx_path"], "provider_options": req["provider_options"]})
+            result["self_load"] = {"ok": True, "load_seconds": loaded["load_seconds"]}
+        except Exception as exc:
+            result["self_load"] = {"ok": False, "error": str(exc)[:2000]}
+    return result
 
 
 def load_model(req: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,7 @@ class QnnRunner:
             "ctx_path": str(out_dir / ctx_name),
             "embed_mode": int(job.options.get("embed_mode", 0)),
             "provider_options": provider_options(job.target, job.options),
+            "verify_load": job.verify_load,
         }
         result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout)
         ctx_path = out_dir / ctx_name
@@ -125,6 +126,7 @@ class QnnRunner:
             placement=placement,
             toolchain=toolchain,
             log=log,
+            self_load=result.get("self_load"),
         )
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:
