@@ -164,8 +164,9 @@ def self_probe(ctx: WorkerContext, artifact_id: int, ctx_model: Path, target: An
         verdict, detail = ("loads", None) if loaded.get("ok") else ("fails", str(loaded.get("error")))
     else:
         try:
-            ctx.runner.load_check(ctx_model, target, timeout=ctx.settings.compile_timeout)
-            verdict, detail = "loads", None
+            result = ctx.runner.load_check(ctx_model, target, timeout=ctx.settings.compile_timeout)
+            verdict = "loads"
+            detail = f"loaded; running it failed ({result['crashed']})" if result.get("crashed") else None
         except FarmError as exc:
             verdict, detail = "fails", exc.message[:2000]
     with ctx.registry.db.session() as s:
@@ -218,8 +219,9 @@ def probe_artifact(ctx: WorkerContext, artifact_id: int) -> str | None:
     with tempfile.TemporaryDirectory(prefix="ctxfarm-probe-") as tmp:
         got = fetch_artifact(ctx.registry.store, art, Path(tmp))
         try:
-            ctx.runner.load_check(got.ctx_model, target, timeout=ctx.settings.compile_timeout)
-            verdict, detail = "loads", None
+            loaded = ctx.runner.load_check(got.ctx_model, target, timeout=ctx.settings.compile_timeout)
+            verdict = "loads"
+            detail = f"loaded; running it failed ({loaded['crashed']})" if loaded.get("crashed") else None
         except CompileTimeoutError:
             raise
         except FarmError as exc:

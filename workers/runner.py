@@ -153,6 +153,10 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
     result: dict[str, Any] = json.loads(res_path.read_text()) if res_path.exists() else {}
     if rc == 0 and result.get("ok"):
         return result, wall, log_text
+    if rc < 0 and result.get("ok") and result.get("partial"):
+        # The child checkpointed finished steps before a step that killed it: keep them.
+        result["crashed"] = f"signal {-rc} ({_signame(-rc)})"
+        return result, wall, log_text
     err = result.get("error")
     if err:
         exc: FarmError = error_for_code(err["code"], err["message"], hint=err.get("hint"))

@@ -128,8 +128,9 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             print(f"fetched {artifact.short_id} ({result.bytes} B, digests verified{signed}) -> {result.ctx_model}")
             if "load" in extra:
                 load = extra["load"]
-                print(f"loaded with {artifact.backend} in {load['load_seconds'] * 1000:.1f} ms, "
-                      f"ran once in {load['run_seconds'] * 1000:.1f} ms, outputs {load['outputs']}")
+                ran = (f"ran once in {load['run_seconds'] * 1000:.1f} ms, outputs {load['outputs']}"
+                       if "run_seconds" in load else f"running it failed: {load.get('run')} ({load.get('crashed')})")
+                print(f"loaded with {artifact.backend} in {load['load_seconds'] * 1000:.1f} ms, {ran}")
         return 0
     finally:
         reg.close()
@@ -144,6 +145,7 @@ def _load_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"loaded {args.ctx_model} on {target.ref} in {result['load_seconds'] * 1000:.1f} ms; "
-              f"one run {result['run_seconds'] * 1000:.1f} ms; outputs {result['outputs']}")
+        ran = (f"one run {result['run_seconds'] * 1000:.1f} ms; outputs {result['outputs']}"
+               if "run_seconds" in result else f"running it failed: {result.get('run')} ({result.get('crashed')})")
+        print(f"loaded {args.ctx_model} on {target.ref} in {result['load_seconds'] * 1000:.1f} ms; {ran}")
     return 0

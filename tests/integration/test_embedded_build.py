@@ -243,3 +243,25 @@ def test_importing_farm_and_registry_does_not_import_onnxruntime() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ}, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_context_that_crashes_the_simulator_when_run_is_reported_not_fatal(settings: Settings, tmp_path: Path) -> None:
+    """Measured here: light_inception_v1 built for SM8650 with QNN 2.51.0 loads on the x86_64 HTP
+    simulator but running it segfaults the process. The load check survives and says so."""
+    from farm.catalog import parse_target
+    from farm.fetch import fetch_artifact
+    from workers.qnn.runner import QnnRunner
+
+    (o,) = build(settings, light("inception_v1"), ["qnn:SM8650"]).outcomes
+    assert o.state == "built"
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            art = find_artifact(s, o.artifact or "")
+            s.expunge_all()
+        got = fetch_artifact(reg.store, art, tmp_path / "dev")
+    finally:
+        reg.close()
+    result = QnnRunner().load_check(got.ctx_model, parse_target("qnn:SM8650"))
+    assert result["load_seconds"] > 0
+    assert result.get("crashed") == "signal 11 (SIGSEGV)" and "run_seconds" not in result
