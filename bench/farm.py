@@ -72,7 +72,7 @@ def main() -> int:
     raw = raw_compiles(models, socs, venv)
     sum_child = sum(r["child_s"] for r in raw)
     sum_compile = sum(r["compile_s"] for r in raw)
-    with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-") as tmp, services(Path(tmp)) as env:
+    with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-") as tmp, services(Path(tmp), keep=False) as env:
         env = {**env, "FARM_HEARTBEAT_SECONDS": "2"}
         farm_cli(env, "db", "upgrade")
         with workers(env, [venv] * args.workers, Path(tmp)):

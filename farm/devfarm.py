@@ -26,9 +26,11 @@ def worker_venvs() -> list[Path]:
 
 
 @contextmanager
-def services(base: Path) -> Iterator[dict[str, str]]:
-    """FARM_* settings for a farm on real services under ``base``."""
+def services(base: Path, *, keep: bool = True) -> Iterator[dict[str, str]]:
+    """FARM_* settings for a farm on real services under ``base``; ``keep=False`` drops the
+    PostgreSQL database at the end (benchmarks)."""
     started: list[Service] = []
+    dropped: list[str] = []
     try:
         base.mkdir(parents=True, exist_ok=True)
         redis = start_redis(base / "redis", persist=True)
@@ -36,9 +38,15 @@ def services(base: Path) -> Iterator[dict[str, str]]:
         if reachable("127.0.0.1", 5432):
             import psycopg
 
-            name = f"ctxfarm_dev_{os.getpid()}"
+            import hashlib
+
+            # One database per farm dir, kept across restarts like the dir's Redis and blobs.
+            name = "ctxfarm_dev_" + hashlib.sha1(str(base.resolve()).encode()).hexdigest()[:10]
             with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
-                c.execute(f'CREATE DATABASE "{name}"')
+                if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                    c.execute(f'CREATE DATABASE "{name}"')
+            if not keep:
+                dropped.append(name)
             db_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
         else:
             pg = start_postgres(base / "pg")
@@ -55,6 +63,11 @@ def services(base: Path) -> Iterator[dict[str, str]]:
     finally:
         for svc in reversed(started):
             svc.stop()
+        for name in dropped:
+            import psycopg
+
+            with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager

@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${FARM_UP_DIR:-$PWD/.farm}
 [ "${1:-}" = "--dir" ] && DIR=$2
-[ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[qnn,cluster,test,sign]'; }
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,cluster,test,sign]' > .venv/pip.log 2>&1 \
+  || { cat .venv/pip.log; exit 1; }
 ./infra/workers/create-venvs.sh
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m farm.devfarm --dir "$DIR"
