@@ -36,9 +36,9 @@ def services(base: Path, *, keep: bool = True) -> Iterator[dict[str, str]]:
         redis = start_redis(base / "redis", persist=True)
         started.append(redis)
         if reachable("127.0.0.1", 5432):
-            import psycopg
-
             import hashlib
+
+            import psycopg
 
             # One database per farm dir, kept across restarts like the dir's Redis and blobs.
             name = "ctxfarm_dev_" + hashlib.sha1(str(base.resolve()).encode()).hexdigest()[:10]
