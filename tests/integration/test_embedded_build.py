@@ -14,16 +14,9 @@ import pytest
 from farm.config import Settings
 from farm.submit import build
 from registry.index import Registry, find_artifact
+from tests.common.cli import farm
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
 from tests.common.registry_state import snapshot
-
-
-def farm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def test_two_socs_give_two_artifacts_and_rebuild_is_cached(settings: Settings, farm_env: dict[str, str]) -> None:

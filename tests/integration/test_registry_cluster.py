@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,17 +17,10 @@ from farm.submit import build
 from registry.index import Registry, find_artifact, record_verdict, resolve_model_ref, signatures_of
 from registry.resolve import Device, resolve
 from registry.verify import gc, verify
+from tests.common.cli import farm
 from tests.common.onnx_models import conv_relu_add, light
 from tests.common.registry_state import snapshot
 from tests.common.store import FailingBlobStore
-
-
-def farm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def device(soc: str, runtime: str) -> Device:

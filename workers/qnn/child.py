@@ -111,13 +111,17 @@ def load_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    """``child.py COMMAND REQUEST.json RESULT.json``; shared by every backend's child."""
+    return run_commands(argv, {"compile": compile_model, "load": load_model})
+
+
+def run_commands(argv: list[str], commands: dict[str, Any]) -> int:
     command, req_path, res_path = argv[1], argv[2], argv[3]
     with open(req_path) as f:
         req = json.load(f)
     _RESULT_PATH.append(res_path)
     try:
-        result = {"compile": compile_model, "load": load_model}[command](req)
-        out: dict[str, Any] = {"ok": True, **result}
+        out: dict[str, Any] = {"ok": True, **commands[command](req)}
         rc = 0
     except Exception as exc:  # the parent maps the code; the log has the traceback
         import traceback

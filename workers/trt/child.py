@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
-from workers.qnn.child import classify
+from workers.qnn.child import run_commands
 
 PROVIDER = "TensorrtExecutionProvider"
 
@@ -68,22 +67,7 @@ def load_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    command, req_path, res_path = argv[1], argv[2], argv[3]
-    with open(req_path) as f:
-        req = json.load(f)
-    try:
-        out: dict[str, Any] = {"ok": True, **{"compile": compile_model, "load": load_model}[command](req)}
-        rc = 0
-    except Exception as exc:
-        import traceback
-
-        traceback.print_exc()
-        message = str(exc).strip() or type(exc).__name__
-        out = {"ok": False, "error": {"code": classify(message), "message": message}}
-        rc = 1
-    with open(res_path, "w") as f:
-        json.dump(out, f)
-    return rc
+    return run_commands(argv, {"compile": compile_model, "load": load_model})
 
 
 if __name__ == "__main__":
