@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,7 +240,7 @@ def test_deterministic_failure_is_not_retried(farm_cluster: Farm, tmp_path: Path
     f = farm_cluster
     f.start_worker("2.51.0")
     proc = f.cli("submit", str(partly_unsupported(tmp_path / "p.onnx")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
-                 "--require-full-offload" if False else "-o", "require_full_offload=true", "--wait", "--timeout", "120",
+                 "-o", "require_full_offload=true", "--wait", "--timeout", "120",
                  check=False)
     assert proc.returncode == 1 and "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr
     assert [(r["state"], r["code"], r["attempts"]) for r in f.builds()] == [("failed", "unsupported-ops", 1)]
@@ -305,4 +304,3 @@ def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "error[storage-error]" in proc.stderr and "unreachable" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "blobs" / "blobs").exists(), "nothing uploaded when the index is down"
-    _ = uuid  # noqa: F841
