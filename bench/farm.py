@@ -22,11 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from farm.catalog import parse_target  # noqa: E402
 from farm.devfarm import services, wait_live, workers  # noqa: E402
-from farm.options import normalize  # noqa: E402
 from tests.common.onnx_models import light  # noqa: E402
-from workers.runner import CompileJob  # noqa: E402
 
 DEFAULT_MODELS = "squeezenet,resnet50,inception_v1,shufflenet,densenet121,inception_v2"
 
@@ -67,7 +64,6 @@ def main() -> int:
     if not (venv / "bin" / "farm").exists():
         print(f"{venv} missing: run infra/workers/create-venvs.sh", file=sys.stderr)
         return 1
-    _ = (parse_target, normalize, CompileJob)
     n = len(models) * len(socs)
     raw = raw_compiles(models, socs, venv)
     sum_child = sum(r["child_s"] for r in raw)

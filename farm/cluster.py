@@ -47,7 +47,7 @@ def served_toolchains(settings: Settings, reg: Any) -> dict[tuple[str, str], lis
     from registry.index import live_workers
 
     with reg.db.session() as s:
-        workers = live_workers(s, stale_after=3 * settings.heartbeat_seconds)
+        workers = live_workers(s, stale_after=settings.worker_stale_after)
         out: dict[tuple[str, str], list[str]] = {}
         for w in workers:
             out.setdefault((w.backend, w.toolchain), []).append(w.name)

@@ -44,6 +44,11 @@ class Settings:
     requeue_after: float = 600.0
 
     @property
+    def worker_stale_after(self) -> float:
+        """A worker not heard from for three heartbeats is dead."""
+        return 3 * self.heartbeat_seconds
+
+    @property
     def effective_visibility_timeout(self) -> float:
         return self.visibility_timeout or max(3600.0, 2 * self.compile_timeout + 300)
 

@@ -102,7 +102,7 @@ def wait_live(env: dict[str, str], n: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with reg.db.session() as s:
-                if len(live_workers(s, stale_after=3 * settings.heartbeat_seconds)) >= n:
+                if len(live_workers(s, stale_after=settings.worker_stale_after)) >= n:
                     return
             time.sleep(0.5)
     finally:

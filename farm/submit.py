@@ -134,7 +134,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
     reg = registry or Registry.open(settings)
     try:
         planned = plan(model_path, target_refs, option_pairs)
-        signer = _signer(settings)
+        signer = signer_for(settings)
         bundle = load_bundle(reg, model_path)
         display = name or bundle.stem
         with reg.db.session() as s:
@@ -153,7 +153,8 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
             reg.close()
 
 
-def _signer(settings: Settings) -> Any:
+def signer_for(settings: Settings) -> Any:
+    """The configured manifest signer, or None (FARM_SIGNING_KEY unset)."""
     if not settings.signing_key:
         return None
     from registry.signing import load_signer

@@ -395,7 +395,7 @@ def queue_build(session: Session, spec: BuildSpec, queue: str) -> tuple[int, boo
     return row.id, False
 
 
-def stale_queued(session: Session, queues: list[str], older_than: float, limit: int = 100) -> list[int]:
+def stale_queued(session: Session, queues: list[str], older_than: float, limit: int = 100) -> list[tuple[int, str]]:
     """Builds on these queues whose message may be lost: queued with a message older than
     ``older_than`` seconds (a broker that lost its lists), or running under an expired lease (a
     dead worker; Redis would redeliver only after its visibility timeout). Their enqueued_at is
@@ -403,14 +403,14 @@ def stale_queued(session: Session, queues: list[str], older_than: float, limit: 
     t = now()
     cutoff = t - timedelta(seconds=older_than)
     orphaned = or_(Build.state == "queued", (Build.state == "running") & (Build.lease_expires_at < t))
-    ids = list(session.scalars(select(Build.id).where(orphaned, Build.queue.in_(queues),
-                                                       Build.enqueued_at < cutoff).limit(limit)))
+    rows = session.execute(select(Build.id, Build.queue).where(orphaned, Build.queue.in_(queues),
+                                                                Build.enqueued_at < cutoff).limit(limit)).all()
     taken = []
-    for build_id in ids:
+    for build_id, queue in rows:
         n = _changed(session, update(Build).where(Build.id == build_id, orphaned, Build.enqueued_at < cutoff)
                      .values(enqueued_at=now()))
         if n:
-            taken.append(build_id)
+            taken.append((build_id, str(queue)))  # the filter on queue rules out NULL
     return taken
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -13,7 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from farm.errors import BlobNotFound, StorageError
-from farm.keys import CHUNK
+from farm.keys import sha256_stream
 from registry.models import Artifact, ArtifactFile, Model
 from registry.store.base import BlobStore
 
@@ -40,13 +39,8 @@ class VerifyReport:
 
 
 def _hash_blob(store: BlobStore, digest: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
     with store.open(digest) as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return "sha256:" + h.hexdigest(), n
+        return sha256_stream(f)
 
 
 def verify(session: Session, store: BlobStore, *, full: bool = True, repair: bool = False,

@@ -93,7 +93,7 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
     """Run one delivered build. Returns (outcome, retry countdown): outcome is ``done``,
     ``succeeded``, ``failed``, ``busy`` or ``retry`` (the last two want a redelivery)."""
     from farm.catalog import load_catalog
-    from farm.submit import PlannedBuild, publish
+    from farm.submit import PlannedBuild, publish, signer_for
     from registry.index import fail_build, get_build, heartbeat, requeue_after_failure, start_build
     from registry.models import Model
     from workers.runner import CompileJob
@@ -135,7 +135,7 @@ def compile_build(ctx: WorkerContext, build_id: int) -> tuple[str, float]:
             model_path = fetch_bundle(ctx.registry.store, files, Path(tmp) / "model")
             job = CompileJob(model_path, target, row["options"], stem, s_.compile_timeout, verify_load=True)
             out = ctx.runner.compile(job, Path(tmp) / "work")
-            published = publish(ctx.registry, build_id, planned, row["model"], out, _signer(s_))
+            published = publish(ctx.registry, build_id, planned, row["model"], out, signer_for(s_))
             self_probe(ctx, published["artifact_id"], out.out_dir / out.ctx_model, target, out.self_load)
     except FarmError as exc:
         code = "storage-error" if isinstance(exc, StorageError) else exc.code
@@ -174,12 +174,6 @@ def self_probe(ctx: WorkerContext, artifact_id: int, ctx_model: Path, target: An
     return verdict
 
 
-def _signer(settings: Settings) -> Any:
-    from farm.submit import _signer as signer
-
-    return signer(settings)
-
-
 def schedule_probes(ctx: WorkerContext, artifact_id: int) -> list[str]:
     """Ask every other live toolchain of this backend to load the new artifact."""
     from farm.celery_app import PROBE_TASK, make_app, probe_queue, send
@@ -188,7 +182,7 @@ def schedule_probes(ctx: WorkerContext, artifact_id: int) -> list[str]:
     if not ctx.settings.broker_url:
         return []
     with ctx.registry.db.session() as s:
-        versions = sorted({w.toolchain for w in live_workers(s, stale_after=3 * ctx.settings.heartbeat_seconds)
+        versions = sorted({w.toolchain for w in live_workers(s, stale_after=ctx.settings.worker_stale_after)
                            if w.backend == ctx.toolchain.backend and w.toolchain != ctx.toolchain.version})
     app = make_app(ctx.settings)
     for v in versions:

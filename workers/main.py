@@ -45,7 +45,7 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
     # Import Celery (and build the app) before any thread starts: celery's lazy module is not
     # safe to import from two threads at once.
     from farm.celery_app import send
-    from registry.index import get_build, stale_queued
+    from registry.index import stale_queued
     from workers.tasks import app
 
     stop = threading.Event()
@@ -57,9 +57,7 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
                 with reg.db.session() as s:
                     heartbeat(s, worker_id)
                     stale = stale_queued(s, compile_queues, settings.requeue_after)
-                for build_id in stale:
-                    with reg.db.session() as s:
-                        queue = get_build(s, build_id).queue or compile_queues[0]
+                for build_id, queue in stale:
                     log.warning("re-sending queued build %s (its message is older than %ss)", build_id,
                                 settings.requeue_after)
                     send(app, COMPILE_TASK, [build_id], queue)

@@ -94,6 +94,47 @@ class Runner(Protocol):
         ...
 
 
+def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, result: dict[str, Any], wall: float,
+                   log: str, toolchain: Toolchain, context_media: str, *, strays: str) -> CompileOutput:
+    """Read what an EP wrote back and turn it into a CompileOutput, for every backend.
+
+    Checks: a context model exists, it has EPContext nodes, full offload when required, every
+    referenced file stays inside ``out_dir``. ``strays``: files the context model does not
+    reference are an ``error`` (QNN writes none) or ``delete``d (TensorRT leaves profiles).
+    """
+    from farm.errors import UnsupportedOpsError
+    from workers.epcontext import read_epcontext, referenced_files
+
+    ctx_path = out_dir / ctx_name
+    if not ctx_path.exists():
+        raise ToolchainError(f"the {ep} EP finished without writing a context model", details={"log": log})
+    nodes, placement = read_epcontext(ctx_path)
+    if not nodes:
+        raise UnsupportedOpsError(
+            f"the {ep} EP took no node of this model: nothing to put in a context binary",
+            hint=f"ops in the model: {', '.join(placement['cpu_op_types'])}",
+            details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
+        )
+    if job.options.get("require_full_offload") and placement["cpu_nodes"]:
+        ops = ", ".join(placement["cpu_op_types"])
+        raise UnsupportedOpsError(
+            f"{placement['cpu_nodes']} node(s) would stay on the CPU ({ops}) and full offload is required",
+            hint="drop require_full_offload=true to ship a partially offloaded model, or replace these ops",
+            details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
+        )
+    files = [OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL)]
+    files += [OutputFile(rel, out_dir / rel, "context", context_media) for rel in referenced_files(nodes, out_dir)]
+    known = {f.name for f in files}
+    extra = sorted(p for p in out_dir.rglob("*") if p.is_file() and str(p.relative_to(out_dir)) not in known)
+    if extra and strays == "error":
+        raise ToolchainError(f"the {ep} EP wrote files the context model does not reference: "
+                             f"{[str(p.relative_to(out_dir)) for p in extra]}")
+    for p in extra:
+        p.unlink()
+    return CompileOutput(out_dir, ctx_name, files, float(result["compile_seconds"]), wall, nodes, placement,
+                         toolchain, log, result.get("self_load"))
+
+
 def get_runner(backend: str) -> Runner:
     if backend == "qnn":
         from workers.qnn.runner import QnnRunner

@@ -153,7 +153,7 @@ def _workers(args: argparse.Namespace, settings: Settings) -> int:
             for w in all_workers(s):
                 seen = w.last_seen if w.last_seen.tzinfo else w.last_seen.replace(tzinfo=UTC)
                 age = (now - seen).total_seconds()
-                state = "stopped" if w.stopped_at else ("live" if age <= 3 * settings.heartbeat_seconds else "dead")
+                state = "stopped" if w.stopped_at else ("live" if age <= settings.worker_stale_after else "dead")
                 if state != "live" and not args.all:
                     continue
                 rows.append({"worker": w.name, "state": state, "backend": w.backend, "toolchain": w.toolchain,

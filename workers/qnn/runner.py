@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.catalog import Target
-from farm.errors import MissingExtraError, ToolchainError, UnsupportedOpsError
-from workers.epcontext import read_epcontext, referenced_files
-from workers.runner import MEDIA_CTX_MODEL, CompileJob, CompileOutput, OutputFile, Toolchain, run_child
+from farm.errors import MissingExtraError, ToolchainError
+from workers.runner import CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_QNN_CONTEXT = "application/vnd.qualcomm.qnn.context-binary.v1"
 CHILD = "workers.qnn.child"
@@ -91,43 +90,8 @@ class QnnRunner:
             "verify_load": job.verify_load,
         }
         result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout)
-        ctx_path = out_dir / ctx_name
-        if not ctx_path.exists():
-            raise ToolchainError("the QNN EP finished without writing a context model", details={"log": log})
-        nodes, placement = read_epcontext(ctx_path)
-        if not nodes:
-            raise UnsupportedOpsError(
-                "the QNN EP took no node of this model: nothing to put in a context binary",
-                hint=f"ops in the model: {', '.join(placement['cpu_op_types'])}",
-                details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
-            )
-        if job.options.get("require_full_offload") and placement["cpu_nodes"]:
-            ops = ", ".join(placement["cpu_op_types"])
-            raise UnsupportedOpsError(
-                f"{placement['cpu_nodes']} node(s) would stay on the CPU ({ops}) and full offload is required",
-                hint="drop require_full_offload=true to ship a partially offloaded model, or replace these ops",
-                details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
-            )
-        files = [OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL)]
-        for rel in referenced_files(nodes, out_dir):
-            files.append(OutputFile(rel, out_dir / rel, "context", MEDIA_QNN_CONTEXT))
-        known = {f.name for f in files}
-        strays = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()
-                        and str(p.relative_to(out_dir)) not in known)
-        if strays:
-            raise ToolchainError(f"the QNN EP wrote files the context model does not reference: {strays}")
-        return CompileOutput(
-            out_dir=out_dir,
-            ctx_model=ctx_name,
-            files=files,
-            compile_seconds=float(result["compile_seconds"]),
-            wall_seconds=wall,
-            epcontext=nodes,
-            placement=placement,
-            toolchain=toolchain,
-            log=log,
-            self_load=result.get("self_load"),
-        )
+        return collect_output("QNN", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_QNN_CONTEXT,
+                              strays="error")
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:
         import tempfile

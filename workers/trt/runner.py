@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.catalog import Target, load_catalog
-from farm.errors import MissingExtraError, NoWorkerError, ToolchainError, UnsupportedOpsError
-from workers.epcontext import read_epcontext, referenced_files
-from workers.runner import MEDIA_CTX_MODEL, CompileJob, CompileOutput, OutputFile, Toolchain, run_child
+from farm.errors import MissingExtraError, NoWorkerError
+from workers.runner import CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_TRT_ENGINE = "application/vnd.nvidia.tensorrt.engine.v1"
 CHILD = "workers.trt.child"
@@ -155,25 +154,9 @@ class TrtRunner:
             popts["trt_int8_calibration_table_name"] = str(Path(job.options["calibration_table"]).resolve())
         request = {"model": str(job.model_path), "ctx_path": str(out_dir / ctx_name), "provider_options": popts}
         result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout)
-        ctx_path = out_dir / ctx_name
-        if not ctx_path.exists():
-            raise ToolchainError("the TensorRT EP finished without writing a context model", details={"log": log})
-        nodes, placement = read_epcontext(ctx_path)
-        if not nodes:
-            raise UnsupportedOpsError("TensorRT took no node of this model", details={"log": log})
-        if job.options.get("require_full_offload") and placement["cpu_nodes"]:
-            raise UnsupportedOpsError(
-                f"{placement['cpu_nodes']} node(s) stay outside TensorRT ({', '.join(placement['cpu_op_types'])})",
-                details={"log": log, "cpu_op_types": placement["cpu_op_types"]})
-        files = [OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL)]
-        files += [OutputFile(rel, out_dir / rel, "context", MEDIA_TRT_ENGINE) for rel in referenced_files(nodes, out_dir)]
-        # Profiles/timing caches are build leftovers, not part of the artifact.
-        known = {f.name for f in files}
-        for p in list(out_dir.rglob("*")):
-            if p.is_file() and str(p.relative_to(out_dir)) not in known:
-                p.unlink()
-        return CompileOutput(out_dir, ctx_name, files, float(result["compile_seconds"]), wall, nodes, placement,
-                             toolchain, log)
+        # Profiles and timing caches are build leftovers, not part of the artifact.
+        return collect_output("TensorRT", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_TRT_ENGINE,
+                              strays="delete")
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0,
                    reference_model: Path | None = None) -> dict[str, Any]:
