@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm.config import Settings  # noqa: E402
-from farm.submit import build  # noqa: E402
+from farm.core.settings import Settings  # noqa: E402
+from farm.pipeline.plan import build  # noqa: E402
 from registry.index import Registry  # noqa: E402
 from tests.common.onnx_models import light  # noqa: E402
 

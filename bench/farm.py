@@ -31,13 +31,14 @@ DEFAULT_MODELS = "squeezenet,resnet50,inception_v1,shufflenet,densenet121,incept
 def raw_compiles(models: list[str], socs: list[str], venv: Path) -> list[dict[str, float]]:
     """Each compile through the runner of the worker venv, one after another."""
     code = (
-        "import json,sys,tempfile;from pathlib import Path;from farm.catalog import parse_target;"
-        "from farm.options import normalize;from workers.runner import CompileJob;from workers.qnn.runner import QnnRunner;"
+        "import json,sys,tempfile;from pathlib import Path;from farm.core.catalog import parse_target;"
+        "from farm.core.options import normalize;from workers.runner import CompileJob;"
+        "from workers.qnn.runner import QnnRunner;"
         "r=QnnRunner();out=[]\n"
         "for m,soc in json.loads(sys.argv[1]):\n"
         " t=parse_target('qnn:'+soc)\n"
         " with tempfile.TemporaryDirectory() as d:\n"
-        "  o=r.compile(CompileJob(Path(m),t,normalize('qnn',{},t),Path(m).stem,600),Path(d))\n"
+        "  o=r.compile(CompileJob(Path(m),t,normalize('qnn',{},t),600),Path(d))\n"
         "  out.append({'compile_s':o.compile_seconds,'child_s':o.wall_seconds})\n"
         "print(json.dumps(out))"
     )
@@ -82,8 +83,8 @@ def main() -> int:
                 releases.append(out["release"])
             for r in releases:
                 farm_cli(env, "status", str(r))
-            from farm.cluster import wait_release
-            from farm.config import Settings
+            from farm.core.settings import Settings
+            from farm.pipeline.plan import wait_release
 
             settings = Settings.from_env({**os.environ, **env})
             states = [wait_release(settings, r, timeout=1800, poll=0.2) for r in releases]

@@ -46,12 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import event, insert, text  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from farm.catalog import load_catalog  # noqa: E402
-from farm.errors import NoMatchError  # noqa: E402
-from farm.keys import options_digest  # noqa: E402
-from farm.options import normalize  # noqa: E402
+from farm.core.catalog import load_catalog  # noqa: E402
+from farm.core.errors import NoMatchError  # noqa: E402
+from farm.core.keys import options_digest  # noqa: E402
+from farm.core.options import normalize  # noqa: E402
 from registry.coverage import coverage  # noqa: E402
-from registry.db import Database  # noqa: E402
+from registry.db import Database, migrate  # noqa: E402
 from registry.index import resolve_model_ref  # noqa: E402
 from registry.models import Artifact, ArtifactFile, Build, Model, Tag  # noqa: E402
 from registry.resolve import Device, resolve  # noqa: E402
@@ -241,6 +241,7 @@ def main() -> int:
     db: Database | None = None
     try:
         t0 = time.perf_counter()
+        migrate(f"{base}/{dbname}")
         db = Database(f"{base}/{dbname}")
         schema_s = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -25,9 +25,9 @@ MODELS = "squeezenet,resnet50,densenet121,inception_v1,inception_v2,shufflenet,v
 INNER = r"""
 import json, sys, time, os
 from pathlib import Path
-from farm.config import Settings
-from farm.submit import build
-from farm.fetch import fetch_artifact
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
+from registry.install import fetch_artifact
 from registry.index import Registry, find_artifact
 from workers.trt.runner import TrtRunner, detect_gpu
 import onnx

@@ -93,7 +93,7 @@ def workers(env: dict[str, str], venvs: list[Path], log_dir: Path) -> Iterator[l
 
 
 def wait_live(env: dict[str, str], n: int, timeout: float = 90) -> None:
-    from farm.config import Settings
+    from farm.core.settings import Settings
     from registry.index import Registry, live_workers
 
     settings = Settings.from_env({**os.environ, **env})
@@ -120,9 +120,9 @@ def main() -> int:
         return 1
     base = Path(args.dir)
     with services(base) as env:
-        from registry.db import Database
+        from registry.db import migrate
 
-        Database(env["FARM_DATABASE_URL"]).dispose()
+        migrate(env["FARM_DATABASE_URL"])
         with workers(env, venvs, base):
             wait_live(env, len(venvs))
             print("farm is up; in another shell:")

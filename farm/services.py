@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 
 class ServiceError(FarmError):

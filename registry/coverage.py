@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm.keys import parse_version
+from farm.core.keys import parse_version
 from registry.models import Artifact, Build, Tag
 
 

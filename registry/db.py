@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import MetaData, create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from farm.errors import ConfigError, StorageError
+from farm.core.errors import ConfigError, DatabaseError, FarmError, SchemaMismatchError
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -33,25 +33,45 @@ class Base(DeclarativeBase):
     metadata = metadata
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy's documented pysqlite recipe: the driver's own transaction handling is off
+    # (isolation_level=None), and "begin" below emits BEGIN IMMEDIATE, so a SAVEPOINT is a real
+    # nested transaction and a rollback undoes everything the session wrote.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    # WAL lets a reader (resolve) run while a build commits; busy_timeout makes concurrent
-    # embedded builds wait for the lock instead of failing.
-    cur.execute("PRAGMA journal_mode=WAL")
+    # busy_timeout first: the journal-mode switch below can itself meet a lock.
     cur.execute("PRAGMA busy_timeout=30000")
+    # WAL lets readers run while a build commits.
+    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
 
+def _sqlite_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a sqlite URL (None for in-memory)."""
+    from sqlalchemy.engine import make_url
+
+    db = make_url(url).database
+    return Path(db) if db and db != ":memory:" else None
+
+
 def make_engine(url: str) -> Engine:
     """Engine for a FARM_DATABASE_URL; SQLite files get their directory created."""
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path = sqlite_path(url)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"FARM_DATABASE_URL: cannot create {path.parent}: {exc.strerror}") from None
         engine = create_engine(url)
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
@@ -85,24 +105,81 @@ def current_revision(engine: Engine) -> str | None:
             if not inspect(conn).has_table("alembic_version"):
                 return None
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except OperationalError as exc:
-        raise StorageError(f"index database unreachable: {exc.orig}", hint="check FARM_DATABASE_URL") from None
+    except SQLAlchemyError as exc:
+        raise database_error(exc, engine.url.render_as_string(hide_password=True)) from None
 
 
-def ensure_schema(engine: Engine) -> None:
-    """Upgrade to head when behind (the embedded first use); a no-op query otherwise."""
-    if current_revision(engine) != SCHEMA_HEAD:
-        upgrade(engine)
+def database_error(exc: BaseException, url: str = "") -> FarmError:
+    """A driver error as the user sees it: unreachable, refused, or not a database."""
+    orig = getattr(exc, "orig", None) or exc
+    text_ = str(orig).strip().splitlines()[0][:300] if str(orig).strip() else type(orig).__name__
+    where = f" ({url})" if url else ""
+    return DatabaseError(f"index database error{where}: {text_}")
+
+
+KNOWN_REVISIONS = ("0001", "0002", "0003", SCHEMA_HEAD)
+
+
+def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:
+    """Make sure the schema is the one this code was written for.
+
+    SQLite (the embedded default) is upgraded on first use, under a file lock so N commands
+    started at once on a fresh FARM_HOME never race. Any other database is never migrated
+    implicitly: an older or newer schema is ``schema-mismatch`` naming ``farm db upgrade``.
+    """
+    rev = current_revision(engine)
+    if rev == SCHEMA_HEAD:
+        return
+    url = engine.url.render_as_string(hide_password=True)
+    if rev is not None and rev not in KNOWN_REVISIONS:
+        raise SchemaMismatchError(f"the index schema is at {rev}, newer than this ctxfarm (head {SCHEMA_HEAD})",
+                                  hint="upgrade ctxfarm on this machine; never run an older one against it")
+    if not auto_upgrade or engine.dialect.name != "sqlite":
+        raise SchemaMismatchError(
+            f"the index schema at {url} is at {rev or 'none'}, this ctxfarm needs {SCHEMA_HEAD}",
+            hint="run `farm db upgrade` (once, by an operator) before starting commands and workers")
+    path = sqlite_path(str(engine.url))
+    with _file_lock(path.with_name(path.name + ".lock") if path else None):
+        if current_revision(engine) != SCHEMA_HEAD:  # someone else may have done it meanwhile
+            try:
+                upgrade(engine)
+            except SQLAlchemyError as exc:
+                raise database_error(exc, url) from None
+
+
+@contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def migrate(url: str) -> None:
+    """``farm db upgrade``: bring the schema at ``url`` to head (an operator's explicit step)."""
+    engine = make_engine(url)
+    try:
+        if current_revision(engine) != SCHEMA_HEAD:
+            upgrade(engine)
+    finally:
+        engine.dispose()
 
 
 class Database:
-    """An engine plus a session factory, schema ensured once."""
+    """An engine plus a session factory; the schema is checked once when opened."""
 
-    def __init__(self, url: str, *, auto_upgrade: bool = True):
+    def __init__(self, url: str, *, auto_upgrade: bool = True, check: bool = True):
         self.url = url
         self.engine = make_engine(url)
-        if auto_upgrade:
-            ensure_schema(self.engine)
+        if check:
+            check_schema(self.engine, auto_upgrade=auto_upgrade)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

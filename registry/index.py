@@ -1,24 +1,23 @@
 """Record and look up models, tags, builds and artifacts in the SQL index.
 
 The UNIQUE build key is the arbiter of dedupe: whoever inserts the row compiles; everyone else
-reads it. A build row carries a lease so a crashed compiler's build can be taken over.
+reads it. Build state transitions (guarded, leased) live in ``farm.pipeline.states``.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import CursorResult, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from farm.config import Settings
-from farm.errors import DETERMINISTIC_FAILURES, NotFoundError
-from farm.keys import is_digest
+from farm.core.errors import BadNameError, NotFoundError
+from farm.core.keys import is_digest
+from farm.core.names import split_ref
+from farm.core.settings import Settings
 from registry.db import Database
 from registry.models import Artifact, ArtifactFile, Build, Model, Tag, TagEvent
 from registry.store import BlobStore, open_store
@@ -39,25 +38,8 @@ class Registry:
         self.db.dispose()
 
 
-def _changed(session: Session, stmt: Any) -> int:
-    """Rows an UPDATE touched (the compare-and-set result)."""
-    result: CursorResult[Any] = session.execute(stmt.execution_options(synchronize_session=False))  # type: ignore[assignment]
-    return int(result.rowcount)
-
-
-def owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def _aware(dt: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes; everything we store is UTC.
-    if dt is not None and dt.tzinfo is None:
-        return dt.replace(tzinfo=UTC)
-    return dt
 
 
 # ---- models and tags ---------------------------------------------------------------------------
@@ -101,11 +83,16 @@ def resolve_model_ref(session: Session, ref: str) -> str:
         if session.get(Model, ref) is None:
             raise NotFoundError(f"no model {ref} in the registry")
         return ref
-    name, _, tag = ref.partition(":")
-    if name != "sha256":
-        row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == (tag or "latest")))
-        if row is not None:
-            return row.model_digest
+    if not ref.startswith("sha256:"):
+        try:
+            name, tag = split_ref(ref)
+        except BadNameError:
+            if not _hex_prefix(ref):
+                raise
+        else:
+            row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
+            if row is not None:
+                return row.model_digest
     prefix = ref.removeprefix("sha256:")
     if len(prefix) >= 6 and all(c in "0123456789abcdef" for c in prefix):
         hits = list(session.scalars(select(Model.digest).where(Model.digest.like(f"sha256:{prefix}%")).limit(2)))
@@ -118,89 +105,17 @@ def resolve_model_ref(session: Session, ref: str) -> str:
     )
 
 
+def _hex_prefix(ref: str) -> bool:
+    p = ref.removeprefix("sha256:")
+    return 6 <= len(p) <= 64 and all(c in "0123456789abcdef" for c in p)
+
+
 def tags_of(session: Session, digest: str) -> list[str]:
     return [f"{n}:{t}" for n, t in session.execute(
         select(Tag.name, Tag.tag).where(Tag.model_digest == digest).order_by(Tag.name, Tag.tag))]
 
 
-# ---- builds --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BuildSpec:
-    build_key: str
-    model_digest: str
-    backend: str
-    target: str
-    toolchain: str
-    options: dict[str, Any]
-    options_digest: str
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What claim_build decided: ``compile`` (ours now), ``done`` (answer from the index),
-    ``busy`` (someone else holds a live lease)."""
-
-    action: str
-    build_id: int
-    state: str
-    attempt: int
-
-
-def claim_build(session: Session, spec: BuildSpec, *, lease_seconds: float, owner: str | None = None,
-                max_attempts: int = 3, retry_failed: bool = False) -> Claim:
-    """Insert the build row (we compile) or read the existing one.
-
-    ``retry_failed`` re-runs a failed build whatever its code or attempt count (an operator
-    who fixed the cause, e.g. raised the timeout, asks for it explicitly).
-    """
-    owner = owner or owner_id()
-    lease_until = now() + timedelta(seconds=lease_seconds)
-    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
-    if row is None:
-        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
-                    target=spec.target, toolchain=spec.toolchain, options=spec.options,
-                    options_digest=spec.options_digest, state="running", attempts=1,
-                    lease_owner=owner, lease_expires_at=lease_until, started_at=now())
-        try:
-            with session.begin_nested():
-                session.add(row)
-            return Claim("compile", row.id, "running", 1)
-        except IntegrityError:
-            # Lost the race on the UNIQUE key: read the winner's row.
-            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
-            assert row is not None
-    retry = retry_failed and row.state == "failed"
-    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES and not retry):
-        return Claim("done", row.id, row.state, row.attempts)
-    if row.state == "failed" and row.attempts >= max_attempts and not retry:
-        # Infrastructure failures are retried, but not forever (a poison model would loop).
-        return Claim("done", row.id, row.state, row.attempts)
-    lease = _aware(row.lease_expires_at)
-    if row.state in ("queued", "running") and lease is not None and lease > now():
-        return Claim("busy", row.id, row.state, row.attempts)
-    # Failed for an infrastructure reason, or a lease that ran out (its holder died): take it
-    # over with a compare-and-set on attempts so two takers cannot both win.
-    attempt = row.attempts + 1
-    taken = _changed(session,
-        update(Build)
-        .where(Build.id == row.id, Build.attempts == row.attempts)
-        .values(state="running", attempts=attempt, lease_owner=owner, lease_expires_at=lease_until,
-                started_at=now(), finished_at=None, error_code=None, error_message=None))
-    if taken != 1:
-        return Claim("busy", row.id, row.state, row.attempts)
-    session.expire(row)
-    return Claim("compile", row.id, "running", attempt)
-
-
-def fail_build(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:
-    session.execute(
-        update(Build).where(Build.id == build_id)
-        .values(state="failed", error_code=code, error_message=message, log=log, lease_owner=None,
-                lease_expires_at=None, finished_at=now())
-        .execution_options(synchronize_session=False)
-    )
-
+# ---- builds (state transitions live in farm.pipeline.states) ----------------------------------------
 
 def get_build(session: Session, build_id: int) -> Build:
     row = session.get(Build, build_id)
@@ -211,14 +126,17 @@ def get_build(session: Session, build_id: int) -> Build:
 
 # ---- artifacts ----------------------------------------------------------------------------------
 
-def publish_artifact(session: Session, build_id: int, *, manifest_digest: str, manifest_size: int,
-                     ctx_model: str, files: list[dict[str, Any]], ep_sdk_version: str | None,
-                     compile_seconds: float, nodes_ep: int, nodes_cpu: int, log: str) -> Artifact:
-    """Insert the artifact and mark the build succeeded, in the caller's transaction.
-
-    Call only after every blob (files, log, manifest) is in the store.
-    """
+def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, manifest_size: int,
+                    ctx_model: str, files: list[dict[str, Any]], ep_sdk_version: str | None,
+                    compile_seconds: float, nodes_ep: int, nodes_cpu: int) -> Artifact:
+    """Insert the artifact of a build, in the caller's transaction (which also moves the build
+    to succeeded, guarded). A previous artifact of the build that was marked broken is replaced:
+    its rows go, its blobs stay for gc. Call only after every blob is in the store."""
     build = get_build(session, build_id)
+    old = session.scalar(select(Artifact).where(Artifact.build_id == build_id))
+    if old is not None:
+        session.delete(old)
+        session.flush()
     artifact = Artifact(
         digest=manifest_digest, build_id=build.id, model_digest=build.model_digest, backend=build.backend,
         target=build.target, toolchain=build.toolchain, options_digest=build.options_digest,
@@ -231,11 +149,6 @@ def publish_artifact(session: Session, build_id: int, *, manifest_digest: str, m
     artifact.files.append(ArtifactFile(name="manifest.json", role="manifest", digest=manifest_digest,
                                        size=manifest_size, media_type="application/vnd.ctxfarm.manifest.v1+json"))
     session.add(artifact)
-    build.state = "succeeded"
-    build.log = log
-    build.finished_at = now()
-    build.lease_owner = None
-    build.lease_expires_at = None
     session.flush()
     return artifact
 
@@ -367,89 +280,6 @@ def all_workers(session: Session, limit: int = 200) -> list[Any]:
     from registry.models import Worker
 
     return list(session.scalars(select(Worker).order_by(Worker.last_seen.desc()).limit(limit)))
-
-
-def queue_build(session: Session, spec: BuildSpec, queue: str) -> tuple[int, bool]:
-    """Insert a queued build row (the UNIQUE key dedupes). Returns (build id, needs a message):
-    a new row, or an existing one that is waiting or failed for an infrastructure reason."""
-    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
-    if row is None:
-        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
-                    target=spec.target, toolchain=spec.toolchain, options=spec.options,
-                    options_digest=spec.options_digest, state="queued", attempts=0, queue=queue, enqueued_at=now())
-        try:
-            with session.begin_nested():
-                session.add(row)
-            return row.id, True
-        except IntegrityError:
-            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
-            assert row is not None
-            return row.id, False  # a concurrent submitter inserted it and sends its message
-    if row.state == "failed" and row.error_code not in DETERMINISTIC_FAILURES:
-        # Infrastructure failure: a new submission is a new chance, with a fresh attempt budget.
-        session.execute(update(Build).where(Build.id == row.id, Build.state == "failed")
-                        .values(state="queued", attempts=0, error_code=None, error_message=None, queue=queue,
-                                enqueued_at=now(), finished_at=None)
-                        .execution_options(synchronize_session=False))
-        return row.id, True
-    return row.id, False
-
-
-def stale_queued(session: Session, queues: list[str], older_than: float, limit: int = 100) -> list[tuple[int, str]]:
-    """Builds on these queues whose message may be lost: queued with a message older than
-    ``older_than`` seconds (a broker that lost its lists), or running under an expired lease (a
-    dead worker; Redis would redeliver only after its visibility timeout). Their enqueued_at is
-    bumped so only one reconciler re-sends each, once per ``older_than``."""
-    t = now()
-    cutoff = t - timedelta(seconds=older_than)
-    orphaned = or_(Build.state == "queued", (Build.state == "running") & (Build.lease_expires_at < t))
-    rows = session.execute(select(Build.id, Build.queue).where(orphaned, Build.queue.in_(queues),
-                                                                Build.enqueued_at < cutoff).limit(limit)).all()
-    taken = []
-    for build_id, queue in rows:
-        n = _changed(session, update(Build).where(Build.id == build_id, orphaned, Build.enqueued_at < cutoff)
-                     .values(enqueued_at=now()))
-        if n:
-            taken.append((build_id, str(queue)))  # the filter on queue rules out NULL
-    return taken
-
-
-def start_build(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int) -> str:
-    """A worker's claim on a delivered build. Returns ``run`` (ours now), ``done`` (nothing to
-    do), ``busy`` (another worker holds a live lease) or ``exhausted`` (attempt cap reached:
-    the row is now failed with worker-lost)."""
-    row = get_build(session, build_id)
-    if row.state == "succeeded" or (row.state == "failed" and row.error_code in DETERMINISTIC_FAILURES):
-        return "done"
-    if row.state == "failed" and row.attempts >= max_attempts:
-        return "done"
-    lease = _aware(row.lease_expires_at)
-    if row.state == "running" and lease is not None and lease > now():
-        return "busy"
-    if row.attempts >= max_attempts:
-        # Every attempt so far died with its worker (a poison model, or a flaky host).
-        fail_build(session, row.id, "worker-lost",
-                   f"gave up after {row.attempts} attempt(s): the compiling worker was lost each time", row.log)
-        return "exhausted"
-    taken = _changed(session,
-        update(Build).where(Build.id == row.id, Build.attempts == row.attempts, Build.state == row.state)
-        .values(state="running", attempts=row.attempts + 1, lease_owner=owner,
-                lease_expires_at=now() + timedelta(seconds=lease_seconds), started_at=now(), worker=owner))
-    return "run" if taken == 1 else "busy"
-
-
-def renew_lease(session: Session, build_id: int, owner: str, lease_seconds: float) -> bool:
-    return bool(_changed(session,
-        update(Build).where(Build.id == build_id, Build.lease_owner == owner, Build.state == "running")
-        .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))))
-
-
-def requeue_after_failure(session: Session, build_id: int, code: str, message: str, log: str | None) -> None:
-    """An infrastructure failure with attempts left: back to queued, the error kept for status."""
-    session.execute(update(Build).where(Build.id == build_id)
-                    .values(state="queued", error_code=code, error_message=message, log=log, lease_owner=None,
-                            lease_expires_at=None, enqueued_at=now())
-                    .execution_options(synchronize_session=False))
 
 
 def release_builds(session: Session, release_id: int) -> list[Build]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.errors import DigestMismatchError
-from farm.keys import canonical_json, sha256_bytes
+from farm.core.errors import DigestMismatchError
+from farm.core.keys import canonical_json, sha256_bytes
 
 MEDIA_MANIFEST = "application/vnd.ctxfarm.manifest.v1+json"
 SCHEMA_VERSION = 1

@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from farm.catalog import Target, load_catalog
-from farm.errors import NoMatchError
-from farm.keys import options_digest, parse_version
-from farm.options import normalize
+from farm.core.catalog import Target, load_catalog
+from farm.core.errors import NoMatchError
+from farm.core.keys import options_digest, parse_version
+from farm.core.options import normalize
 from registry.models import Artifact, Build
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.errors import ConfigError, MissingExtraError, SignatureError, UnsignedError
+from farm.core.errors import ConfigError, MissingExtraError, SignatureError, UnsignedError
 
 DOMAIN = b"ctxfarm-manifest-v1\n"
 
@@ -28,7 +28,11 @@ def _crypto():  # type: ignore[no-untyped-def]
 
 
 def key_id(public_b64: str) -> str:
-    return hashlib.sha256(base64.b64decode(public_b64)).hexdigest()[:16]
+    try:
+        raw = base64.b64decode(public_b64, validate=True)
+    except ValueError:
+        raw = public_b64.encode("utf-8", "replace")  # a garbage key still gets a stable id to show
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -85,12 +89,12 @@ def parse_trusted(entries: Iterable[str]) -> list[str]:
         entry = entry.strip()
         if not entry:
             continue
-        p = Path(entry)
-        text = p.read_text().strip() if p.is_file() else entry
         try:
+            p = Path(entry)
+            text = p.read_text(encoding="ascii").strip() if p.is_file() else entry
             if len(base64.b64decode(text, validate=True)) != 32:
                 raise ValueError
-        except ValueError:
+        except (ValueError, OSError):
             raise ConfigError(f"trusted key {entry!r} is not a base64 ed25519 public key or a file with one") from None
         keys.append(text)
     return keys

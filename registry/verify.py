@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from farm.errors import BlobNotFound, StorageError
-from farm.keys import sha256_stream
+from farm.core.errors import BlobNotFound, StorageError
+from farm.core.keys import sha256_stream
 from registry.models import Artifact, ArtifactFile, Model
 from registry.store.base import BlobStore
 
@@ -32,6 +32,8 @@ class VerifyReport:
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
     marked_broken: list[str] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)  # broken artifacts whose blobs are whole again
+    foreign: list[str] = field(default_factory=list)  # entries in the store that are not our blobs
 
     @property
     def ok(self) -> bool:
@@ -45,18 +47,25 @@ def _hash_blob(store: BlobStore, digest: str) -> tuple[str, int]:
 
 def verify(session: Session, store: BlobStore, *, full: bool = True, repair: bool = False,
            include_broken: bool = False) -> VerifyReport:
-    """Check every file of every (active) artifact. ``full`` re-hashes content (else size only);
-    ``repair`` marks artifacts with a problem ``broken`` so resolve never serves them."""
+    """Check every file of every artifact (active ones; broken ones too with ``repair`` or
+    ``include_broken``). ``full`` re-hashes content (else size only). ``repair`` marks artifacts
+    with a problem ``broken`` (resolve stops serving them, the next build replaces them) and
+    clears the mark of broken artifacts whose blobs are whole again. Foreign entries in the
+    store are reported, never fatal."""
     report = VerifyReport()
-    q = select(Artifact.id, Artifact.digest, ArtifactFile.name, ArtifactFile.digest, ArtifactFile.size).join(
+    q = select(Artifact.id, Artifact.digest, ArtifactFile.name, ArtifactFile.digest, ArtifactFile.size,
+               Artifact.status).join(
         ArtifactFile, ArtifactFile.artifact_id == Artifact.id).order_by(Artifact.id, ArtifactFile.name)
-    if not include_broken:
+    if not (include_broken or repair):
         q = q.where(Artifact.status == "active")
     checked: dict[str, str | None] = {}  # blob digest -> problem (a blob shared by artifacts is read once)
     broken: dict[int, str] = {}
+    marked: dict[int, str] = {}
     seen_artifacts: set[int] = set()
-    for art_id, art_digest, name, digest, size in session.execute(q):
+    for art_id, art_digest, name, digest, size, status in session.execute(q):
         seen_artifacts.add(art_id)
+        if status == "broken":
+            marked[art_id] = art_digest
         if digest not in checked:
             checked[digest] = _check_blob(store, digest, size, full)
             if checked[digest] is None:
@@ -70,7 +79,13 @@ def verify(session: Session, store: BlobStore, *, full: bool = True, repair: boo
     if repair and broken:
         session.execute(update(Artifact).where(Artifact.id.in_(list(broken))).values(status="broken")
                         .execution_options(synchronize_session=False))
-        report.marked_broken = sorted(broken.values())
+        report.marked_broken = sorted(d for i, d in broken.items() if i not in marked)
+    whole = [i for i in marked if i not in broken]
+    if repair and whole:
+        session.execute(update(Artifact).where(Artifact.id.in_(whole), Artifact.status == "broken")
+                        .values(status="active").execution_options(synchronize_session=False))
+        report.cleared = sorted(marked[i] for i in whole)
+    report.foreign = [b.foreign for b in store.iter_blobs() if b.foreign] if full else []
     return report
 
 
@@ -95,6 +110,7 @@ class GcReport:
     scanned: int = 0
     referenced: int = 0
     deleted: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # skipped: not blobs of ours
     kept_young: int = 0
     freed_bytes: int = 0
     aborted_uploads: int = 0
@@ -118,6 +134,9 @@ def gc(session: Session, store: BlobStore, *, grace: timedelta, dry_run: bool = 
     report.referenced = len(refs)
     cutoff = now() - grace
     for info in store.iter_blobs():
+        if info.foreign:
+            report.foreign.append(info.foreign)
+            continue
         report.scanned += 1
         if info.digest in refs:
             continue

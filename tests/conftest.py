@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.config import Settings
+from farm.core.settings import Settings
 
 
 @pytest.fixture

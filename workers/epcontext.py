@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm.errors import ToolchainError
+from farm.core.errors import ToolchainError
 
 EPCONTEXT_ATTRS = ("source", "ep_sdk_version", "embed_mode", "partition_name", "main_context",
                    "ep_cache_context", "hardware_architecture", "onnx_model_filename")

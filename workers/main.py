@@ -1,8 +1,7 @@
 """``farm worker``: detect the toolchain of this environment, register, heartbeat, serve its queues.
 
-The heartbeat thread also re-sends queued builds of this worker's queues whose message is older
-than FARM_REQUEUE_AFTER (a broker restarted without persistence loses its lists; the SQL index
-does not), so nothing queued is lost.
+The heartbeat thread also reconciles (farm.pipeline.reconcile): builds of this worker's queues
+whose executor died or whose message was lost are sent again, so nothing queued is lost.
 """
 
 from __future__ import annotations
@@ -14,13 +13,13 @@ import threading
 import uuid
 from typing import Any
 
-from farm.config import Settings
+from farm.core.settings import Settings
 
 log = logging.getLogger("ctxfarm.worker")
 
 
 def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: str = "INFO") -> int:
-    from farm.celery_app import COMPILE_TASK, compile_queue, probe_queue
+    from farm.pipeline.queues import compile_queue, probe_queue
     from registry.index import Registry, heartbeat, register_worker
     from workers.runner import get_runner
 
@@ -44,30 +43,30 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
 
     # Import Celery (and build the app) before any thread starts: celery's lazy module is not
     # safe to import from two threads at once.
-    from farm.celery_app import send
-    from registry.index import stale_queued
+    from farm.pipeline.reconcile import reconcile
     from workers.tasks import app
 
     stop = threading.Event()
+    compile_queues = [q for q in queues if q.startswith("compile.")]
 
     def beat() -> None:
-        compile_queues = [q for q in queues if q.startswith("compile.")]
         while not stop.wait(settings.heartbeat_seconds):
             try:
                 with reg.db.session() as s:
                     heartbeat(s, worker_id)
-                    stale = stale_queued(s, compile_queues, settings.requeue_after)
-                for build_id, queue in stale:
-                    log.warning("re-sending queued build %s (its message is older than %ss)", build_id,
-                                settings.requeue_after)
-                    send(app, COMPILE_TASK, [build_id], queue)
+                reconcile(settings, reg, app, compile_queues)
             except Exception:
                 log.warning("heartbeat failed", exc_info=True)
 
+    _interrupt_builds_on_signals()
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     thread.start()
     try:
-        worker: Any = app.Worker(queues=queues, concurrency=concurrency, pool="prefork", loglevel=loglevel,
+        # One compile per worker process runs in the main thread ("solo"), so SIGTERM/SIGINT can
+        # interrupt it there: the lease is released at once and the temp dir removed. More
+        # concurrency uses a prefork pool whose children do the same on SIGTERM.
+        pool = "solo" if concurrency == 1 else "prefork"
+        worker: Any = app.Worker(queues=queues, concurrency=concurrency, pool=pool, loglevel=loglevel,
                                  hostname=name, without_gossip=True, without_mingle=True, optimization="fair")
         worker.start()
         return int(getattr(worker, "exitcode", 0) or 0)
@@ -76,6 +75,38 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
         with reg.db.session() as s:
             heartbeat(s, worker_id, stopped=True)
         reg.close()
+
+
+def _interrupt_builds_on_signals() -> None:
+    """Once Celery has installed its own handlers: SIGTERM/SIGINT while a build executes raise
+    ``Interrupted`` in it (the executor releases the lease, the temp dir goes, the worker
+    stops); while idle they do what Celery does (warm shutdown)."""
+    import signal
+
+    from celery import signals
+
+    from farm.core.errors import Interrupted
+    from workers import tasks
+
+    def wrap(sig: int) -> None:
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any) -> None:
+            if tasks.executing.is_set():
+                raise Interrupted(signum)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise SystemExit(128 + signum)
+
+        signal.signal(sig, handler)
+
+    def install(**_: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            wrap(sig)
+
+    signals.worker_ready.connect(install, weak=False)
+    signals.worker_process_init.connect(install, weak=False)
 
 
 def _trt_target(backend: str) -> str | None:

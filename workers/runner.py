@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from farm.catalog import Target
-from farm.errors import (
-    CompileTimeoutError,
+from farm.core.catalog import Target
+from farm.core.errors import (
     FarmError,
+    LeaseLostError,
     MissingExtraError,
+    ResourceLimitError,
     ToolchainError,
     WorkerLostError,
     error_for_code,
@@ -30,6 +31,7 @@ from farm.errors import (
 MEDIA_CTX_MODEL = "application/vnd.ctxfarm.epcontext-model.v1+onnx"
 MEDIA_LOG = "text/plain; charset=utf-8"
 LOG_LIMIT = 256 * 1024  # bytes of compile log kept in the index/manifest
+KILL_GRACE_S = 5.0  # the child stops itself at its time limit; we kill its group this much later
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,27 @@ class Toolchain:
         return asdict(self)
 
 
+# Every artifact's files use this fixed stem (model_ctx.onnx + the EP's model_ctx_*.bin): no file
+# name ever comes from a user-supplied model name.
+CTX_STEM = "model"
+CTX_MODEL_NAME = f"{CTX_STEM}_ctx.onnx"
+
+
+class CancelFlag(Protocol):
+    """Set by the owner to stop a running child (a lost lease): ``threading.Event`` fits."""
+
+    def is_set(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class CompileJob:
     model_path: Path
     target: Target
     options: dict[str, Any]
-    ctx_stem: str  # output is <ctx_stem>_ctx.onnx (+ context files named by the EP)
     timeout: float
+    memory_mb: int = 0  # address-space cap of the compile child; 0 = none
     verify_load: bool = False  # also load the result in the compile child (self-probe)
+    cancel: CancelFlag | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +117,7 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
     referenced file stays inside ``out_dir``. ``strays``: files the context model does not
     reference are an ``error`` (QNN writes none) or ``delete``d (TensorRT leaves profiles).
     """
-    from farm.errors import UnsupportedOpsError
+    from farm.core.errors import UnsupportedOpsError
     from workers.epcontext import read_epcontext, referenced_files
 
     ctx_path = out_dir / ctx_name
@@ -157,11 +172,15 @@ def read_log(path: Path) -> str:
 
 
 def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float,
+              memory_mb: int = 0, cancel: CancelFlag | None = None,
               python: str | None = None) -> tuple[dict[str, Any], float, str]:
-    """Run ``python -m module command req.json res.json`` with a timeout.
+    """Run ``python -m module command req.json res.json`` under a time and memory cap.
 
     Returns (result, wall seconds, log). Errors the child reports come back as the FarmError of
-    their code; a timeout kills the whole process group; death by signal is ``worker-lost``.
+    their code. The child dies with us (PR_SET_PDEATHSIG, workers.childproc) and stops itself at
+    ``timeout``; we also kill its process group a little later, on ``cancel`` (a lost lease:
+    LeaseLostError) and on any exception here (Ctrl-C, SIGTERM). Past a cap is
+    ``resource-limit``; death by another signal is ``worker-lost``.
     """
     req_path = work_dir / f"{command}-request.json"
     res_path = work_dir / f"{command}-result.json"
@@ -173,25 +192,43 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
     # The child must import this project even when run from another working directory.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(CTXFARM_PARENT_PID=str(os.getpid()), CTXFARM_TIME_LIMIT=f"{timeout:g}",
+               CTXFARM_MEMORY_MB=str(int(memory_mb)))
     start = time.perf_counter()
+    deadline = time.monotonic() + timeout + KILL_GRACE_S
+    peak_kib = 0
     with open(log_path, "wb") as log:
+        # Own session: a timeout or cancel kills the whole group (the SDK may fork helpers).
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=work_dir, env=env, start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CompileTimeoutError(
-                f"{command} did not finish within {timeout:g} s and was stopped",
-                hint="raise FARM_COMPILE_TIMEOUT if this model legitimately needs longer",
-                details={"log": read_log(log_path)},
-            ) from None
+            pause = 0.002
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    peak_kib = usage.ru_maxrss
+                    break
+                if cancel is not None and cancel.is_set():
+                    _kill_group(proc)
+                    raise LeaseLostError(f"{command} stopped: this executor lost the build's lease")
+                if time.monotonic() > deadline:
+                    _kill_group(proc)
+                    raise ResourceLimitError(
+                        f"{command} did not finish within {timeout:g} s and was stopped",
+                        details={"log": read_log(log_path)})
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.05)
         except BaseException:
             _kill_group(proc)
             raise
     wall = time.perf_counter() - start
     log_text = read_log(log_path)
-    result: dict[str, Any] = json.loads(res_path.read_text()) if res_path.exists() else {}
+    try:
+        result: dict[str, Any] = json.loads(res_path.read_text()) if res_path.exists() else {}
+    except (OSError, ValueError):
+        result = {}
+    rc = proc.returncode
     if rc == 0 and result.get("ok"):
         return result, wall, log_text
     if rc < 0 and result.get("ok") and result.get("partial"):
@@ -199,8 +236,12 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
         result["crashed"] = f"signal {-rc} ({_signame(-rc)})"
         return result, wall, log_text
     err = result.get("error")
+    near_cap = memory_mb > 0 and peak_kib * 1024 >= 0.9 * memory_mb * 1024 * 1024
     if err:
         exc: FarmError = error_for_code(err["code"], err["message"], hint=err.get("hint"))
+    elif rc < 0 and near_cap:
+        exc = ResourceLimitError(f"{command} process died with signal {-rc} ({_signame(-rc)}) at its memory cap "
+                                 f"of {memory_mb} MiB (peak RSS {peak_kib // 1024} MiB)")
     elif rc < 0:
         exc = WorkerLostError(f"{command} process died with signal {-rc} ({_signame(-rc)})",
                               hint="the SDK crashed on this model; the log holds its last words")
@@ -208,10 +249,13 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
         tail = "\n".join(log_text.strip().splitlines()[-5:])
         exc = ToolchainError(f"{command} process exited with code {rc}: {tail}")
     exc.details["log"] = log_text
+    exc.details["peak_rss_kib"] = peak_kib
     raise exc
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.returncode is not None:
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -1,46 +1,70 @@
-"""Celery tasks, imported by workers only. Thin: ids in, logic in ``workers.base``."""
+"""Celery tasks, imported by workers only: a front door onto ``farm.pipeline.execute``.
+
+Thin: an id in, the one executor does the work. A duplicate message that finds its build
+running or finished is acknowledged and dropped (the reconciler re-sends builds whose executor
+died); a retryable failure is sent again with its backoff as countdown.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
-from farm.celery_app import COMPILE_TASK, PROBE_TASK, make_app
-from farm.config import Settings
+from farm.core.settings import Settings
+from farm.pipeline.queues import COMPILE_TASK, PROBE_TASK, make_app, send
 
 settings = Settings.from_env()
 app = make_app(settings)
 
-_ctx: dict[int, Any] = {}
+_executors: dict[int, Any] = {}
+# Set while a build executes in this process: SIGTERM/SIGINT then interrupt it (workers.main).
+executing = threading.Event()
 
 
-def context() -> Any:
-    """The WorkerContext of this process (pool children each build their own after the fork)."""
-    from workers.base import WorkerContext
+def executor() -> Any:
+    """This process's Executor (pool children each build their own after the fork)."""
+    from farm.pipeline.execute import Executor
+    from registry.index import Registry
 
     pid = os.getpid()
-    if pid not in _ctx:
-        _ctx[pid] = WorkerContext.create(settings, os.environ.get("CTXFARM_BACKEND", "qnn"))
-    return _ctx[pid]
+    if pid not in _executors:
+        worker_id = os.environ.get("CTXFARM_WORKER_ID")
+        _executors[pid] = Executor(settings, Registry.open(settings), backend=os.environ.get("CTXFARM_BACKEND", "qnn"),
+                                   worker_id=int(worker_id) if worker_id else None,
+                                   owner=os.environ.get("CTXFARM_WORKER_NAME") or None)
+    return _executors[pid]
 
 
-@app.task(name=COMPILE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+@app.task(name=COMPILE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def compile_model(self: Any, build_id: int) -> str:
-    from workers.base import compile_build
+    from farm.pipeline.reconcile import schedule_probes
 
-    outcome, countdown = compile_build(context(), build_id)
-    if outcome in ("busy", "retry"):
-        # A new message with a delay; this one is acked. The DB row decides who compiles.
-        raise self.retry(countdown=countdown)
-    return outcome
+    if not isinstance(build_id, int) or isinstance(build_id, bool) or not 0 < build_id < 2**31:
+        return "refused"  # not a message we sent: acknowledge and drop
+    ex = executor()
+    executing.set()
+    try:
+        result = ex.execute(build_id)
+    finally:
+        executing.clear()
+    if result.outcome == "retry":
+        queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
+        if queue:
+            send(app, COMPILE_TASK, [build_id], queue, countdown=result.countdown)
+    elif result.outcome == "succeeded" and result.artifact_id is not None:
+        schedule_probes(ex, result.artifact_id)
+    return str(result.outcome)
 
 
 @app.task(name=PROBE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=3)
 def probe_artifact(self: Any, artifact_id: int) -> str | None:
-    from farm.errors import CompileTimeoutError
-    from workers.base import probe_artifact as probe
+    from farm.core.errors import ResourceLimitError
 
+    if not isinstance(artifact_id, int) or isinstance(artifact_id, bool) or not 0 < artifact_id < 2**31:
+        return None
     try:
-        return probe(context(), artifact_id)
-    except CompileTimeoutError as exc:
+        result: str | None = executor().probe(artifact_id)
+        return result
+    except ResourceLimitError as exc:
         raise self.retry(countdown=60, exc=exc) from None

@@ -1,6 +1,7 @@
 """The ``farm`` command. Subcommands import their heavy modules lazily, so ``farm --help``
 imports no SQLAlchemy, boto3 or onnx. User errors (FarmError) print code, message and hint and
-exit non-zero without a traceback; anything else is a bug and keeps its traceback."""
+exit non-zero without a traceback; any other exception is translated at the same boundary
+(``translate``), and a real bug prints its traceback only with FARM_DEBUG=1."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 # name -> (module in farm.cli, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,27 +64,87 @@ def print_error(exc: FarmError) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The one boundary: every exception that can reach it becomes a documented code, a message
+    and a hint; a traceback only with FARM_DEBUG=1."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_list[0] if args_list else None)
     args = parser.parse_args(args_list)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    module = importlib.import_module(f"farm.cli.{args._module}")
     try:
-        from farm.config import Settings
+        module = importlib.import_module(f"farm.cli.{args._module}")
+        from farm.core.settings import Settings
 
         settings = Settings.from_env()
         rc: int = module.run(args.command, args, settings)
+        sys.stdout.flush()
         return rc
-    except FarmError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"error": exc.to_dict()}, default=str))
-        print_error(exc)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except BrokenPipeError:
+        return _broken_pipe()
+    except BaseException as exc:  # noqa: BLE001 - this is the boundary
+        if isinstance(exc, SystemExit):
+            raise
+        err = translate(exc)
+        if _debug() and not isinstance(exc, FarmError):
+            import traceback
+
+            traceback.print_exc()
+        try:
+            if getattr(args, "json", False):
+                print(json.dumps({"error": err.to_dict()}, default=str))
+            print_error(err)
+        except BrokenPipeError:
+            return _broken_pipe()
+        return err.exit_code
+
+
+def translate(exc: BaseException) -> FarmError:
+    """Map any exception to the error users see (codes are in the README's table)."""
+    from farm.core import errors as e
+
+    if isinstance(exc, FarmError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        signum = getattr(exc, "signum", 2)
+        return e.InterruptedBuildError(f"interrupted by signal {signum}")
+    mod = type(exc).__module__.split(".")[0]
+    if mod == "sqlalchemy" or mod in ("psycopg", "sqlite3"):
+        from registry.db import database_error
+
+        return database_error(exc)
+    if mod in ("botocore", "boto3", "urllib3"):
+        return e.StorageUnavailable(f"blob store error: {str(exc)[:300]}")
+    if mod in ("redis", "kombu", "celery", "amqp"):
+        return e.NoWorkerError(f"broker error: {str(exc)[:300]}",
+                               hint="check FARM_BROKER_URL and that Redis is running")
+    if isinstance(exc, MemoryError):
+        return e.ResourceLimitError("out of memory")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        return e.StorageError(f"{exc.strerror or exc}{where}",
+                              hint="check the path, its permissions and free space")
+    if isinstance(exc, (ValueError, OverflowError, UnicodeError)):
+        return e.UsageError(f"bad input: {str(exc)[:300]}")
+    return e.InternalError(f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _debug() -> bool:
+    import os
+
+    return os.environ.get("FARM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _broken_pipe() -> int:
+    """The reader went away (`farm ls --json | head`): exit quietly, as Unix tools do."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    return 141
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], out: Any = None) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from farm.cli import human_size, table
-from farm.config import Settings
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -38,6 +38,8 @@ class ProgressLine:
         if event == "compiling":
             self.started[target] = time.perf_counter()
             self._say(f"  compiling {target} with {info['toolchain']} (attempt {info['attempt']}) ...", end=not self.tty)
+        elif event == "retrying":
+            self._say(f"  retrying {target} in {info['in_seconds']:.0f} s (infrastructure failure) ...", end=True)
         elif event == "waiting":
             self._say(f"  waiting for build {info['build_id']} ({target}) held by another process ...", end=not self.tty)
         elif event == "finished":
@@ -53,7 +55,7 @@ class ProgressLine:
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
-    from farm.submit import build
+    from farm.pipeline.plan import build
 
     options = list(args.option)
     if args.require_full_offload:

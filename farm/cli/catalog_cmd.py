@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from farm.catalog import BACKENDS, load_catalog
 from farm.cli import table
-from farm.config import Settings
+from farm.core.catalog import BACKENDS, load_catalog
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from farm.cli import table
-from farm.config import Settings
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -24,6 +24,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--allow-queue", action="store_true",
                        help="accept toolchains no live worker serves (builds wait in their queue)")
         p.add_argument("--wait", action="store_true", help="show progress; exit 1 if any build fails")
+        p.add_argument("--retry-failed", action="store_true", help="queue again builds that failed (any code)")
         p.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
         p.add_argument("--json", action="store_true")
     elif name == "status":
@@ -54,7 +55,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
 def _print_status(st: Any, out: Any = sys.stdout) -> None:
     rows = [{"build": b["build"], "target": b["target"], "toolchain": b["toolchain"],
-             "state": b["state"] + (f" ({b['error_code']})" if b["error_code"] else ""),
+             "state": b["state"] + (f" ({b['error_code']})" if b["error_code"] else "")
+             + (f": {b['note']}" if b.get("note") else ""),
              "attempts": b["attempts"], "artifact": (b["artifact"] or "")[7:19],
              "compile_s": f"{b['compile_seconds']:.2f}" if b["compile_seconds"] is not None else ""}
             for b in st.builds]
@@ -62,13 +64,13 @@ def _print_status(st: Any, out: Any = sys.stdout) -> None:
 
 
 def _submit(args: argparse.Namespace, settings: Settings) -> int:
-    from farm.cluster import submit_release, validate_sdks, wait_release
+    from farm.pipeline.plan import submit_release, wait_release
 
     targets, sdks, options = list(args.target), list(args.sdk), list(args.option)
     if args.matrix:
         import tomllib
 
-        from farm.errors import BadOptionsError
+        from farm.core.errors import BadOptionsError
 
         try:
             with open(args.matrix, "rb") as f:
@@ -78,9 +80,8 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         targets += list(m.get("targets", []))
         sdks += list(m.get("sdks", []))
         options += [f"{k}={v}" for k, v in m.get("options", {}).items()]
-    validate_sdks(sdks)
     st = submit_release(settings, args.model, targets, sdks, options, name=args.name, tag=args.tag,
-                        allow_queue=args.allow_queue)
+                        allow_queue=args.allow_queue, retry_failed=args.retry_failed)
     if not args.json:
         print(f"release {st.release_id} ({st.model}): {len(st.builds)} build(s) {st.counts()}", file=sys.stderr)
     if args.wait:
@@ -102,20 +103,20 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from farm.errors import FarmError
+    from farm.core.errors import UsageError
 
     if args.build is not None:
+        from farm.pipeline.plan import build_view, check_id
         from registry.index import Registry, artifact_for_build, get_build
 
+        check_id(args.build, "build")
         reg = Registry.open(settings)
         try:
             with reg.db.session() as s:
                 b = get_build(s, args.build)
                 art = artifact_for_build(s, b.id)
-                info = {"build": b.id, "key": b.build_key, "model": b.model_digest, "target": f"{b.backend}:{b.target}",
-                        "toolchain": b.toolchain, "options": b.options, "state": b.state, "attempts": b.attempts,
-                        "error_code": b.error_code, "error_message": b.error_message, "worker": b.worker,
-                        "queue": b.queue, "artifact": art.digest if art else None}
+                info = {**build_view(b, art), "key": b.build_key, "model": b.model_digest, "options": b.options,
+                        "queue": b.queue}
                 text_log = b.log or ""
         finally:
             reg.close()
@@ -128,8 +129,8 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
                 print(text_log)
         return 0
     if args.release is None:
-        raise FarmError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
-    from farm.cluster import release_status
+        raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
+    from farm.pipeline.plan import release_status
 
     st = release_status(settings, args.release)
     if args.json:

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from farm.config import Settings
-from farm.errors import FarmError
+from farm.core.errors import UsageError
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -26,28 +26,33 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--trt", metavar="VERSION", help="TensorRT runtime version on the device, e.g. 10.13.3")
     p.add_argument("--json", action="store_true")
     if name == "fetch":
-        p.add_argument("--out", "-o", required=True, help="directory to place the files in")
-        p.add_argument("--name", help="write the context model as NAME_ctx.onnx (default: the model name)")
+        p.add_argument("--out", "-o", required=True,
+                       help="directory that will hold exactly this artifact (swapped into place atomically)")
         p.add_argument("--load-check", action="store_true",
                        help="load the fetched context model with the local toolchain and time it")
         p.add_argument("--require-signature", action="store_true",
                        help="refuse an artifact without a valid signature by a key in FARM_TRUSTED_KEYS")
+        p.add_argument("--allow-unsigned", action="store_true",
+                       help="with FARM_TRUSTED_KEYS set, accept an artifact that carries no signature at all")
     if name == "resolve":
         p.add_argument("--presign", type=int, metavar="TTL_S",
                        help="add presigned GET URLs (S3 stores) valid for TTL_S seconds, for devices to fetch directly")
 
 
 def _device(args: argparse.Namespace) -> Any:
-    from farm.catalog import load_catalog
+    from farm.core.catalog import load_catalog
+    from farm.pipeline.plan import check_versions
     from registry.resolve import Device
 
     if args.gpu or args.trt:
         if not args.gpu or not args.trt:
-            raise FarmError("a GPU device is described by --gpu and --trt", hint="e.g. --gpu sm_89 --trt 10.13.3")
+            raise UsageError("a GPU device is described by --gpu and --trt", hint="e.g. --gpu sm_89 --trt 10.13.3")
+        check_versions([args.trt])
         return Device("trt", load_catalog().get(args.gpu, backend="trt"), args.trt)
     if not args.soc or not args.qnn:
-        raise FarmError("a device is described by --soc and --qnn (or --gpu and --trt)",
-                        hint="e.g. --soc SM8650 --qnn 2.51.0")
+        raise UsageError("a device is described by --soc and --qnn (or --gpu and --trt)",
+                         hint="e.g. --soc SM8650 --qnn 2.51.0")
+    check_versions([args.qnn])
     return Device("qnn", load_catalog().get(args.soc, backend="qnn"), args.qnn)
 
 
@@ -56,7 +61,7 @@ def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
     from registry.resolve import resolve
 
     if not args.model:
-        raise FarmError("which model? give --model NAME:TAG (or a digest)")
+        raise UsageError("which model? give --model NAME:TAG (or a digest)")
     device = _device(args)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, args.model)
@@ -82,7 +87,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             if args.presign:
                 presign = getattr(reg.store, "presign", None)
                 if presign is None:
-                    raise FarmError("this store cannot presign URLs", hint="presigned URLs need an s3:// store")
+                    raise UsageError("this store cannot presign URLs", hint="presigned URLs need an s3:// store")
                 info["manifest_url"] = presign(artifact.digest, args.presign)
                 for f in info["files"]:
                     f["url"] = presign(f["digest"], args.presign)
@@ -97,26 +102,28 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             return 0
         # fetch
         from registry.index import signatures_of
+        from registry.install import Expected, fetch_artifact, receipt
         from registry.signing import parse_trusted
 
         if args.artifact:
             with reg.db.session() as s:
                 artifact = find_artifact(s, args.artifact)
                 s.expunge_all()
+            expected = None
         else:
-            artifact, _, _ = _resolve(reg, args)
+            artifact, _, model_digest = _resolve(reg, args)
+            # The manifest must be for the model that was asked for: a re-pointed index row can't
+            # hand out another model's artifact, signed or not.
+            expected = Expected(model_digest, artifact.backend, artifact.target, artifact.toolchain)
         with reg.db.session() as s:
             signatures = signatures_of(s, artifact.digest)
-        from farm.fetch import fetch_artifact, receipt
-
-        display = args.name or (args.model.partition(":")[0] if args.model and not args.model.startswith("sha256:")
-                                else None)
-        result = fetch_artifact(reg.store, artifact, Path(args.out), name=display, signatures=signatures,
+        result = fetch_artifact(reg.store, artifact, Path(args.out), expected=expected, signatures=signatures,
                                 trusted=parse_trusted(settings.trusted_keys),
-                                require_signature=args.require_signature or settings.require_signature)
+                                require_signature=args.require_signature or settings.require_signature,
+                                allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
         extra: dict[str, Any] = {}
         if args.load_check:
-            from farm.catalog import load_catalog
+            from farm.core.catalog import load_catalog
             from workers.runner import get_runner
 
             target = load_catalog().get(f"{artifact.backend}:{artifact.target}")
@@ -137,7 +144,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _load_check(args: argparse.Namespace) -> int:
-    from farm.catalog import parse_target
+    from farm.core.catalog import parse_target
     from workers.runner import get_runner
 
     target = parse_target(args.target)

@@ -10,8 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from farm.cli import human_size, table
-from farm.config import Settings
-from farm.errors import ConfigError, FarmError
+from farm.core.errors import UsageError
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -36,12 +36,17 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true")
 
 
+MAX_GRACE_S = 10 * 366 * 86400
+
+
 def parse_duration(text: str) -> timedelta:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    m = re.fullmatch(r"\s*(\d{1,12}(?:\.\d{1,6})?)\s*([smhd]?)\s*", text)
     if not m:
-        raise ConfigError(f"bad duration {text!r}", hint="e.g. 90s, 30m, 24h, 7d")
-    value, unit = float(m.group(1)), m.group(2) or "s"
-    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+        raise UsageError(f"bad duration {text[:40]!r}", hint="e.g. 90s, 30m, 24h, 7d")
+    seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
+    if seconds > MAX_GRACE_S:
+        raise UsageError(f"duration {text[:40]!r} is longer than ten years", hint="e.g. 24h or 30d")
+    return timedelta(seconds=seconds)
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
@@ -68,7 +73,7 @@ def _coverage(reg, args) -> int:  # type: ignore[no-untyped-def]
     if args.missing:
         targets = None
         if args.target:
-            from farm.catalog import parse_target
+            from farm.core.catalog import parse_target
 
             targets = [parse_target(t).ref for t in args.target]
         rows = cov.missing(targets)
@@ -119,9 +124,14 @@ def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
                 table([p.__dict__ | {"artifact": p.artifact[7:19]} for p in rep.problems],
                       ["artifact", "file", "problem", "digest"])
             if rep.marked_broken:
-                print(f"marked {len(rep.marked_broken)} artifact(s) broken: resolve will not serve them")
-            elif rep.problems:
+                print(f"marked {len(rep.marked_broken)} artifact(s) broken: resolve will not serve them, "
+                      "the next build of each replaces it")
+            elif rep.problems and not args.repair:
                 print("run with --repair to mark them broken", file=sys.stderr)
+            if rep.cleared:
+                print(f"cleared the broken mark of {len(rep.cleared)} artifact(s): their blobs are whole again")
+            for key in rep.foreign:
+                print(f"warning: {key} in the store is not a blob of ours (skipped)", file=sys.stderr)
         return 0 if rep.ok else 1
     with reg.db.session() as s:
         grep_ = gc(s, reg.store, grace=parse_duration(args.grace), dry_run=args.dry_run)
@@ -132,6 +142,8 @@ def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
         print(f"scanned {grep_.scanned} blob(s), {grep_.referenced} referenced; {verb} {len(grep_.deleted)} "
               f"({human_size(grep_.freed_bytes)}); kept {grep_.kept_young} younger than {args.grace}; "
               f"aborted {grep_.aborted_uploads} stale upload(s)")
+        for key in grep_.foreign:
+            print(f"warning: {key} in the store is not a blob of ours (skipped)", file=sys.stderr)
     return 0
 
 
@@ -139,13 +151,13 @@ def _keys_local(args) -> int:  # type: ignore[no-untyped-def]
     from registry.signing import key_id, load_signer
 
     if not args.arg:
-        raise FarmError(f"keys {args.action} needs a key path")
+        raise UsageError(f"keys {args.action} needs a key path")
     path = Path(args.arg)
     if args.action == "create":
         from registry.signing import create_key
 
         if path.exists():
-            raise ConfigError(f"{path} exists; not overwriting a key")
+            raise UsageError(f"{path} exists; not overwriting a key")
         pub = create_key(path)
         print(f"private key {path} (keep it secret; FARM_SIGNING_KEY={path})")
         print(f"public key  {pub}  (id {key_id(pub)}; give it to devices: FARM_TRUSTED_KEYS={pub})")
@@ -160,9 +172,9 @@ def _sign(reg, args, settings: Settings) -> int:  # type: ignore[no-untyped-def]
     from registry.signing import load_signer
 
     if not settings.signing_key:
-        raise ConfigError("FARM_SIGNING_KEY is not set", hint="farm keys create KEY; export FARM_SIGNING_KEY=KEY")
+        raise UsageError("FARM_SIGNING_KEY is not set", hint="farm keys create KEY; export FARM_SIGNING_KEY=KEY")
     if not args.arg:
-        raise FarmError("keys sign needs an artifact id")
+        raise UsageError("keys sign needs an artifact id")
     signer = load_signer(settings.signing_key)
     with reg.db.session() as s:
         art = find_artifact(s, args.arg)

@@ -6,29 +6,39 @@ import argparse
 import json
 
 from farm.cli import human_size, table
-from farm.config import Settings
+from farm.core.settings import Settings
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "db":
         p.add_argument("action", choices=["upgrade", "current"], help="upgrade: migrate to head")
+        p.add_argument("--json", action="store_true")
         return
     if name == "show":
         p.add_argument("artifact", help="artifact id (6+ hex digits) or manifest digest")
     else:
         p.add_argument("--model", "-m", help="only this model (NAME:TAG or digest)")
         p.add_argument("--target", "-t", help="only this target, e.g. qnn:SM8650")
-        p.add_argument("--limit", type=int, default=200)
+        p.add_argument("--limit", type=int, default=200, choices=range(1, 100001), metavar="N")
     p.add_argument("--json", action="store_true")
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "db":
-        from registry.db import SCHEMA_HEAD, Database, current_revision
+        from registry.db import SCHEMA_HEAD, Database, current_revision, upgrade
 
-        db = Database(settings.database_url, auto_upgrade=args.action == "upgrade")
-        print(f"schema at {current_revision(db.engine) or 'none'} (head {SCHEMA_HEAD})")
-        db.dispose()
+        db = Database(settings.database_url, check=False)
+        try:
+            before = current_revision(db.engine)
+            if args.action == "upgrade" and before != SCHEMA_HEAD:
+                upgrade(db.engine)
+            now = current_revision(db.engine)
+        finally:
+            db.dispose()
+        if getattr(args, "json", False):
+            print(json.dumps({"before": before, "schema": now, "head": SCHEMA_HEAD}))
+        else:
+            print(f"schema at {now or 'none'} (head {SCHEMA_HEAD})" + (f", was {before or 'none'}" if before != now else ""))
         return 0
     from registry.index import Registry, find_artifact, list_artifacts, resolve_model_ref, tags_of
 
@@ -40,7 +50,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             model = resolve_model_ref(s, args.model) if args.model else None
             backend, _, target = (args.target or "").partition(":")
             if args.target:
-                from farm.catalog import parse_target
+                from farm.core.catalog import parse_target
 
                 t = parse_target(args.target)
                 backend, target = t.backend, t.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from farm.errors import ConfigError
+from farm.core.errors import ConfigError
 from registry.store.base import BlobInfo, BlobStore
 
 __all__ = ["BlobInfo", "BlobStore", "open_store"]

@@ -14,15 +14,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from farm.errors import BlobNotFound, DigestMismatchError, StorageError
-from farm.keys import CHUNK, is_digest
+from farm.core.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.core.keys import CHUNK, is_digest
 
 
 @dataclass(frozen=True)
 class BlobInfo:
-    digest: str
+    digest: str  # "" for a foreign entry
     size: int
     modified: datetime | None = None
+    foreign: str | None = None  # the key of an entry under blobs/ that is not a blob of ours
+
+
+def foreign_entry(key: str, size: int = 0) -> BlobInfo:
+    return BlobInfo("", size, None, foreign=key)
 
 
 @runtime_checkable
@@ -50,7 +55,8 @@ class BlobStore(Protocol):
         ...
 
     def iter_blobs(self) -> Iterator[BlobInfo]:
-        """Every blob in the store (for verify and gc)."""
+        """Every blob in the store (for verify and gc); anything else found under ``blobs/``
+        (a stray file, a misplaced blob) comes as a ``foreign`` entry, never an error."""
         ...
 
 
@@ -87,7 +93,7 @@ def put_bytes(store: BlobStore, data: bytes, *, expected: str | None = None) -> 
 def read_bytes(store: BlobStore, digest: str) -> bytes:
     with store.open(digest) as f:
         data = f.read()
-    from farm.keys import sha256_bytes
+    from farm.core.keys import sha256_bytes
 
     if sha256_bytes(data) != digest:
         raise DigestMismatchError(f"blob {digest} does not match its digest (tampered or corrupt)")

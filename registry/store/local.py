@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,9 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from farm.errors import BlobNotFound, DigestMismatchError, StorageError
-from farm.keys import CHUNK
-from registry.store.base import BlobInfo, blob_key, check_digest
+from farm.core.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.core.keys import CHUNK
+from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class LocalBlobStore:
@@ -81,7 +84,17 @@ class LocalBlobStore:
         if not base.exists():
             return
         for sub in sorted(base.iterdir()):
+            if not sub.is_dir() or sub.is_symlink():
+                yield foreign_entry(str(sub.relative_to(self.root)))
+                continue
             for p in sorted(sub.iterdir()):
+                rel = str(p.relative_to(self.root))
+                if p.name.startswith(".") and p.is_file():
+                    continue  # an upload in flight (temp file, renamed into place when verified)
+                if (not _HEX64.fullmatch(p.name) or p.name[:2] != sub.name or not p.is_file()
+                        or p.is_symlink()):
+                    yield foreign_entry(rel)
+                    continue
                 st = p.stat()
                 yield BlobInfo("sha256:" + p.name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
 

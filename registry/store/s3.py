@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlparse
 
-from farm.errors import BlobNotFound, ConfigError, DigestMismatchError, StorageError, StorageUnavailable
-from registry.store.base import BlobInfo, blob_key, check_digest
+from farm.core.errors import BlobNotFound, ConfigError, DigestMismatchError, StorageError, StorageUnavailable
+from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
 
 PART_SIZE = 16 * 1024 * 1024  # memory per upload is about one part
 COPY_PART_SIZE = 1024 * 1024 * 1024
@@ -229,9 +229,12 @@ class S3BlobStore:
         with self._errors("listing blobs"):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
                 for obj in page.get("Contents", []):
-                    name = obj["Key"].rsplit("/", 1)[-1]
-                    if len(name) == 64:
+                    rel = obj["Key"][len(base):]
+                    sub, _, name = rel.partition("/")
+                    if len(name) == 64 and sub == name[:2] and all(c in "0123456789abcdef" for c in name):
                         yield BlobInfo("sha256:" + name, int(obj["Size"]), obj.get("LastModified"))
+                    else:
+                        yield foreign_entry("blobs/sha256/" + rel, int(obj["Size"]))
 
     def presign(self, digest: str, ttl_seconds: int = 3600) -> str:
         """A URL that GETs the blob without credentials until it expires."""

@@ -9,10 +9,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from farm.catalog import parse_target
-from farm.keys import build_key, options_digest, sha256_bytes
-from farm.options import normalize
-from registry.index import BuildSpec, claim_build, publish_artifact, record_model
+from farm.core.catalog import parse_target
+from farm.core.keys import build_key, options_digest, sha256_bytes
+from farm.core.options import normalize
+from farm.pipeline import states
+from farm.pipeline.states import BuildSpec
+from registry.index import insert_artifact, record_model
 from registry.models import Artifact, Model
 
 _seq = itertools.count()
@@ -36,8 +38,7 @@ def add_model(session: Session, label: str = "model", name: str = "model") -> Mo
 
 def spec(model_digest: str, *, backend: str = "qnn", target: str = "SM8650", toolchain: str = "2.51.0",
          options: dict[str, Any] | None = None) -> BuildSpec:
-    opts, _ = default_options(backend, target)
-    opts = {**opts, **(options or {})}
+    opts = normalize(backend, options or {}, parse_target(f"{backend}:{target}"))
     od = options_digest(opts)
     return BuildSpec(build_key(model_digest, backend, target, toolchain, od), model_digest, backend, target,
                      toolchain, opts, od)
@@ -45,17 +46,20 @@ def spec(model_digest: str, *, backend: str = "qnn", target: str = "SM8650", too
 
 def add_artifact(session: Session, model_digest: str, *, target: str = "SM8650", toolchain: str = "2.51.0",
                  options: dict[str, Any] | None = None, created_at: datetime | None = None,
-                 status: str = "active") -> Artifact:
-    """Claim and publish a build the way submit does, minus the compile and the blobs."""
-    s = spec(model_digest, target=target, toolchain=toolchain, options=options)
-    claim = claim_build(session, s, lease_seconds=60, owner="test")
-    assert claim.action == "compile", claim
+                 status: str = "active", backend: str = "qnn") -> Artifact:
+    """Queue, claim and publish a build the way the executor does, minus the compile and blobs."""
+    s = spec(model_digest, backend=backend, target=target, toolchain=toolchain, options=options)
+    build_id, queued = states.enqueue(session, s, None)
+    assert queued
+    claim = states.claim(session, build_id, owner="test", lease_seconds=60, max_attempts=3)
+    assert claim.action == "run" and claim.lease is not None, claim
     n = next(_seq)
-    art = publish_artifact(
-        session, claim.build_id, manifest_digest=digest(f"manifest-{n}"), manifest_size=10, ctx_model="m_ctx.onnx",
+    art = insert_artifact(
+        session, build_id, manifest_digest=digest(f"manifest-{n}"), manifest_size=10, ctx_model="m_ctx.onnx",
         files=[{"name": "m_ctx.onnx", "role": "ctx-model", "digest": digest(f"ctx-{n}"), "size": 100,
                 "mediaType": "application/octet-stream"}],
-        ep_sdk_version=toolchain, compile_seconds=1.0, nodes_ep=1, nodes_cpu=0, log="ok")
+        ep_sdk_version=toolchain, compile_seconds=1.0, nodes_ep=1, nodes_cpu=0)
+    states.succeed(session, claim.lease, log="ok")
     art.created_at = created_at or (T0 + timedelta(minutes=n))
     art.status = status
     session.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.config import Settings
+from farm.core.settings import Settings
 
 
 def snapshot(settings: Settings) -> dict[str, Any]:

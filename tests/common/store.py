@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import BinaryIO
 
-from farm.errors import BlobNotFound, DigestMismatchError
-from farm.keys import CHUNK
+from farm.core.errors import BlobNotFound, DigestMismatchError
+from farm.core.keys import CHUNK
 from registry.store.base import BlobInfo, check_digest
 
 
@@ -78,7 +78,7 @@ class FailingBlobStore:
         self.puts = 0
 
     def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
-        from farm.errors import StorageUnavailable
+        from farm.core.errors import StorageUnavailable
 
         self.puts += 1
         if self.puts == self.fail_on_put:

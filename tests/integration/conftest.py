@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.config import Settings
+from farm.core.settings import Settings
 from farm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
 
 
@@ -69,6 +69,10 @@ def pg_url(pg_server: str) -> Iterator[str]:
     admin = pg_server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    from registry.db import migrate
+
+    # PostgreSQL is never migrated implicitly: the operator's `farm db upgrade` step.
+    migrate(f"{pg_server}/{name}")
     yield f"{pg_server}/{name}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.config import Settings
-from farm.submit import build
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
 from registry.index import Registry, find_artifact
 from tests.common.cli import farm
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
@@ -116,8 +116,8 @@ def test_unsupported_ops_with_full_offload_fails_cleanly(settings: Settings, far
 
 
 def test_embed_mode_1_is_one_file_that_loads(settings: Settings, tmp_path: Path) -> None:
-    from farm.catalog import parse_target
-    from farm.fetch import fetch_artifact
+    from farm.core.catalog import parse_target
+    from registry.install import fetch_artifact
     from workers.qnn.runner import QnnRunner
 
     (o,) = build(settings, light("squeezenet"), ["qnn:SM8650"], ["embed_mode=1"]).outcomes
@@ -229,7 +229,7 @@ def test_show_and_ls(settings: Settings, farm_env: dict[str, str]) -> None:
 
 
 def test_importing_farm_and_registry_does_not_import_onnxruntime() -> None:
-    code = ("import sys, farm, farm.submit, farm.fetch, farm.cli, registry, registry.index, registry.resolve, "
+    code = ("import sys, farm, farm.pipeline.plan, registry.install, farm.cli, registry, registry.index, registry.resolve, "
             "workers.runner, workers.qnn.runner; "
             "bad=[m for m in sys.modules if m.split('.')[0] in ('onnxruntime','onnxruntime_qnn','tensorrt')]; "
             "print(bad); sys.exit(1 if bad else 0)")
@@ -241,8 +241,8 @@ def test_importing_farm_and_registry_does_not_import_onnxruntime() -> None:
 def test_context_that_crashes_the_simulator_when_run_is_reported_not_fatal(settings: Settings, tmp_path: Path) -> None:
     """Measured here: light_inception_v1 built for SM8650 with QNN 2.51.0 loads on the x86_64 HTP
     simulator but running it segfaults the process. The load check survives and says so."""
-    from farm.catalog import parse_target
-    from farm.fetch import fetch_artifact
+    from farm.core.catalog import parse_target
+    from registry.install import fetch_artifact
     from workers.qnn.runner import QnnRunner
 
     (o,) = build(settings, light("inception_v1"), ["qnn:SM8650"]).outcomes

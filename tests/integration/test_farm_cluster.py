@@ -79,7 +79,7 @@ class Farm:
                 self.kill(p, signal.SIGTERM)
 
     def db(self) -> Any:
-        from farm.config import Settings
+        from farm.core.settings import Settings
         from registry.index import Registry
 
         return Registry.open(Settings.from_env(self.env))

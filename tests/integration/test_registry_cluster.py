@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from farm.config import Settings
-from farm.errors import DigestMismatchError, NoMatchError, SignatureError, UnsignedError
-from farm.fetch import fetch_artifact
-from farm.submit import build
+from farm.core.errors import DigestMismatchError, NoMatchError, SignatureError, UnsignedError
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
 from registry.index import Registry, find_artifact, record_verdict, resolve_model_ref, signatures_of
+from registry.install import fetch_artifact
 from registry.resolve import Device, resolve
 from registry.verify import gc, verify
 from tests.common.cli import farm
@@ -24,7 +24,7 @@ from tests.common.store import FailingBlobStore
 
 
 def device(soc: str, runtime: str) -> Device:
-    from farm.catalog import load_catalog
+    from farm.core.catalog import load_catalog
 
     return Device("qnn", load_catalog().get(soc, backend="qnn"), runtime)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.errors import BlobNotFound, DigestMismatchError, StorageError, StorageUnavailable
-from farm.keys import sha256_bytes
+from farm.core.errors import BlobNotFound, DigestMismatchError, StorageError, StorageUnavailable
+from farm.core.keys import sha256_bytes
 from registry.store.base import BlobStore, download, exists, put_bytes, read_bytes
 
 PART = 5 * 1024 * 1024  # S3's smallest multipart part

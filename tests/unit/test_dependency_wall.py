@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-MODULES = ("farm", "farm.submit", "farm.fetch", "farm.cli", "farm.bundle", "farm.options", "registry",
+MODULES = ("farm", "farm.pipeline.plan", "registry.install", "farm.cli", "farm.core.bundle", "farm.core.options", "registry",
            "registry.index", "registry.resolve", "registry.manifest", "registry.store.local", "workers",
            "workers.runner", "workers.qnn.runner", "workers.epcontext")
 FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt")

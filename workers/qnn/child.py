@@ -8,40 +8,13 @@ Writes ``{"ok": true, ...}`` or ``{"ok": false, "error": {"code", "message"}}`` 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
-# Error texts of the EP/ORT mapped to our failure codes (first match wins).
-_CLASSIFY = (
-    ("soc_model is not specified", "bad-options"),
-    ("QNN_DEVICE_ERROR_INVALID_CONFIG", "bad-options"),
-    ("INVALID_PROTOBUF", "invalid-model"),
-    ("Protobuf parsing failed", "invalid-model"),
-    ("NOT_IMPLEMENTED", "unsupported-ops"),
-    ("Could not find an implementation", "unsupported-ops"),
-)
-
-
-def classify(message: str) -> str:
-    for needle, code in _CLASSIFY:
-        if needle in message:
-            return code
-    return "toolchain-error"
-
+from workers.childproc import checkpoint, run_commands
 
 _REGISTERED: list[bool] = []  # an EP library registers once per process
-_RESULT_PATH: list[str] = []
-
-
-def checkpoint(data: dict[str, Any]) -> None:
-    """Write what is known so far: if a later step crashes the process (SDK segfaults are real:
-    light_inception_v1 built for SM8650 kills the x86_64 HTP simulator when run), the parent
-    still gets the finished steps."""
-    if _RESULT_PATH:
-        with open(_RESULT_PATH[0], "w") as f:
-            json.dump({"ok": True, "partial": True, **data}, f)
 
 
 def _session_options(provider_options: dict[str, str]):  # type: ignore[no-untyped-def]
@@ -111,28 +84,7 @@ def load_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``child.py COMMAND REQUEST.json RESULT.json``; shared by every backend's child."""
     return run_commands(argv, {"compile": compile_model, "load": load_model})
-
-
-def run_commands(argv: list[str], commands: dict[str, Any]) -> int:
-    command, req_path, res_path = argv[1], argv[2], argv[3]
-    with open(req_path) as f:
-        req = json.load(f)
-    _RESULT_PATH.append(res_path)
-    try:
-        out: dict[str, Any] = {"ok": True, **commands[command](req)}
-        rc = 0
-    except Exception as exc:  # the parent maps the code; the log has the traceback
-        import traceback
-
-        traceback.print_exc()
-        message = str(exc).strip() or type(exc).__name__
-        out = {"ok": False, "error": {"code": classify(message), "message": message}}
-        rc = 1
-    with open(res_path, "w") as f:
-        json.dump(out, f)
-    return rc
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from farm.catalog import Target
-from farm.errors import MissingExtraError, ToolchainError
-from workers.runner import CompileJob, CompileOutput, Toolchain, collect_output, run_child
+from farm.core.catalog import Target
+from farm.core.errors import MissingExtraError, ToolchainError
+from workers.runner import CTX_MODEL_NAME, CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_QNN_CONTEXT = "application/vnd.qualcomm.qnn.context-binary.v1"
 CHILD = "workers.qnn.child"
@@ -81,7 +81,7 @@ class QnnRunner:
         if out_dir.exists():
             shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True)
-        ctx_name = f"{job.ctx_stem}_ctx.onnx"
+        ctx_name = CTX_MODEL_NAME
         request = {
             "model": str(job.model_path),
             "ctx_path": str(out_dir / ctx_name),
@@ -89,7 +89,8 @@ class QnnRunner:
             "provider_options": provider_options(job.target, job.options),
             "verify_load": job.verify_load,
         }
-        result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout)
+        result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout,
+                                      memory_mb=job.memory_mb, cancel=job.cancel)
         return collect_output("QNN", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_QNN_CONTEXT,
                               strays="error")
 

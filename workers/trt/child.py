@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from workers.qnn.child import run_commands
+from workers.childproc import run_commands
 
 PROVIDER = "TensorrtExecutionProvider"
 

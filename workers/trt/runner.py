@@ -17,9 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from farm.catalog import Target, load_catalog
-from farm.errors import MissingExtraError, NoWorkerError
-from workers.runner import CompileJob, CompileOutput, Toolchain, collect_output, run_child
+from farm.core.catalog import Target, load_catalog
+from farm.core.errors import MissingExtraError, NoWorkerError
+from workers.runner import CTX_MODEL_NAME, CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_TRT_ENGINE = "application/vnd.nvidia.tensorrt.engine.v1"
 CHILD = "workers.trt.child"
@@ -148,12 +148,13 @@ class TrtRunner:
         for d in (out_dir, cache_dir):
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
-        ctx_name = f"{job.ctx_stem}_ctx.onnx"
+        ctx_name = CTX_MODEL_NAME
         popts = provider_options(job.options, out_dir, cache_dir, ctx_name)
         if job.options.get("calibration_table"):
             popts["trt_int8_calibration_table_name"] = str(Path(job.options["calibration_table"]).resolve())
         request = {"model": str(job.model_path), "ctx_path": str(out_dir / ctx_name), "provider_options": popts}
-        result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout)
+        result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout,
+                                      memory_mb=job.memory_mb, cancel=job.cancel)
         # Profiles and timing caches are build leftovers, not part of the artifact.
         return collect_output("TensorRT", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_TRT_ENGINE,
                               strays="delete")

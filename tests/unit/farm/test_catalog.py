@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from farm.catalog import BACKENDS, _load, load_catalog, parse_target
-from farm.errors import UnknownTargetError
+from farm.core.catalog import BACKENDS, _load, load_catalog, parse_target
+from farm.core.errors import UnknownTargetError
 
 SOCS = [
     ("SM8350", 30, "v68"),

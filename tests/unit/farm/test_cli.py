@@ -9,7 +9,7 @@ import pytest
 
 import farm.cli
 from farm.cli import COMMANDS, build_parser, human_size, main, table
-from farm.errors import NoMatchError
+from farm.core.errors import NoMatchError
 
 HEAVY = ("sqlalchemy", "onnx", "boto3", "botocore", "alembic", "numpy", "onnxruntime")
 
@@ -124,10 +124,15 @@ def test_bad_config_is_a_user_error(fake_command, capsys, monkeypatch):
     assert "error[bad-config]" in capsys.readouterr().err
 
 
-def test_a_bug_keeps_its_traceback(fake_command):
+def test_a_bug_is_internal_error_with_the_traceback_only_in_debug(fake_command, capsys, monkeypatch):
     fake_command["raise"] = ZeroDivisionError("bug")
-    with pytest.raises(ZeroDivisionError):
-        main(["fake"])
+    monkeypatch.delenv("FARM_DEBUG", raising=False)
+    assert main(["fake"]) == 70
+    err = capsys.readouterr().err
+    assert "error[internal-error]: ZeroDivisionError: bug" in err and "Traceback" not in err
+    monkeypatch.setenv("FARM_DEBUG", "1")
+    assert main(["fake"]) == 70
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_interrupt(fake_command, capsys):

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from farm import errors
-from farm.errors import (
+from farm.core import errors
+from farm.core.errors import (
     BUILD_FAILURE_CODES,
     DETERMINISTIC_FAILURES,
     FarmError,
@@ -31,6 +31,16 @@ STABLE_CODES = {
     "UnsignedError": "unsigned",
     "ConfigError": "bad-config",
     "MissingExtraError": "missing-extra",
+    "UsageError": "usage",
+    "BadNameError": "bad-name",
+    "ResourceLimitError": "resource-limit",
+    "LeaseLostError": "lease-lost",
+    "SchemaMismatchError": "schema-mismatch",
+    "DatabaseError": "database-error",
+    "ManifestError": "bad-manifest",
+    "InstallConflictError": "install-conflict",
+    "InterruptedBuildError": "interrupted",
+    "InternalError": "internal-error",
 }
 
 

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from farm.keys import (
+from farm.core.keys import (
     build_key,
     bundle_digest,
     canonical_json,

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from farm.catalog import Target, parse_target
-from farm.errors import BadOptionsError
-from farm.keys import options_digest
-from farm.options import QNN_OPTIONS, TRT_OPTIONS, normalize, parse_pairs
+from farm.core.catalog import Target, parse_target
+from farm.core.errors import BadOptionsError
+from farm.core.keys import options_digest
+from farm.core.options import QNN_OPTIONS, TRT_OPTIONS, normalize, parse_pairs
 
 SM8650 = parse_target("qnn:SM8650")
 SM_75 = parse_target("trt:sm_75")

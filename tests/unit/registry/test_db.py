@@ -45,7 +45,7 @@ def test_reopening_is_a_no_op(tmp_path):
 
 
 def test_fresh_database_without_upgrade_has_no_revision(tmp_path):
-    db = Database("sqlite:///" + str(tmp_path / "i.db"), auto_upgrade=False)
+    db = Database("sqlite:///" + str(tmp_path / "i.db"), check=False)
     assert current_revision(db.engine) is None
     db.dispose()
 

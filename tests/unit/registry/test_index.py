@@ -1,20 +1,14 @@
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from sqlalchemy import select
 
-from farm.errors import NotFoundError
+from farm.core.errors import NotFoundError
 from registry.index import (
-    artifact_for_build,
-    claim_build,
     counts,
-    fail_build,
     find_artifact,
     get_build,
     list_artifacts,
-    now,
     record_model,
     resolve_model_ref,
     set_tag,
@@ -30,123 +24,9 @@ def model(db):
         return add_model(s, "m1", name="resnet").digest
 
 
-def claim(db, build_spec, *, lease=60.0, owner="a", **kw):
-    with db.session() as s:
-        return claim_build(s, build_spec, lease_seconds=lease, owner=owner, **kw)
-
-
 def build_row(db, build_id) -> Build:
     with db.session() as s:
         return get_build(s, build_id)
-
-
-# ---- claim_build --------------------------------------------------------------------------------
-
-def test_first_claim_compiles(db, model):
-    c = claim(db, spec(model), owner="host:1")
-    assert (c.action, c.state, c.attempt) == ("compile", "running", 1)
-    row = build_row(db, c.build_id)
-    assert (row.state, row.attempts, row.lease_owner) == ("running", 1, "host:1")
-    assert row.lease_expires_at is not None and row.started_at is not None
-
-
-def test_second_claim_while_lease_is_live_is_busy(db, model):
-    first = claim(db, spec(model), owner="a")
-    second = claim(db, spec(model), owner="b")
-    assert (second.action, second.build_id, second.attempt) == ("busy", first.build_id, 1)
-    assert build_row(db, first.build_id).lease_owner == "a"
-
-
-def test_other_key_is_its_own_build(db, model):
-    a = claim(db, spec(model, target="SM8650"))
-    b = claim(db, spec(model, target="SM8750"))
-    c = claim(db, spec(model, toolchain="2.49.40"))
-    d = claim(db, spec(model, options={"graph_optimization": 3}))
-    assert {x.action for x in (a, b, c, d)} == {"compile"}
-    assert len({a.build_id, b.build_id, c.build_id, d.build_id}) == 4
-
-
-def test_after_success_the_answer_is_done(db, model):
-    with db.session() as s:
-        art = add_artifact(s, model)
-        build_id = art.build_id
-    c = claim(db, spec(model), owner="b")
-    assert (c.action, c.build_id, c.state) == ("done", build_id, "succeeded")
-    with db.session() as s:
-        assert artifact_for_build(s, build_id).digest == art.digest
-
-
-@pytest.mark.parametrize("code", ["unsupported-ops", "invalid-model", "bad-options"])
-def test_deterministic_failure_is_done(db, model, code):
-    first = claim(db, spec(model))
-    with db.session() as s:
-        fail_build(s, first.build_id, code, "nope", "log text")
-    c = claim(db, spec(model), owner="b")
-    assert (c.action, c.state, c.attempt) == ("done", "failed", 1)
-    row = build_row(db, first.build_id)
-    assert (row.error_code, row.error_message, row.log) == (code, "nope", "log text")
-    assert row.lease_owner is None and row.finished_at is not None
-
-
-@pytest.mark.parametrize("code", ["timeout", "worker-lost", "toolchain-error", "storage-error", "no-worker"])
-def test_infra_failure_is_compiled_again(db, model, code):
-    first = claim(db, spec(model), owner="a")
-    with db.session() as s:
-        fail_build(s, first.build_id, code, "infra", None)
-    c = claim(db, spec(model), owner="b")
-    assert (c.action, c.build_id, c.state) == ("compile", first.build_id, "running")
-    row = build_row(db, first.build_id)
-    assert (row.state, row.attempts, row.lease_owner) == ("running", 2, "b")
-    assert row.error_code is None and row.error_message is None and row.finished_at is None
-    # and now the retry holds a live lease
-    assert claim(db, spec(model), owner="c").action == "busy"
-
-
-def test_expired_lease_is_taken_over(db, model):
-    dead = claim(db, spec(model), lease=-1, owner="dead")
-    c = claim(db, spec(model), owner="alive")
-    assert (c.action, c.build_id) == ("compile", dead.build_id)
-    row = build_row(db, dead.build_id)
-    assert (row.lease_owner, row.attempts) == ("alive", 2)
-    assert row.lease_expires_at.replace(tzinfo=None) > now().replace(tzinfo=None) + timedelta(seconds=30)
-
-
-def test_takeover_reports_the_attempt_it_recorded(db, model):
-    first = claim(db, spec(model))
-    with db.session() as s:
-        fail_build(s, first.build_id, "timeout", "too slow", None)
-    c = claim(db, spec(model))
-    assert build_row(db, first.build_id).attempts == 2
-    assert c.attempt == 2
-
-
-def test_lost_insert_race_reads_the_winner(db, model):
-    """Two submitters both see no row; the loser's INSERT hits the UNIQUE key and it waits."""
-    winner = claim(db, spec(model), owner="winner")
-    with db.session() as s:
-        real_scalar = s.scalar
-        calls = []
-
-        def scalar(stmt, *a, **kw):
-            calls.append(stmt)
-            # The first lookup happens "before" the winner committed.
-            return None if len(calls) == 1 else real_scalar(stmt, *a, **kw)
-
-        s.scalar = scalar  # type: ignore[method-assign]
-        c = claim_build(s, spec(model), lease_seconds=60, owner="loser")
-    assert (c.action, c.build_id) == ("busy", winner.build_id)
-    with db.session() as s:
-        assert len(s.scalars(select(Build)).all()) == 1
-
-
-def test_infra_failures_stop_after_max_attempts(db, model):
-    for attempt in (1, 2, 3):
-        c = claim(db, spec(model), max_attempts=3)
-        assert c.action == "compile"
-        assert build_row(db, c.build_id).attempts == attempt
-        with db.session() as s:
-            fail_build(s, c.build_id, "timeout", "too slow", None)
-    assert claim(db, spec(model), max_attempts=3).action != "compile"
 
 
 # ---- models and tags ----------------------------------------------------------------------------
@@ -277,5 +157,8 @@ def test_get_build_missing(db):
 
 
 def test_unfinished_builds_counted(db, model):
-    claim(db, spec(model))
+    from farm.pipeline import states
+
+    with db.session() as s:
+        states.enqueue(s, spec(model), None)
     assert counts_of(db)["builds_unfinished"] == 1

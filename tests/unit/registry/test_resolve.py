@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from farm.catalog import parse_target
-from farm.errors import NoMatchError
+from farm.core.catalog import parse_target
+from farm.core.errors import NoMatchError
 from registry.models import Artifact
 from registry.resolve import Device, Verdict, describe, qnn_rule, rank, resolve, verdict
 from tests.common.index_rows import add_artifact, add_model, default_options, digest

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from farm.catalog import load_catalog, parse_target
-from farm.celery_app import compile_queue
-from farm.errors import BadOptionsError, NoMatchError
-from farm.keys import options_digest
-from farm.options import normalize
+from farm.core.catalog import load_catalog, parse_target
+from farm.core.errors import BadOptionsError, NoMatchError
+from farm.core.options import normalize
+from farm.pipeline.queues import compile_queue
 from registry.db import Database
-from registry.index import BuildSpec, claim_build, publish_artifact, record_model
+from registry.index import record_model
 from registry.resolve import Device, resolve
+from tests.common.index_rows import add_artifact
 from workers.trt.runner import GpuInfo, parse_nvidia_smi, provider_options, serves
 
 SMI = """NVIDIA H100 80GB HBM3, 9.0, 570.86.15
@@ -82,18 +82,12 @@ def db(tmp_path: Path) -> Database:
 
 
 def _artifact(db: Database, n: int, target: str, trt: str, **o: str) -> None:
-    from farm.keys import build_key, sha256_bytes
+    from farm.core.keys import sha256_bytes
 
-    options = normalize("trt", o, parse_target(f"trt:{target}"))
-    od = options_digest(options)
     model = sha256_bytes(b"model")
     with db.session() as s:
         record_model(s, digest=model, onnx_digest=sha256_bytes(b"onnx"), size=1, files=[], name="m")
-        claim = claim_build(s, BuildSpec(build_key(model, "trt", target, trt, od), model, "trt", target, trt,
-                                         options, od), lease_seconds=60)
-        publish_artifact(s, claim.build_id, manifest_digest=sha256_bytes(f"man{n}".encode()), manifest_size=1,
-                         ctx_model="m_ctx.onnx", files=[], ep_sdk_version=None, compile_seconds=1.0, nodes_ep=1,
-                         nodes_cpu=0, log="")
+        add_artifact(s, model, backend="trt", target=target, toolchain=trt, options=dict(o))
 
 
 def gpu(name: str, trt: str) -> Device:
@@ -101,7 +95,7 @@ def gpu(name: str, trt: str) -> Device:
 
 
 def test_trt_resolve_rules(db: Database) -> None:
-    from farm.keys import sha256_bytes
+    from farm.core.keys import sha256_bytes
 
     _artifact(db, 1, "sm_90", "10.13.3")
     _artifact(db, 2, "sm_86", "10.13.3", hardware_compatibility_level="ampere_plus")

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from farm.errors import BlobNotFound, DigestMismatchError, StorageError
-from farm.keys import sha256_bytes
+from farm.core.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.core.keys import sha256_bytes
 from registry.store.base import BlobStore, blob_key, check_digest, download, exists, put_bytes, put_file, read_bytes
 from registry.store.local import LocalBlobStore
 from tests.common.store import InMemoryBlobStore

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from farm.errors import BlobNotFound, DigestMismatchError, StorageError
-from farm.keys import sha256_bytes
+from farm.core.errors import BlobNotFound, DigestMismatchError, StorageError
+from farm.core.keys import sha256_bytes
 from registry.store import BlobStore, open_store
 from registry.store.base import blob_key, put_bytes
 from registry.store.local import LocalBlobStore
@@ -131,7 +131,7 @@ def test_open_store_by_url(tmp_path):
 
 
 def test_open_store_unknown_scheme():
-    from farm.errors import ConfigError
+    from farm.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         open_store("ftp://host/blobs")

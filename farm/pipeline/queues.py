@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.config import Settings
-from farm.errors import ConfigError, MissingExtraError, NoWorkerError
+from farm.core.errors import ConfigError, MissingExtraError, NoWorkerError
+from farm.core.settings import Settings
 
 COMPILE_TASK = "ctxfarm.compile_model"
 PROBE_TASK = "ctxfarm.probe_artifact"
 
 
 def compile_queue(backend: str, toolchain: str, target: str | None = None) -> str:
-    """compile.qnn.2.51.0 ; TensorRT builds for the GPU it runs on: compile.trt.10.13.sm_90."""
+    """compile.qnn.2.51.0 ; TensorRT builds for the GPU it runs on: compile.trt.10.13.sm_90.
+    Made only from catalog names and validated versions, never from user-supplied names."""
     if backend == "trt" and target:
         return f"compile.trt.{toolchain}.{target}"
     return f"compile.{backend}.{toolchain}"
@@ -68,5 +69,42 @@ def check_broker(app: Any, timeout: float = 3.0) -> None:
                             hint="check FARM_BROKER_URL and that Redis is running; nothing was submitted") from None
 
 
-def send(app: Any, task: str, args: list[Any], queue: str) -> None:
-    app.send_task(task, args=args, queue=queue, routing_key=queue)
+def send(app: Any, task: str, args: list[Any], queue: str, *, countdown: float | None = None) -> None:
+    app.send_task(task, args=args, queue=queue, routing_key=queue, countdown=countdown or None)
+
+
+# kombu's Redis transport keeps a queue as a list per priority step: "<queue>" and
+# "<queue>\x06\x16<n>"; a message is JSON whose body is base64 of [args, kwargs, embed].
+_PRIORITY_SEP = "\x06\x16"
+PENDING_SCAN_LIMIT = 10000
+
+
+def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDING_SCAN_LIMIT) -> set[int]:
+    """Build ids whose compile message still waits in one of these broker lists (not taken by
+    any worker). The reconciler re-sends only builds that have none, so a backlog is never
+    multiplied. Reads at most ``limit`` messages per list."""
+    import base64
+    import json
+
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        out: set[int] = set()
+        for queue in queues:
+            keys = [queue, *(k.decode() for k in client.scan_iter(match=f"{queue}{_PRIORITY_SEP}*", count=100))]
+            for key in keys:
+                for raw in client.lrange(key, 0, limit - 1):
+                    try:
+                        msg = json.loads(raw)
+                        body = msg["body"]
+                        if msg.get("properties", {}).get("body_encoding") == "base64":
+                            body = base64.b64decode(body)
+                        args = json.loads(body)[0]
+                        if msg.get("headers", {}).get("task") == COMPILE_TASK and args:
+                            out.add(int(args[0]))
+                    except (ValueError, KeyError, TypeError, IndexError):
+                        continue  # not one of ours
+        return out
+    finally:
+        client.close()

@@ -20,8 +20,18 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     ├── NoMatchError             no-match           resolve found nothing loadable
     ├── SignatureError           signature-invalid  signature missing a trusted key or not verifying
     │   └── UnsignedError        unsigned           no signature at all while one is required
-    ├── ConfigError              bad-config         bad FARM_* setting
-    └── MissingExtraError        missing-extra      optional dependency not installed
+    ├── ConfigError              bad-config         bad FARM_* setting (names the variable)
+    ├── MissingExtraError        missing-extra      optional dependency not installed
+    ├── UsageError               usage              a bad argument (exit 2): missing flag, bad version/name
+    ├── BadNameError             bad-name           a model name or tag outside the name grammar (exit 2)
+    ├── ResourceLimitError       resource-limit     a compile went past its memory or time cap
+    ├── LeaseLostError           lease-lost         another executor took the build over (internal)
+    ├── SchemaMismatchError      schema-mismatch    index schema older/newer than this code
+    ├── DatabaseError            database-error     the index database failed or is not one
+    ├── ManifestError            bad-manifest       a manifest that is not a valid ctxfarm manifest
+    ├── InstallConflictError     install-conflict   the install destination can't take the artifact
+    ├── InterruptedBuildError    interrupted        SIGTERM/SIGINT while working (exit 130)
+    └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
 """
 
 from __future__ import annotations
@@ -142,6 +152,61 @@ class MissingExtraError(FarmError):
     code = "missing-extra"
 
 
+class UsageError(FarmError):
+    code = "usage"
+    exit_code = 2
+    default_hint = "`farm COMMAND --help` lists the arguments"
+
+
+class BadNameError(UsageError):
+    code = "bad-name"
+    default_hint = ("names are lowercase alphanumerics separated by '.', '_' or '-', with optional '/' "
+                    "namespaces (e.g. vision/super-res); tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class ResourceLimitError(FarmError):
+    code = "resource-limit"
+    default_hint = ("the compile went past FARM_COMPILE_MEMORY_MB or FARM_COMPILE_TIMEOUT; raise the cap if the "
+                    "model legitimately needs more, then rebuild with --retry-failed")
+
+
+class LeaseLostError(FarmError):
+    code = "lease-lost"
+    default_hint = "another executor took this build over after our lease lapsed; nothing was changed"
+
+
+class SchemaMismatchError(FarmError):
+    code = "schema-mismatch"
+    default_hint = "run `farm db upgrade` with the newest ctxfarm that uses this database"
+
+
+class DatabaseError(FarmError):
+    code = "database-error"
+    default_hint = "check FARM_DATABASE_URL: the index database is unreachable, refused us, or is not a database"
+
+
+class ManifestError(FarmError):
+    code = "bad-manifest"
+    default_hint = "the artifact's manifest is malformed or unsafe; do not install it (farm registry verify)"
+
+
+class InstallConflictError(FarmError):
+    code = "install-conflict"
+    default_hint = "pick an --out/--dest that is a directory (or does not exist yet)"
+
+
+class InterruptedBuildError(FarmError):
+    code = "interrupted"
+    exit_code = 130
+    default_hint = "the lease was released and the attempt recorded; run the command again to continue"
+
+
+class InternalError(FarmError):
+    code = "internal-error"
+    exit_code = 70
+    default_hint = "this is a ctxfarm bug: rerun with FARM_DEBUG=1 for the traceback and report it"
+
+
 # Failure codes a build row may carry. Deterministic ones are answered from the index on
 # re-submission (same inputs, same failure); the rest are infrastructure and are retried.
 BUILD_FAILURE_CODES = (
@@ -153,8 +218,11 @@ BUILD_FAILURE_CODES = (
     "timeout",
     "worker-lost",
     "storage-error",
+    "resource-limit",
+    "interrupted",
 )
-DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options"})
+# Same inputs, same failure: answered from the index until --retry-failed.
+DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit"})
 
 _BY_CODE: dict[str, type[FarmError]] = {
     cls.code: cls
@@ -167,6 +235,8 @@ _BY_CODE: dict[str, type[FarmError]] = {
         CompileTimeoutError,
         WorkerLostError,
         StorageError,
+        ResourceLimitError,
+        InterruptedBuildError,
     )
 }
 
@@ -174,3 +244,12 @@ _BY_CODE: dict[str, type[FarmError]] = {
 def error_for_code(code: str, message: str, *, hint: str | None = None) -> FarmError:
     """Rebuild a typed error from a stored failure code (e.g. a failed build row)."""
     return _BY_CODE.get(code, FarmError)(message, hint=hint)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in the main thread by our SIGTERM/SIGINT handler while a build runs: it unwinds
+    like Ctrl-C (killing the compile child, releasing the lease, removing temp dirs)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

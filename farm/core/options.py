@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from farm.catalog import Target
-from farm.errors import BadOptionsError
+from farm.core.catalog import Target
+from farm.core.errors import BadOptionsError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-from farm.errors import UnknownTargetError
+from farm.core.errors import UnknownTargetError
 
 BACKENDS = ("qnn", "trt")
 

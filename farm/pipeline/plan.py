@@ -1,0 +1,469 @@
+"""Plan and queue: one submission path, two transports.
+
+A submission validates everything first (names, targets, options, the model bundle: any error
+here writes nothing), stores the model snapshot by digest (blobs first), then one transaction
+records the model, the tag and a ``queued`` build row per (target, toolchain) (the UNIQUE build
+key dedupes against everything built or queued). Then:
+
+- embedded (``build``): this process runs ``Executor.execute`` on each row;
+- cluster (``submit_release``): after the commit, a message per row that needs work goes to its
+  toolchain queue, and a Celery worker runs the same ``Executor.execute``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.core.bundle import ModelBundle
+from farm.core.catalog import Target, parse_target
+from farm.core.errors import (
+    CompileTimeoutError,
+    FarmError,
+    NotFoundError,
+    NoWorkerError,
+    UsageError,
+)
+from farm.core.keys import build_key, options_digest, sha256_file
+from farm.core.names import DEFAULT_TAG, check_name, check_tag
+from farm.core.options import normalize, parse_pairs
+from farm.core.settings import Settings
+from farm.pipeline import states
+from registry.index import Registry
+
+Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
+
+VERSION_RE = re.compile(r"\d+(\.\d+){1,3}")
+
+
+def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
+    return None
+
+
+@dataclass
+class BuildOutcome:
+    target: str
+    toolchain: str
+    state: str  # built | cached | failed
+    build_id: int
+    artifact: str | None = None  # manifest digest
+    compile_seconds: float | None = None
+    wall_seconds: float | None = None
+    size: int | None = None
+    nodes_ep: int | None = None
+    nodes_cpu: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    cached_failure: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BuildReport:
+    model_digest: str
+    name: str
+    tag: str | None
+    outcomes: list[BuildOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.state != "failed" for o in self.outcomes)
+
+
+@dataclass
+class ReleaseStatus:
+    release_id: int
+    model: str
+    builds: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return all(b["state"] in states.FINAL for b in self.builds)
+
+    @property
+    def ok(self) -> bool:
+        return all(b["state"] == states.BuildState.SUCCEEDED for b in self.builds)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for b in self.builds:
+            out[b["state"]] = out.get(b["state"], 0) + 1
+        return out
+
+
+# ---- validation shared by every front door ----------------------------------------------------------
+
+def check_name_tag(name: str | None, tag: str | None) -> tuple[str | None, str | None]:
+    if tag is not None and name is None:
+        raise UsageError("--tag needs --name", hint="e.g. --name vision/super-res --tag stable")
+    if name is None:
+        return None, None
+    return check_name(name), check_tag(tag or DEFAULT_TAG)
+
+
+def check_versions(versions: Sequence[str]) -> list[str]:
+    for v in versions:
+        if not isinstance(v, str) or not VERSION_RE.fullmatch(v):
+            raise UsageError(f"{str(v)[:40]!r} is not a toolchain version like 2.51.0")
+    return list(dict.fromkeys(versions))
+
+
+def parse_targets(target_refs: Sequence[str]) -> list[Target]:
+    if not target_refs:
+        raise UsageError("no target given", hint="add --target qnn:SM8650 (see `farm targets`)")
+    targets: list[Target] = []
+    for ref in target_refs:
+        t = parse_target(ref)
+        if t not in targets:
+            targets.append(t)
+    return targets
+
+
+def load_bundle(registry: Registry, model_path: Path) -> ModelBundle:
+    """The bundle for ``model_path``. A model already in the index is recognized by its bytes
+    (sha256 of the .onnx and of each recorded data file) without parsing it again."""
+    from farm.core.bundle import BundleFile, inspect_model
+    from farm.core.names import UnsafePathError, inside
+    from registry.index import find_model_by_onnx
+
+    try:
+        is_file = model_path.is_file()
+        onnx_digest, onnx_size = sha256_file(model_path) if is_file else ("", 0)
+    except OSError:
+        is_file = False
+    if is_file:
+        with registry.db.session() as s:
+            known = [(m.digest, m.files) for m in find_model_by_onnx(s, onnx_digest)]
+        for digest, files in known:
+            external = []
+            for f in files[1:]:
+                try:
+                    p = inside(model_path.parent, str(f["path"]))
+                    if not p.is_file() or sha256_file(p)[0] != f["digest"]:
+                        break
+                except (UnsafePathError, OSError):
+                    break
+                external.append(BundleFile(f["path"], f["digest"], int(f["size"])))
+            else:
+                return ModelBundle(path=model_path.absolute(), digest=digest,
+                                   onnx=BundleFile("", onnx_digest, onnx_size), external=tuple(external))
+    return inspect_model(model_path)
+
+
+def store_snapshot(registry: Registry, bundle: ModelBundle) -> list[dict[str, Any]]:
+    """Upload the bundle's files by digest (the store verifies each: a file changed since it was
+    hashed is refused); existing blobs are skipped. Returns the listing, marked stored."""
+    from farm.core.errors import BlobNotFound
+    from registry.store.base import put_file
+
+    files = []
+    for entry, path in bundle.sources():
+        try:
+            stored = registry.store.stat(entry["digest"]).size == entry["size"]
+        except BlobNotFound:
+            stored = False
+        if not stored:
+            try:
+                put_file(registry.store, path, expected=entry["digest"])
+            except OSError as exc:
+                from farm.core.errors import InvalidModelError
+
+                raise InvalidModelError(f"cannot read {path.name}: {exc.strerror}") from None
+        files.append({**entry, "stored": True})
+    return files
+
+
+def _record(s: Any, bundle: ModelBundle, files: list[dict[str, Any]], name: str | None, tag: str | None) -> None:
+    from registry.index import record_model, set_tag
+
+    m = record_model(s, digest=bundle.digest, onnx_digest=bundle.onnx.digest, size=bundle.size, files=files,
+                     name=name or bundle.stem[:255])
+    if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
+        m.files = files  # recorded by an older ctxfarm, before snapshots were stored
+    if name and tag:
+        set_tag(s, name, tag, bundle.digest)
+
+
+def _spec(bundle: ModelBundle, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
+    od = options_digest(opts)
+    return states.BuildSpec(build_key(bundle.digest, t.backend, t.name, version, od), bundle.digest, t.backend,
+                            t.name, version, opts, od)
+
+
+# ---- embedded transport ----------------------------------------------------------------------------
+
+def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
+          *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
+          registry: Registry | None = None, retry_failed: bool = False) -> BuildReport:
+    """Embedded: queue every (target, local toolchain) and run the executor on each, here."""
+    from farm.pipeline.execute import Executor, interruptible
+    from workers.runner import get_runner
+
+    name, tag = check_name_tag(name, tag)
+    targets = parse_targets(target_refs)
+    raw = parse_pairs(option_pairs)
+    options = {t: normalize(t.backend, raw, t) for t in targets}
+    executors: dict[str, Executor] = {}
+    own = registry is None
+    reg = registry or Registry.open(settings)
+    try:
+        for t in targets:
+            if t.backend not in executors:
+                try:
+                    executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
+                except FarmError as exc:
+                    raise NoWorkerError(f"cannot build {t.ref} here: {exc.message}", hint=exc.hint) from None
+        bundle = load_bundle(reg, Path(model))
+        files = store_snapshot(reg, bundle)
+        planned: list[tuple[Target, states.BuildSpec, int]] = []
+        with reg.db.session() as s:
+            _record(s, bundle, files, name, tag)
+            for t in targets:
+                spec = _spec(bundle, t, executors[t.backend].toolchain.version, options[t])
+                build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
+                planned.append((t, spec, build_id))
+        report = BuildReport(bundle.digest, name or bundle.stem, tag)
+        with interruptible():
+            for t, spec, build_id in planned:
+                report.outcomes.append(_run_here(reg, executors[t.backend], t, spec, build_id, progress))
+        return report
+    finally:
+        if own:
+            reg.close()
+
+
+def _run_here(reg: Registry, executor: Any, t: Target, spec: states.BuildSpec, build_id: int,
+              progress: Progress) -> BuildOutcome:
+    from farm.pipeline.execute import wait_until_final_or_free
+
+    ran = False
+    start = time.perf_counter()
+    while True:
+        with reg.db.session() as s:
+            b = states.get_build(s, build_id)
+            state, attempt = b.state, b.attempts
+        if state in states.FINAL:
+            break
+        if state == states.BuildState.RUNNING and not ran:
+            progress("waiting", t.ref, {"build_id": build_id})
+        else:
+            progress("compiling", t.ref, {"toolchain": spec.toolchain, "attempt": attempt + 1})
+        r = executor.execute(build_id)
+        ran = ran or r.outcome in ("succeeded", "failed", "retry", "exhausted")
+        if r.outcome == "busy" or r.outcome == "lost":
+            wait_until_final_or_free(reg, build_id)
+        elif r.outcome == "retry":
+            progress("retrying", t.ref, {"in_seconds": r.countdown})
+            time.sleep(r.countdown)
+    outcome = outcome_from_row(reg, build_id, t.ref, cached=not ran)
+    outcome.wall_seconds = time.perf_counter() - start
+    progress("finished", t.ref, outcome.to_dict())
+    return outcome
+
+
+def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool) -> BuildOutcome:
+    from registry.index import artifact_for_build
+
+    with reg.db.session() as s:
+        b = states.get_build(s, build_id)
+        if b.state == states.BuildState.SUCCEEDED:
+            a = artifact_for_build(s, build_id)
+            if a is None:
+                raise NotFoundError(f"build {build_id} succeeded but has no artifact",
+                                    hint="run `farm registry verify`")
+            return BuildOutcome(ref, b.toolchain, "cached" if cached else "built", b.id, artifact=a.digest,
+                                compile_seconds=a.compile_seconds, size=a.size, nodes_ep=a.nodes_ep,
+                                nodes_cpu=a.nodes_cpu)
+        return BuildOutcome(ref, b.toolchain, "failed", b.id, error_code=b.error_code,
+                            error_message=b.error_message, cached_failure=cached)
+
+
+# ---- cluster transport -----------------------------------------------------------------------------
+
+def served_toolchains(settings: Settings, reg: Registry) -> dict[tuple[str, str], list[str]]:
+    """(backend, toolchain) -> names of live workers serving it."""
+    from registry.index import live_workers
+
+    with reg.db.session() as s:
+        out: dict[tuple[str, str], list[str]] = {}
+        for w in live_workers(s, stale_after=settings.worker_stale_after):
+            out.setdefault((w.backend, w.toolchain), []).append(w.name)
+    return out
+
+
+def _matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, str], list[str]]
+            ) -> list[tuple[Target, str]]:
+    pairs: list[tuple[Target, str]] = []
+    for t in targets:
+        versions = list(sdks) or sorted(v for (b, v) in served if b == t.backend)
+        if not versions:
+            raise NoWorkerError(f"no --sdk given and no live {t.backend} worker to take one from",
+                                hint="start workers (infra/farm-up.sh) or pass --sdk 2.51.0 --allow-queue")
+        pairs.extend((t, v) for v in versions)
+    return pairs
+
+
+def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
+                   option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
+                   allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
+                   retry_failed: bool = False) -> ReleaseStatus:
+    """Cluster: queue the release's builds and send their messages after the commit."""
+    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, make_app, send
+    from registry.index import release_builds
+    from registry.models import Release, ReleaseBuild
+
+    name, tag = check_name_tag(name, tag)
+    sdks = check_versions(sdks)
+    targets = parse_targets(target_refs)
+    raw = parse_pairs(option_pairs)
+    options = {t: normalize(t.backend, raw, t) for t in targets}
+    own = registry is None
+    reg = registry or Registry.open(settings)
+    try:
+        served = served_toolchains(settings, reg)
+        matrix = _matrix(targets, sdks, served)
+        unserved = sorted({(t.backend, v) for t, v in matrix if (t.backend, v) not in served})
+        if unserved and not allow_queue:
+            have = ", ".join(f"{b} {v}" for b, v in sorted(served)) or "none"
+            raise NoWorkerError(
+                "no live worker serves " + ", ".join(f"{b} {v}" for b, v in unserved),
+                hint=f"served now: {have}. Start such a worker, or pass --allow-queue to queue and wait",
+                details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
+        bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
+        specs = [(t, v, _spec(bundle, t, v, options[t])) for t, v in matrix]
+        if _needs_work(reg, [spec.build_key for _, _, spec in specs], retry_failed):
+            # Something will be sent: the broker must answer before anything is written.
+            app = app or make_app(settings)
+            check_broker(app)
+        files = store_snapshot(reg, bundle)
+        to_send: list[tuple[int, str]] = []
+        with reg.db.session() as s:
+            _record(s, bundle, files, name, tag)
+            release = Release(model_digest=bundle.digest, label=f"{name}:{tag}" if name else bundle.stem[:255],
+                              matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
+                                      "options": raw})
+            s.add(release)
+            s.flush()
+            for t, version, spec in specs:
+                hw_compat = spec.options.get("hardware_compatibility_level") == "ampere_plus"
+                queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
+                build_id, queued = states.enqueue(s, spec, queue, retry_failed=retry_failed)
+                s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
+                if queued:
+                    to_send.append((build_id, queue))
+            release_id = release.id
+        # After the commit: a worker that gets the message finds the row.
+        if to_send and app is None:
+            app = make_app(settings)
+        for build_id, queue in to_send:
+            send(app, COMPILE_TASK, [build_id], queue)
+        with reg.db.session() as s:
+            return _status(s, release_id, release_builds(s, release_id))
+    finally:
+        if own:
+            reg.close()
+
+
+def _needs_work(reg: Registry, keys: list[str], retry_failed: bool) -> bool:
+    """Would enqueue queue anything for these keys (new, failed for an infra reason, broken)?"""
+    from sqlalchemy import select
+
+    from farm.core.errors import DETERMINISTIC_FAILURES
+    from registry.models import Artifact, Build
+
+    with reg.db.session() as s:
+        rows = {k: (st, code, status) for k, st, code, status in s.execute(
+            select(Build.build_key, Build.state, Build.error_code, Artifact.status)
+            .outerjoin(Artifact, Artifact.build_id == Build.id).where(Build.build_key.in_(keys)))}
+    for k in keys:
+        if k not in rows:
+            return True
+        st, code, status = rows[k]
+        if st == "failed" and (retry_failed or code not in DETERMINISTIC_FAILURES):
+            return True
+        if st == "succeeded" and status == "broken":
+            return True
+    return False
+
+
+def build_view(b: Any, art: Any) -> dict[str, Any]:
+    """One build as status shows it (also for a single build)."""
+    state = b.state
+    note = None
+    if states.lease_expired(b):
+        note = "lease expired, waiting for a worker"
+    elif b.state == states.BuildState.QUEUED and b.error_code:
+        note = f"retrying after {b.error_code}"
+    return {"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": state,
+            "note": note, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
+            "artifact": art.digest if art else None, "compile_seconds": art.compile_seconds if art else None,
+            "worker": b.worker}
+
+
+def _status(session: Any, release_id: int, builds: list[Any]) -> ReleaseStatus:
+    from registry.index import artifact_for_build
+    from registry.models import Release
+
+    rel = session.get(Release, release_id)
+    st = ReleaseStatus(release_id, rel.label if rel else "")
+    for b in builds:
+        art = artifact_for_build(session, b.id) if b.state == states.BuildState.SUCCEEDED else None
+        st.builds.append(build_view(b, art))
+    return st
+
+
+MAX_ID = 2**31 - 1
+
+
+def check_id(value: int, what: str) -> int:
+    if not 0 < value <= MAX_ID:
+        raise UsageError(f"{what} {value} is out of range", hint=f"ids are 1..{MAX_ID}")
+    return value
+
+
+def release_status(settings: Settings, release_id: int, registry: Registry | None = None) -> ReleaseStatus:
+    from registry.index import release_builds
+    from registry.models import Release
+
+    check_id(release_id, "release")
+    reg = registry or Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            if s.get(Release, release_id) is None:
+                raise NotFoundError(f"no release {release_id}")
+            return _status(s, release_id, release_builds(s, release_id))
+    finally:
+        if registry is None:
+            reg.close()
+
+
+def wait_release(settings: Settings, release_id: int, *, timeout: float | None = None, poll: float = 1.0,
+                 on_change: Callable[[ReleaseStatus], None] | None = None,
+                 registry: Registry | None = None) -> ReleaseStatus:
+    """Poll SQL until every build of the release is final (fan-in in SQL, not chords)."""
+    reg = registry or Registry.open(settings)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: Any = None
+    try:
+        while True:
+            st = release_status(settings, release_id, registry=reg)
+            snapshot = [(b["build"], b["state"], b["attempts"], b["note"]) for b in st.builds]
+            if snapshot != last and on_change:
+                on_change(st)
+            last = snapshot
+            if st.done:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise CompileTimeoutError(f"release {release_id} not finished after {timeout:g} s",
+                                          hint=f"it keeps running; `farm status {release_id}` shows progress")
+            time.sleep(poll)
+    finally:
+        if registry is None:
+            reg.close()
+

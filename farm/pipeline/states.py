@@ -1,0 +1,247 @@
+"""The build state machine: every state, and every transition as one guarded UPDATE.
+
+::
+
+    (new) ──enqueue──▶ queued ──claim──▶ running ──succeed──▶ succeeded
+                         ▲  ▲               │ │                  │
+                         │  └──requeue──────┘ │ (infra failure,  │ (artifact broken:
+                         │  └──release────────┘  attempts left;  │  enqueue reopens)
+                         │    (SIGTERM/SIGINT:   interrupted)    │
+                         └───────── enqueue (infra failure, --retry-failed) ◀── failed ◀──fail── running
+    running, lease expired ──claim──▶ running (attempt + 1)   or ──▶ failed/worker-lost at the cap
+
+A claim hands out a ``Lease`` (build id, a unique owner token, the attempt number). Every later
+transition of that attempt is an UPDATE whose WHERE repeats all three plus the expected state,
+and its row count is checked: an executor whose lease lapsed and was taken over changes nothing
+(``LeaseLostError``). Interruptions give the attempt back, so Ctrl-C never eats the budget that
+caps dead workers (``max_attempts``, then ``worker-lost``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import CursorResult, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from farm.core.errors import DETERMINISTIC_FAILURES, LeaseLostError, NotFoundError
+from registry.models import Artifact, Build
+
+
+class BuildState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+FINAL = frozenset({BuildState.SUCCEEDED, BuildState.FAILED})
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything we store is UTC.
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt
+
+
+def owner_base() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    build_key: str
+    model_digest: str
+    backend: str
+    target: str
+    toolchain: str
+    options: dict[str, Any]
+    options_digest: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One attempt's right to change a build row: all three are in every guarded WHERE."""
+
+    build_id: int
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``run`` (ours: ``lease`` set), ``done`` (final: answer from the index), ``busy`` (another
+    executor holds a live lease) or ``exhausted`` (attempt cap reached: now failed/worker-lost)."""
+
+    action: str
+    build_id: int
+    lease: Lease | None = None
+
+
+def _changed(session: Session, stmt: Any) -> int:
+    result: CursorResult[Any] = session.execute(stmt.execution_options(synchronize_session=False))  # type: ignore[assignment]
+    return int(result.rowcount)
+
+
+def _guard(lease: Lease) -> tuple[Any, ...]:
+    return (Build.id == lease.build_id, Build.state == BuildState.RUNNING.value, Build.lease_owner == lease.owner,
+            Build.attempts == lease.attempt)
+
+
+def get_build(session: Session, build_id: int) -> Build:
+    row = session.get(Build, build_id)
+    if row is None:
+        raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
+    return row
+
+
+def lease_expired(build: Build, at: datetime | None = None) -> bool:
+    lease = aware(build.lease_expires_at)
+    return build.state == BuildState.RUNNING and lease is not None and lease <= (at or now())
+
+
+# ---- transitions --------------------------------------------------------------------------------
+
+def enqueue(session: Session, spec: BuildSpec, queue: str | None, *, retry_failed: bool = False) -> tuple[int, bool]:
+    """Insert the build row as ``queued`` (the UNIQUE build key dedupes) or reopen it.
+
+    Reopened: a failure for an infrastructure reason (a new submission is a new chance, with a
+    fresh attempt budget), any failure with ``retry_failed``, and a success whose artifact was
+    marked broken. Returns (build id, whether work was queued by this call).
+    """
+    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+    if row is None:
+        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
+                    target=spec.target, toolchain=spec.toolchain, options=spec.options,
+                    options_digest=spec.options_digest, state=BuildState.QUEUED.value, attempts=0, queue=queue,
+                    enqueued_at=now())
+        try:
+            with session.begin_nested():
+                session.add(row)
+            return row.id, True
+        except IntegrityError:
+            # Lost the race on the UNIQUE key: the winner queued it (and sends its message).
+            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+            if row is None:
+                raise
+            return row.id, False
+    reopen = False
+    if row.state == BuildState.FAILED:
+        reopen = retry_failed or row.error_code not in DETERMINISTIC_FAILURES
+    elif row.state == BuildState.SUCCEEDED:
+        status = session.scalar(select(Artifact.status).where(Artifact.build_id == row.id))
+        reopen = status == "broken"
+    if not reopen:
+        return row.id, False
+    n = _changed(session, update(Build).where(Build.id == row.id, Build.state == row.state,
+                                               Build.attempts == row.attempts)
+                 .values(state=BuildState.QUEUED.value, attempts=0, error_code=None, error_message=None,
+                         queue=queue, enqueued_at=now(), finished_at=None, lease_owner=None, lease_expires_at=None))
+    return row.id, n == 1
+
+
+def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int) -> Claim:
+    """Take a queued build, or one whose holder's lease ran out (it died), for one attempt."""
+    row = get_build(session, build_id)
+    session.refresh(row)
+    if row.state in FINAL:
+        return Claim("done", row.id)
+    t = now()
+    if row.state == BuildState.RUNNING and not lease_expired(row, t):
+        return Claim("busy", row.id)
+    expected = (Build.id == row.id, Build.state == row.state, Build.attempts == row.attempts,
+                Build.lease_owner.is_(None) if row.lease_owner is None else Build.lease_owner == row.lease_owner)
+    if row.attempts >= max_attempts:
+        # Every attempt so far died with its executor (a poison model, or a flaky host).
+        n = _changed(session, update(Build).where(*expected).values(
+            state=BuildState.FAILED.value, error_code="worker-lost",
+            error_message=f"gave up after {row.attempts} attempt(s): the executor was lost each time"
+                          + (f" (last: {row.error_message})" if row.error_message else ""),
+            lease_owner=None, lease_expires_at=None, finished_at=t))
+        return Claim("exhausted" if n else "busy", row.id)
+    token = f"{owner}#{uuid.uuid4().hex[:8]}"
+    attempt = row.attempts + 1
+    n = _changed(session, update(Build).where(*expected).values(
+        state=BuildState.RUNNING.value, attempts=attempt, lease_owner=token,
+        lease_expires_at=t + timedelta(seconds=lease_seconds), started_at=t, finished_at=None, worker=owner))
+    if n != 1:
+        return Claim("busy", row.id)
+    return Claim("run", row.id, Lease(row.id, token, attempt))
+
+
+def renew(session: Session, lease: Lease, lease_seconds: float) -> bool:
+    """Extend our lease; False means it is no longer ours (stop working, publish nothing)."""
+    return _changed(session, update(Build).where(*_guard(lease))
+                    .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))) == 1
+
+
+def succeed(session: Session, lease: Lease, *, log: str | None) -> None:
+    """running -> succeeded, in the publishing transaction (raises LeaseLostError, which rolls
+    the artifact insert back with it)."""
+    n = _changed(session, update(Build).where(*_guard(lease)).values(
+        state=BuildState.SUCCEEDED.value, log=log, error_code=None, error_message=None, finished_at=now(),
+        lease_owner=None, lease_expires_at=None))
+    if n != 1:
+        raise LeaseLostError(f"build {lease.build_id}: attempt {lease.attempt} lost its lease before publishing")
+
+
+def fail(session: Session, lease: Lease, code: str, message: str, log: str | None) -> bool:
+    """running -> failed (deterministic failure, or the attempt cap reached)."""
+    return _changed(session, update(Build).where(*_guard(lease)).values(
+        state=BuildState.FAILED.value, error_code=code, error_message=message, log=log, finished_at=now(),
+        lease_owner=None, lease_expires_at=None)) == 1
+
+
+def requeue(session: Session, lease: Lease, code: str, message: str, log: str | None, *, delay: float) -> bool:
+    """running -> queued after an infrastructure failure with attempts left; the error is kept
+    for status, and ``enqueued_at`` (not before) holds the reconciler off during the backoff."""
+    return _changed(session, update(Build).where(*_guard(lease)).values(
+        state=BuildState.QUEUED.value, error_code=code, error_message=message, log=log, lease_owner=None,
+        lease_expires_at=None, enqueued_at=now() + timedelta(seconds=delay))) == 1
+
+
+def release(session: Session, lease: Lease, reason: str) -> bool:
+    """running -> queued at once (SIGTERM/SIGINT): the next executor takes over without waiting
+    for the lease to lapse, and the attempt is given back (an interruption is not a death)."""
+    return _changed(session, update(Build).where(*_guard(lease)).values(
+        state=BuildState.QUEUED.value, attempts=lease.attempt - 1, error_code="interrupted",
+        error_message=f"attempt {lease.attempt} interrupted ({reason}) at {now().isoformat(timespec='seconds')}",
+        lease_owner=None, lease_expires_at=None, enqueued_at=now())) == 1
+
+
+# ---- what the reconciler re-sends -----------------------------------------------------------------
+
+def take_orphans(session: Session, queues: list[str], *, resend_after: float, pending: set[int],
+                 limit: int = 200) -> list[tuple[int, str]]:
+    """(build id, queue) of builds on these queues that have no live message, taken for a
+    re-send: running under an expired lease (its executor died mid-build), or queued for
+    ``resend_after`` seconds with no message waiting in the broker (``pending``: the worker that
+    took it died before claiming, or the broker lost it). A compare-and-set on ``enqueued_at``
+    makes one reconciler of many send each, at most once per ``resend_after``."""
+    t = now()
+    cutoff = t - timedelta(seconds=resend_after)
+    stale = Build.enqueued_at.is_(None) | (Build.enqueued_at <= cutoff)
+    dead = ((Build.state == BuildState.RUNNING.value) & (Build.lease_expires_at <= t)
+            & (stale | (Build.enqueued_at <= Build.lease_expires_at)))
+    waiting = (Build.state == BuildState.QUEUED.value) & stale
+    rows = session.execute(select(Build.id, Build.queue, Build.state).where(Build.queue.in_(queues), dead | waiting)
+                           .order_by(Build.id).limit(limit)).all()
+    taken: list[tuple[int, str]] = []
+    for build_id, queue, state in rows:
+        if state == BuildState.QUEUED and build_id in pending:
+            continue  # its message waits behind a backlog: sending another only multiplies work
+        if _changed(session, update(Build).where(Build.id == build_id, dead | waiting).values(enqueued_at=now())):
+            taken.append((build_id, str(queue)))
+    return taken
