@@ -58,9 +58,9 @@ def test_fetch_as_device_and_load(settings: Settings, farm_env: dict[str, str], 
     got = json.loads(farm(farm_env, "fetch", "--model", "resnet:stable", "--soc", "SM8650", "--qnn", "2.51.0",
                           "--out", str(dev), "--load-check", "--json").stdout)
     assert got["artifact"] == res["artifact"]
-    assert Path(got["ctx_model"]) == dev / "resnet_ctx.onnx"
-    assert sorted(p.name for p in dev.iterdir()) == sorted(f["name"] if not f["name"].endswith("_ctx.onnx")
-                                                            else "resnet_ctx.onnx" for f in res["files"])
+    # File names are fixed stems from the manifest, never the model name.
+    assert Path(got["ctx_model"]) == dev / "model_ctx.onnx"
+    assert sorted(p.name for p in dev.iterdir()) == sorted(f["name"] for f in res["files"])
     assert got["load"]["outputs"] == [[1, 1000]] or got["load"]["outputs"][0][:2] == [1, 1000]
     assert got["load"]["load_seconds"] > 0
 
@@ -105,7 +105,11 @@ def test_unsupported_ops_with_full_offload_fails_cleanly(settings: Settings, far
     assert "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr and "Mod" in proc.stderr
     assert "Traceback" not in proc.stderr
     state = snapshot(settings)
-    assert state["blobs"] == [] and state["rows"]["artifacts"] == 0 and state["rows"]["builds_unfinished"] == 0
+    # Only the model snapshot the compile read is stored (referenced by the model row): no artifact blob.
+    from farm.core.keys import sha256_file
+
+    assert state["blobs"] == [sha256_file(model)[0]]
+    assert state["rows"]["artifacts"] == 0 and state["rows"]["builds_unfinished"] == 0
     # Deterministic failure: answered from the index, no second compile.
     again = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
     assert again.returncode == 1 and "answered from the index" in again.stderr
@@ -133,21 +137,23 @@ def test_embed_mode_1_is_one_file_that_loads(settings: Settings, tmp_path: Path)
     assert result["load_seconds"] > 0
 
 
-def test_compile_timeout_fails_then_retries(settings: Settings, tmp_path: Path) -> None:
+def test_compile_time_cap_is_a_deterministic_resource_limit(settings: Settings, tmp_path: Path) -> None:
     import dataclasses
 
     model = conv_relu_add(tmp_path / "t.onnx")
     hurried = dataclasses.replace(settings, compile_timeout=0.01)
     (o,) = build(hurried, model, ["qnn:SM8650"]).outcomes
-    assert o.state == "failed" and o.error_code == "timeout"
+    assert o.state == "failed" and o.error_code == "resource-limit"
     assert snapshot(settings)["rows"]["builds_unfinished"] == 0
-    # timeout is an infrastructure failure: the next submission compiles again (attempt 2).
-    (o2,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    # Same inputs, same cap: answered from the index, until --retry-failed.
+    (cached,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert cached.state == "failed" and cached.cached_failure and cached.error_code == "resource-limit"
+    (o2,) = build(settings, model, ["qnn:SM8650"], retry_failed=True).outcomes
     assert o2.state == "built" and o2.build_id == o.build_id
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:
-            assert find_artifact(s, o2.artifact or "").build.attempts == 2
+            assert find_artifact(s, o2.artifact or "").build.attempts == 1
     finally:
         reg.close()
 

@@ -72,7 +72,8 @@ def test_probe_evidence_beats_the_rule(cluster_settings: Settings) -> None:
             art = find_artifact(s, o.artifact or "")
             digest = art.model_digest
             _, v = resolve(s, digest, device("SM8650", "2.51.0"))
-            assert (v.loads, v.source) == (True, "rule")
+            # The executor loaded the fresh context under its own toolchain: evidence from the start.
+            assert (v.loads, v.source) == (True, "probe")
             record_verdict(s, art.id, "qnn", "2.51.0", "fails", "probe", "QNN_CONTEXT_ERROR_INVALID_ARGUMENT")
         with reg.db.session() as s:
             with pytest.raises(NoMatchError) as exc:
@@ -167,11 +168,11 @@ def test_tampering_is_caught_by_verify_and_fetch(cluster_settings: Settings, tmp
         _tamper(cluster_settings, reg, bin_digest)
         with pytest.raises(DigestMismatchError):
             fetch_artifact(reg.store, art, tmp_path / "dev")
-        assert not any(p for p in (tmp_path / "dev").iterdir()), "a failed fetch leaves nothing behind"
+        assert not (tmp_path / "dev").exists(), "a failed fetch leaves nothing behind"
         with reg.db.session() as s:
             rep = verify(s, reg.store, repair=True)
         assert [(p.file, p.problem) for p in rep.problems] in (
-            [("sq_ctx_qnn.bin", "digest")], [("sq_ctx_qnn.bin", "size")])
+            [("model_ctx_qnn.bin", "digest")], [("model_ctx_qnn.bin", "size")])
         assert rep.marked_broken == [art.digest]
         with reg.db.session() as s, pytest.raises(NoMatchError):
             resolve(s, art.model_digest, device("SM8650", "2.51.0"))
@@ -180,23 +181,31 @@ def test_tampering_is_caught_by_verify_and_fetch(cluster_settings: Settings, tmp
 
 
 def test_crash_mid_publication_leaves_no_row_and_gc_sweeps(cluster_settings: Settings, tmp_path: Path) -> None:
+    import dataclasses
+
+    from farm.core.keys import sha256_file
+
     model = conv_relu_add(tmp_path / "m.onnx")
+    once = dataclasses.replace(cluster_settings, max_attempts=1)  # no in-run retry: see the failure
     reg = Registry.open(cluster_settings)
     try:
         healthy = reg.store
-        reg.store = FailingBlobStore(healthy, fail_on_put=2)  # type: ignore[assignment]
-        (o,) = build(cluster_settings, model, ["qnn:SM8650"], registry=reg).outcomes
+        # put #1 stores the model snapshot, #2 the context model, #3 (the .bin) fails.
+        reg.store = FailingBlobStore(healthy, fail_on_put=3)  # type: ignore[assignment]
+        (o,) = build(once, model, ["qnn:SM8650"], registry=reg).outcomes
         assert (o.state, o.error_code) == ("failed", "storage-error")
         assert "injected failure" in (o.error_message or "")
         reg.store = healthy
         state = snapshot(cluster_settings)
         assert state["rows"]["artifacts"] == 0 and state["rows"]["artifact_files"] == 0
-        assert len(state["blobs"]) == 1, "the blob uploaded before the failure is an orphan"
+        snapshot_blob = sha256_file(model)[0]
+        orphans = [b for b in state["blobs"] if b != snapshot_blob]
+        assert snapshot_blob in state["blobs"] and len(orphans) == 1, "the blob uploaded before the failure"
         with reg.db.session() as s:
             kept = gc(s, reg.store, grace=timedelta(hours=1))
             assert kept.deleted == [] and kept.kept_young == 1, "a young orphan may be an upload in flight"
             swept = gc(s, reg.store, grace=timedelta(0))
-            assert swept.deleted == state["blobs"]
+            assert swept.deleted == orphans, "the model snapshot is referenced by its row: kept"
         # storage trouble is an infrastructure failure: the next submission retries and publishes.
         (o2,) = build(cluster_settings, model, ["qnn:SM8650"], registry=reg).outcomes
         assert o2.state == "built" and o2.build_id == o.build_id
