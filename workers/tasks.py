@@ -43,6 +43,11 @@ def compile_model(self: Any, build_id: int) -> str:
     if not isinstance(build_id, int) or isinstance(build_id, bool) or not 0 < build_id < 2**31:
         return "refused"  # not a message we sent: acknowledge and drop
     ex = executor()
+    pause = float(os.environ.get("CTXFARM_TEST_PAUSE_BEFORE_EXECUTE", "0") or 0)
+    if pause > 0:  # test hook: a worker that took the message and dies before claiming the row
+        import time
+
+        time.sleep(pause)
     executing.set()
     try:
         result = ex.execute(build_id)

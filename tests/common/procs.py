@@ -1,0 +1,64 @@
+"""Processes a test started, and their descendants, found by PID through /proc (never by name
+across the host: a test must not touch processes it did not start)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process whose ancestry reaches ``root`` (a process this test started)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            pp = _ppid(int(entry))
+            if pp is not None:
+                parents[int(entry)] = pp
+    out = []
+    for pid in parents:
+        p = pid
+        while p in parents and p not in (0, 1):
+            p = parents[p]
+            if p == root:
+                out.append(pid)
+                break
+    return sorted(out)
+
+
+def compile_children(root: int) -> list[int]:
+    return [p for p in descendants(root) if "workers.qnn.child compile" in cmdline(p) and alive(p)]
+
+
+def wait_for(pred, timeout: float, poll: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    return pred()
