@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,24 +79,6 @@ def load_signer(path: str | Path) -> Signer:
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise ConfigError(f"FARM_SIGNING_KEY {path} is not an ed25519 key")
     return Signer(key, _public_b64(key))
-
-
-def parse_trusted(entries: Iterable[str]) -> list[str]:
-    """Trusted public keys: base64 strings, or paths of files holding one."""
-    keys = []
-    for entry in entries:
-        entry = entry.strip()
-        if not entry:
-            continue
-        try:
-            p = Path(entry)
-            text = p.read_text(encoding="ascii").strip() if p.is_file() else entry
-            if len(base64.b64decode(text, validate=True)) != 32:
-                raise ValueError
-        except (ValueError, OSError):
-            raise ConfigError(f"trusted key {entry!r} is not a base64 ed25519 public key or a file with one") from None
-        keys.append(text)
-    return keys
 
 
 def verify(public_b64: str, manifest_digest: str, signature_b64: str) -> bool:

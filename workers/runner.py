@@ -31,6 +31,7 @@ from farm.core.errors import (
 MEDIA_CTX_MODEL = "application/vnd.ctxfarm.epcontext-model.v1+onnx"
 MEDIA_LOG = "text/plain; charset=utf-8"
 LOG_LIMIT = 256 * 1024  # bytes of compile log kept in the index/manifest
+_OOM_NEEDLES = ("std::bad_alloc", "Cannot allocate memory", "MemoryError", "out of memory")
 KILL_GRACE_S = 5.0  # the child stops itself at its time limit; we kill its group this much later
 
 
@@ -236,12 +237,15 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
         result["crashed"] = f"signal {-rc} ({_signame(-rc)})"
         return result, wall, log_text
     err = result.get("error")
-    near_cap = memory_mb > 0 and peak_kib * 1024 >= 0.9 * memory_mb * 1024 * 1024
+    # An allocation refused under RLIMIT_AS usually aborts C++ code (std::bad_alloc): the log
+    # says so, while the peak RSS stays well under the (address-space) cap.
+    out_of_memory = memory_mb > 0 and (peak_kib * 1024 >= 0.9 * memory_mb * 1024 * 1024
+                                       or any(n in log_text[-20000:] for n in _OOM_NEEDLES))
     if err:
         exc: FarmError = error_for_code(err["code"], err["message"], hint=err.get("hint"))
-    elif rc < 0 and near_cap:
-        exc = ResourceLimitError(f"{command} process died with signal {-rc} ({_signame(-rc)}) at its memory cap "
-                                 f"of {memory_mb} MiB (peak RSS {peak_kib // 1024} MiB)")
+    elif rc < 0 and out_of_memory:
+        exc = ResourceLimitError(f"{command} ran out of memory under its cap of {memory_mb} MiB and died with "
+                                 f"signal {-rc} ({_signame(-rc)}); peak RSS {peak_kib // 1024} MiB")
     elif rc < 0:
         exc = WorkerLostError(f"{command} process died with signal {-rc} ({_signame(-rc)})",
                               hint="the SDK crashed on this model; the log holds its last words")

@@ -10,7 +10,7 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from farm.core.errors import FarmError
 
@@ -34,9 +34,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in the one vocabulary: ``error[usage]`` and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"error[usage]: {self.prog}: {message}", file=sys.stderr)
+        print("  hint: `farm COMMAND --help` lists the arguments", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``selected``'s module is imported to declare its arguments."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="farm",
         description="ctxfarm: build farm and registry for ONNX Runtime EP context binaries",
     )

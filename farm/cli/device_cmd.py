@@ -103,7 +103,6 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         # fetch
         from registry.index import signatures_of
         from registry.install import Expected, fetch_artifact, receipt
-        from registry.signing import parse_trusted
 
         if args.artifact:
             with reg.db.session() as s:
@@ -118,7 +117,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         with reg.db.session() as s:
             signatures = signatures_of(s, artifact.digest)
         result = fetch_artifact(reg.store, artifact, Path(args.out), expected=expected, signatures=signatures,
-                                trusted=parse_trusted(settings.trusted_keys),
+                                trusted=list(settings.trusted_keys),
                                 require_signature=args.require_signature or settings.require_signature,
                                 allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
         extra: dict[str, Any] = {}

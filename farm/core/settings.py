@@ -127,7 +127,7 @@ class Settings:
         broker_url = env.get("FARM_BROKER_URL") or None
         if broker_url is not None:
             check_broker_url(broker_url)
-        trusted = tuple(k.strip() for k in env.get("FARM_TRUSTED_KEYS", "").split(",") if k.strip())
+        trusted = parse_trusted_keys(env.get("FARM_TRUSTED_KEYS", ""))
         return cls(
             home=home,
             database_url=database_url,
@@ -150,10 +150,34 @@ class Settings:
 _DB_SCHEME = re.compile(r"(sqlite|postgresql)(\+[a-z0-9_]+)?")
 
 
+def parse_trusted_keys(raw: str) -> tuple[str, ...]:
+    """FARM_TRUSTED_KEYS: comma-separated ed25519 public keys, each base64 of 32 bytes or the
+    path of a file holding one. Checked here, so a bad entry fails every command by name."""
+    import base64
+
+    keys = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        try:
+            p = Path(entry)
+            text = p.read_text(encoding="ascii").strip() if p.is_file() else entry
+            if len(base64.b64decode(text, validate=True)) != 32:
+                raise ValueError
+        except (ValueError, OSError):
+            raise ConfigError(f"FARM_TRUSTED_KEYS: {entry[:80]!r} is not a base64 ed25519 public key or a file "
+                              "with one", hint="`farm keys public KEY` prints a key's public half") from None
+        keys.append(text)
+    return tuple(keys)
+
+
 def check_database_url(url: str) -> None:
     """FARM_DATABASE_URL must be a sqlite:// or postgresql:// URL with a numeric port (checked
     without importing SQLAlchemy: `farm --help` and `farm targets` stay light)."""
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as exc:
+        raise ConfigError(f"FARM_DATABASE_URL={url[:120]!r} is not a URL ({exc})") from None
     if not _DB_SCHEME.fullmatch(parsed.scheme or ""):
         raise ConfigError(f"FARM_DATABASE_URL={url[:120]!r} is not a sqlite:// or postgresql:// URL",
                           hint="e.g. sqlite:////path/index.db or postgresql://user@host:5432/db")
@@ -168,24 +192,28 @@ def check_database_url(url: str) -> None:
 
 
 def check_store_url(url: str) -> None:
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
+    if url.startswith("file://") or "://" not in url:
         if "\x00" in url:
             raise ConfigError("FARM_STORE_URL contains a NUL byte")
         return
+    try:
+        parsed = urlparse(url)
+        endpoint_query = parse_qs(parsed.query)
+    except ValueError as exc:
+        raise ConfigError(f"FARM_STORE_URL={url[:120]!r} is not a URL ({exc})") from None
     if parsed.scheme != "s3":
         raise ConfigError(f"FARM_STORE_URL={url!r}: unsupported scheme {parsed.scheme!r}",
                           hint="use file:///path or s3://bucket/prefix?endpoint=http://host:port")
     if not parsed.netloc:
         raise ConfigError(f"FARM_STORE_URL={url!r} names no bucket", hint="s3://BUCKET/PREFIX?endpoint=http://...")
-    q = parse_qs(parsed.query)
+    q = endpoint_query
     endpoint = q.get("endpoint", [None])[0]
     if endpoint is not None:
-        e = urlparse(endpoint)
         try:
+            e = urlparse(endpoint)
             _ = e.port
         except ValueError:
-            raise ConfigError(f"FARM_STORE_URL: endpoint {endpoint!r} has a bad port") from None
+            raise ConfigError(f"FARM_STORE_URL: endpoint {endpoint!r} is not a URL or has a bad port") from None
         if e.scheme not in ("http", "https") or not e.hostname:
             raise ConfigError(f"FARM_STORE_URL: endpoint {endpoint!r} is not an http(s) URL",
                               hint="e.g. s3://bucket/prefix?endpoint=http://127.0.0.1:8333")
@@ -195,8 +223,8 @@ def check_store_url(url: str) -> None:
 
 
 def check_broker_url(url: str) -> None:
-    parsed = urlparse(url)
     try:
+        parsed = urlparse(url)
         _ = parsed.port
     except ValueError:
         raise ConfigError(f"FARM_BROKER_URL={url!r} has a bad port") from None

@@ -104,7 +104,7 @@ def check_name_tag(name: str | None, tag: str | None) -> tuple[str | None, str |
         raise UsageError("--tag needs --name", hint="e.g. --name vision/super-res --tag stable")
     if name is None:
         return None, None
-    return check_name(name), check_tag(tag or DEFAULT_TAG)
+    return check_name(name), check_tag(DEFAULT_TAG if tag is None else tag)
 
 
 def check_versions(versions: Sequence[str]) -> list[str]:

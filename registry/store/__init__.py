@@ -12,11 +12,12 @@ __all__ = ["BlobInfo", "BlobStore", "open_store"]
 
 
 def open_store(url: str) -> BlobStore:
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
+    if url.startswith("file://") or "://" not in url:
         from registry.store.local import LocalBlobStore
 
-        return LocalBlobStore(Path(parsed.path if parsed.scheme else url))
+        # A path, not parsed as a URL: any character a directory name may hold is fine here.
+        return LocalBlobStore(Path(url.removeprefix("file://")))
+    parsed = urlparse(url)
     if parsed.scheme == "s3":
         from registry.store.s3 import S3BlobStore
 
