@@ -1,4 +1,5 @@
-"""The code stays ruff- and mypy-clean (STYLE habit 10): checked by the suite, not by memory."""
+"""The code stays ruff- and mypy-clean and its layers point one way (STYLE habits 4 and 10):
+checked by the suite, with pinned tool versions, not by memory."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("tool,args", [
     ("ruff", ["check", "farm", "registry", "workers", "migrations", "tests", "bench"]),
     ("mypy", ["farm", "registry", "workers"]),
+    # The layer contracts in pyproject.toml: imports point one way, no runtime in the control plane.
+    ("lint-imports", []),
 ])
 def test_clean(tool: str, args: list[str]) -> None:
     exe = shutil.which(tool, path=str(Path(sys.executable).parent)) or shutil.which(tool)
