@@ -203,9 +203,6 @@ def test_sigkill_worker_mid_compile_recovers_within_lease_plus_heartbeat(farm_cl
     f.kill(holder)  # SIGKILL to the worker's process group; the compile child has its own session
     assert wait_for(lambda: not alive(child), 5), "the compile child outlived its worker"
     assert f.builds()[0]["state"] == "running"
-    status = wait_for(lambda: "lease expired" in f.cli("status", "--build", str(f.builds()[0]["id"])).stdout, 15,
-                      poll=0.3)
-    assert status, "status should say the lease expired"
     rows = f.wait_builds(lambda r: r[0]["attempts"] == 2 and r[0]["state"] == "running", timeout=60)
     recovered = time.monotonic() - killed_at
     # lease 6 s + a heartbeat (1 s) + the reconciler's resend window; ~1 s of slack for this box.

@@ -81,6 +81,9 @@ def test_sigkill_of_farm_build_kills_its_compile_and_the_lease_lapses(settings: 
     proc.kill()
     proc.wait()
     assert wait_for(lambda: not alive(child), 5), "the compile child outlived its killed parent"
+    time.sleep(3.5)  # the lease lapses: nobody renews it
+    status = farm(env, "status", "--build", str(row_of(settings)["id"])).stdout
+    assert "lease expired, waiting for a worker" in status
     again = farm(env, "build", str(light("vgg19")), "-t", "qnn:SM8650", "--json", timeout=240)
     out = json.loads(again.stdout)
     assert out["builds"][0]["state"] == "built"
