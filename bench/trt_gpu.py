@@ -3,7 +3,15 @@ for this GPU through the farm (embedded registry: compile, publish), fetch each 
 device would, load it with the TensorRT EP, compare outputs with the CPU EP on the same inputs,
 and time compile vs context load. Prints a table, writes bench/out/trt_gpu.json.
 
-    python bench/trt_gpu.py [--models squeezenet,resnet50,...] [--kind trt-10.13.3-cu12]
+    python bench/trt_gpu.py [--models squeezenet,resnet50,...] [--kind trt-10.14.1-cu13] [--wheelhouse DIR]
+
+GPU machines may have no network: ``--wheelhouse DIR`` installs the worker venv from DIR only
+(pip --no-index --find-links DIR). Prepare DIR where PyPI and NVIDIA's package index are
+reachable, on the same OS/CPU and Python version:
+
+    pip download -d DIR -r infra/workers/trt-10.14.1-cu13/requirements.txt '.[cluster]' setuptools wheel
+    # tensorrt-cu13 is a placeholder sdist: with PIP_EXTRA_INDEX_URL set to NVIDIA's index,
+    # pip download also fetches the real tensorrt_cu13_libs / tensorrt_cu13_bindings wheels.
 
 Without an NVIDIA GPU it says so and exits 2 (nothing to measure).
 """
@@ -59,13 +67,20 @@ print(json.dumps({"gpu": gpu.name, "target": gpu.target, "toolchain": TrtRunner(
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=MODELS)
-    ap.add_argument("--kind", default="trt-10.13.3-cu12")
+    ap.add_argument("--kind", default="trt-10.14.1-cu13")
+    ap.add_argument("--wheelhouse", type=Path, help="install the worker venv from this directory only (offline)")
     args = ap.parse_args()
     if not shutil.which("nvidia-smi"):
         print("no NVIDIA GPU on this machine (nvidia-smi not found): TensorRT needs the GPU it builds for; "
               "nothing measured", file=sys.stderr)
         return 2
-    subprocess.run([str(ROOT / "infra" / "workers" / "create-venvs.sh"), args.kind], check=True)
+    env = dict(os.environ)
+    if args.wheelhouse:
+        if not args.wheelhouse.is_dir():
+            print(f"--wheelhouse {args.wheelhouse} is not a directory", file=sys.stderr)
+            return 2
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(args.wheelhouse.resolve()))
+    subprocess.run([str(ROOT / "infra" / "workers" / "create-venvs.sh"), args.kind], check=True, env=env)
     py = ROOT / ".venvs" / args.kind / "bin" / "python"
     with tempfile.TemporaryDirectory(prefix="ctxfarm-trt-") as home:
         proc = subprocess.run([str(py), "-c", INNER, args.models, home], cwd=ROOT, capture_output=True, text=True,

@@ -49,11 +49,19 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
 
 
 def trt_rule(artifact: Artifact, device: Device) -> Verdict:
-    """TensorRT: same TensorRT version; same compute capability, unless the engine was built
-    hardware-compatible (Ampere+), which serves sm_80 and newer."""
-    if parse_version(artifact.toolchain) != parse_version(device.runtime):
-        return Verdict(False, "rule", f"built with TensorRT {artifact.toolchain}; runtime {device.runtime} "
-                                      "(engines are tied to the TensorRT version)")
+    """TensorRT: the same TensorRT major.minor.patch.build and the same OS/CPU platform (the
+    toolchain is ``10.14.1.48+linux-x86-64``; NVIDIA promises engine reuse only then); the same
+    compute capability, unless the engine was built hardware-compatible (Ampere+, sm_80 and newer).
+    "Same sm" is NVIDIA's promise only under kSAME_COMPUTE_CAPABILITY, which the EP does not
+    expose: it stays a rule, and a probe on a GPU of the device's kind overrides it."""
+    built_trt, _, built_platform = artifact.toolchain.partition("+")
+    run_trt, _, run_platform = device.runtime.partition("+")
+    if parse_version(built_trt) != parse_version(run_trt):
+        return Verdict(False, "rule", f"built with TensorRT {built_trt}; runtime {run_trt} "
+                                      "(engines are tied to the full TensorRT version, major.minor.patch.build)")
+    if built_platform and run_platform and built_platform != run_platform:
+        return Verdict(False, "rule", f"built on {built_platform}, the device is {run_platform} "
+                                      "(engines do not move across platforms)")
     options = artifact.build.options if artifact.build is not None else {}
     device_cc = float(device.target.compute_capability or 0)
     if options.get("hardware_compatibility_level") == "ampere_plus":

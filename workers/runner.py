@@ -173,7 +173,7 @@ def read_log(path: Path) -> str:
 
 
 def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float,
-              memory_mb: int = 0, cancel: CancelFlag | None = None,
+              memory_mb: int = 0, cancel: CancelFlag | None = None, env: dict[str, str] | None = None,
               python: str | None = None) -> tuple[dict[str, Any], float, str]:
     """Run ``python -m module command req.json res.json`` under a time and memory cap.
 
@@ -189,7 +189,7 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
     req_path.write_text(json.dumps(request))
     res_path.unlink(missing_ok=True)
     argv = [python or sys.executable, "-m", module, command, str(req_path), str(res_path)]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     # The child must import this project even when run from another working directory.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -23,7 +23,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--soc", help="device SoC (Build.SOC_MODEL), e.g. SM8650 or snapdragon-8-gen-3")
     p.add_argument("--qnn", metavar="VERSION", help="QNN runtime SDK version on the device, e.g. 2.51.0")
     p.add_argument("--gpu", help="device GPU by compute capability, e.g. sm_89 (TensorRT)")
-    p.add_argument("--trt", metavar="VERSION", help="TensorRT runtime version on the device, e.g. 10.13.3")
+    p.add_argument("--trt", metavar="VERSION",
+                   help="TensorRT runtime version on the device, all four parts (tensorrt.__version__), e.g. 10.14.1.48")
+    p.add_argument("--platform", default="linux-x86-64", help="with --trt: the device's OS-CPU (default linux-x86-64)")
     p.add_argument("--json", action="store_true")
     if name == "fetch":
         p.add_argument("--out", "-o", required=True,
@@ -41,14 +43,16 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
 
 def _device(args: argparse.Namespace) -> Any:
     from farm.core.catalog import load_catalog
+    from farm.core.names import check_name
     from farm.pipeline.plan import check_versions
     from registry.resolve import Device
 
     if args.gpu or args.trt:
         if not args.gpu or not args.trt:
-            raise UsageError("a GPU device is described by --gpu and --trt", hint="e.g. --gpu sm_89 --trt 10.13.3")
+            raise UsageError("a GPU device is described by --gpu and --trt", hint="e.g. --gpu sm_89 --trt 10.14.1.48")
         check_versions([args.trt])
-        return Device("trt", load_catalog().get(args.gpu, backend="trt"), args.trt)
+        check_name(args.platform)  # the same grammar: lowercase words joined by '-'
+        return Device("trt", load_catalog().get(args.gpu, backend="trt"), f"{args.trt}+{args.platform}")
     if not args.soc or not args.qnn:
         raise UsageError("a device is described by --soc and --qnn (or --gpu and --trt)",
                          hint="e.g. --soc SM8650 --qnn 2.51.0")

@@ -177,10 +177,12 @@ def _check_combinations(backend: str, opts: dict[str, Any], target: Target | Non
         )
     if opts["hardware_compatibility_level"] == "ampere_plus" and target is not None:
         cc = float(target.compute_capability or 0)
-        if cc < 8.0:
+        # onnxruntime's TensorRT EP silently drops trt_engine_hw_compatible below sm_80 and on
+        # sm_87 (Jetson Orin): refuse rather than ship a same-arch engine labelled Ampere+.
+        if cc < 8.0 or target.name == "sm_87":
             raise BadOptionsError(
-                f"hardware_compatibility_level=ampere_plus needs sm_80 or newer, not {target.name}",
-                hint="drop the option for pre-Ampere GPUs, or build for trt:sm_80 and newer",
+                f"hardware_compatibility_level=ampere_plus can't be built for {target.name}",
+                hint="the TensorRT EP builds hardware-compatible engines on sm_80+ GPUs other than sm_87 (Jetson Orin)",
             )
 
 

@@ -197,6 +197,7 @@ class Executor:
         self.worker_id = worker_id
         self.signer = signer_for(settings)
         self.gpu = os.environ.get("CTXFARM_GPU_TARGET")
+        sweep_job_dirs()
 
     # -- the one path ----------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class Executor:
             self._check_route(row)
             target = load_catalog().get(row.target, backend=row.backend)
             with LeaseKeeper(self.registry, lease, s_.lease_seconds) as keeper, \
-                    tempfile.TemporaryDirectory(prefix="ctxfarm-job-") as tmp:
+                    tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-") as tmp:
                 model_path = fetch_bundle(self.registry, row.files, Path(tmp) / "model")
                 job = CompileJob(model_path, target, row.options, s_.compile_timeout, s_.compile_memory_mb,
                                  verify_load=True, cancel=keeper.lost)
@@ -315,6 +316,36 @@ class Executor:
             record_verdict(s, artifact_id, tc.backend, tc.version, verdict, "probe", detail)
         log.info("probe of artifact %s under %s %s: %s", artifact_id, tc.backend, tc.version, verdict)
         return verdict
+
+
+JOB_PREFIX = "ctxfarm-job-"
+
+
+def sweep_job_dirs(root: Path | None = None) -> list[Path]:
+    """Remove job dirs left by executors that were SIGKILLed (they can't clean up): each dir
+    names its owner's pid, and only dirs whose owner is gone are removed."""
+    import shutil
+
+    removed: list[Path] = []
+    base = root or Path(tempfile.gettempdir())
+    try:
+        entries = list(base.glob(f"{JOB_PREFIX}*-*"))
+    except OSError:
+        return removed
+    for d in entries:
+        pid_text = d.name[len(JOB_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or not d.is_dir() or d.is_symlink():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # its owner is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
 
 
 class _Misrouted(FarmError):

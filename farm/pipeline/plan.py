@@ -37,7 +37,8 @@ from registry.index import Registry
 
 Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
 
-VERSION_RE = re.compile(r"\d+(\.\d+){1,3}")
+# 2.51.0, 10.14.1.48, and TensorRT toolchains with their platform: 10.14.1.48+linux-x86-64
+VERSION_RE = re.compile(r"\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?")
 
 
 def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venvs" / "trt-10.13.3-cu12"
+VENV = ROOT / ".venvs" / "trt-10.14.1-cu13"
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no NVIDIA GPU here (nvidia-smi not found)"),
     pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason=f"no TensorRT worker venv ({VENV}); infra/workers/create-venvs.sh trt-10.13.3-cu12"),
+                       reason=f"no TensorRT worker venv ({VENV}); infra/workers/create-venvs.sh trt-10.14.1-cu13"),
 ]
 
 

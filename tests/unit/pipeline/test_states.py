@@ -189,3 +189,20 @@ def test_orphans_are_dead_leases_and_queued_builds_without_a_message(db, model):
     with db.session() as s:  # one reconciler of many sends each, once per window
         assert states.take_orphans(s, ["q"], resend_after=60.0, pending=set()) == []
     assert other_queue not in {b for b, _ in taken}
+
+
+def test_job_dirs_of_dead_executors_are_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from farm.pipeline.execute import JOB_PREFIX, sweep_job_dirs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f"{JOB_PREFIX}{int(dead.stdout)}-abc"
+    mine = tmp_path / f"{JOB_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "ctxfarm-jobless"
+    for d in (gone, mine, other):
+        d.mkdir()
+    assert sweep_job_dirs(tmp_path) == [gone]
+    assert not gone.exists() and mine.exists() and other.exists()
