@@ -4,7 +4,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv || exit 1; fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster]' \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster,service]' \
   > .venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
 # One venv per QNN SDK worker (tests start real workers in them).
 PYTHON="$PYTHON" ./infra/workers/create-venvs.sh || exit 1

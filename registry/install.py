@@ -11,34 +11,25 @@ Before anything is written:
   directory; the destination must be a directory or absent (``install-conflict``).
 
 Then every file streams into a sibling staging directory (each verified by size and sha256)
-and the staging directory is swapped with ``--out`` in one ``renameat2(RENAME_EXCHANGE)``, so
-``--out`` holds either its previous content or the complete new artifact. A killed install
-leaves only a ``.<out>.ctxfarm-*`` sibling, removed by the next install into the same place.
+which is swapped with ``--out`` atomically (``farm.core.placement``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import shutil
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.core.errors import DigestMismatchError, InstallConflictError, ManifestError, SignatureError, UnsignedError
+from farm.core.errors import DigestMismatchError, ManifestError, SignatureError, UnsignedError
 from farm.core.keys import is_digest
 from farm.core.names import UnsafePathError, check_tree, inside, safe_relative
+from farm.core.placement import destination, staged
 from registry import manifest as mf
 from registry.models import Artifact
 from registry.store.base import BlobStore, download, read_bytes
 
 PAYLOAD_ROLES = ("ctx-model", "context")
-STAGING_MARK = ".ctxfarm-"
-STALE_STAGING_S = 0.0  # under the install lock, any leftover staging dir is from a dead install
 
 
 @dataclass(frozen=True)
@@ -154,94 +145,15 @@ def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, expec
     manifest = read_manifest(store, artifact)
     check_binding(manifest, expected or Expected(artifact.model_digest, artifact.backend, artifact.target,
                                                  artifact.toolchain))
-    out = _destination(out_dir)
-    with _install_lock(out):
-        _clean_leftovers(out)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_MARK}new-", dir=out.parent))
-        try:
-            total = 0
-            written = []
-            for f in sorted(manifest["files"], key=lambda f: f["name"]):
-                path = inside(staging, f["name"])
-                download(store, f["digest"], path, size=int(f["size"]))
-                written.append(out / safe_relative(f["name"]))
-                total += int(f["size"])
-            os.chmod(staging, 0o755 & ~_umask())
-            _swap_into_place(staging, out)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    out = destination(out_dir)
+    total = 0
+    written = []
+    with staged(out) as staging:
+        for f in sorted(manifest["files"], key=lambda f: f["name"]):
+            download(store, f["digest"], inside(staging, f["name"]), size=int(f["size"]))
+            written.append(out / safe_relative(f["name"]))
+            total += int(f["size"])
     return FetchResult(artifact.digest, out / safe_relative(manifest["ctxModel"]), written, total, signed_by)
-
-
-def _destination(out_dir: Path) -> Path:
-    try:
-        out = Path(os.path.abspath(out_dir))
-        if out.is_symlink():
-            out = out.resolve()
-        if out.exists() and not out.is_dir():
-            raise InstallConflictError(f"{out_dir} exists and is not a directory: nothing was changed")
-        if out.parent == out:
-            raise InstallConflictError("refusing to install into the root directory")
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InstallConflictError(f"cannot install into {out_dir}: {exc.strerror or exc}") from None
-    return out
-
-
-@contextmanager
-def _install_lock(out: Path) -> Iterator[None]:
-    import fcntl
-
-    lock = out.parent / f".{out.name}{STAGING_MARK}lock"
-    with open(lock, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _clean_leftovers(out: Path) -> None:
-    """Staging dirs of installs that were killed (we hold the lock: nobody else is writing)."""
-    prefix = f".{out.name}{STAGING_MARK}"
-    for p in out.parent.iterdir():
-        if p.name.startswith(prefix) and not p.name.endswith("lock") and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-    # Older ctxfarm staged inside --out itself.
-    if out.is_dir():
-        for p in out.iterdir():
-            if p.name.startswith(".ctxfarm-fetch-") and p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-
-
-_RENAME_EXCHANGE = 2
-
-
-def _swap_into_place(staging: Path, out: Path) -> None:
-    """``out`` becomes the staging dir; its old content ends in ``staging`` (then removed)."""
-    if not out.exists():
-        os.rename(staging, out)
-        staging.mkdir()  # the caller removes it
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is not None:
-        at_fdcwd = -100
-        rc = renameat2(at_fdcwd, os.fsencode(staging), at_fdcwd, os.fsencode(out), _RENAME_EXCHANGE)
-        if rc == 0:
-            return
-    # No atomic exchange here (old kernel or libc, some filesystems): two renames, the window
-    # between them is where --out is briefly absent.
-    old = out.parent / f".{out.name}{STAGING_MARK}old-{time.time_ns()}"
-    os.rename(out, old)
-    os.rename(staging, out)
-    os.rename(old, staging)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def receipt(result: FetchResult, extra: dict[str, Any]) -> dict[str, Any]:

@@ -246,3 +246,25 @@ class ReleaseBuild(Base):
 
     release_id: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"), primary_key=True)
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), primary_key=True, index=True)
+
+
+TOKEN_SCOPES = ("read", "submit", "admin")
+
+
+class ApiToken(Base):
+    """A bearer token of the HTTP service, stored as its sha256 only (shown once at creation)."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (
+        UniqueConstraint("name"),
+        UniqueConstraint("token_hash"),
+        CheckConstraint(f"scope IN {TOKEN_SCOPES!r}", name="scope_known"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    scope: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

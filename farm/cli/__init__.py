@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, translate
 
 # name -> (module in farm.cli, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "registry": ("ops_cmd", "verify blobs against the index, garbage-collect unreferenced blobs"),
     "keys": ("ops_cmd", "ed25519 signing keys: create, sign an artifact, print a public key"),
     "db": ("registry_cmd", "index database maintenance (upgrade)"),
+    "serve": ("service_cmd", "run the HTTP service (FastAPI) for devices, pipelines and ops"),
+    "token": ("service_cmd", "HTTP service tokens: create (shown once), list, revoke"),
+    "install": ("service_cmd", "device: install an artifact from the HTTP service (URL + read token only)"),
 }
 
 
@@ -107,36 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             return _broken_pipe()
         return err.exit_code
-
-
-def translate(exc: BaseException) -> FarmError:
-    """Map any exception to the error users see (codes are in the README's table)."""
-    from farm.core import errors as e
-
-    if isinstance(exc, FarmError):
-        return exc
-    if isinstance(exc, KeyboardInterrupt):
-        signum = getattr(exc, "signum", 2)
-        return e.InterruptedBuildError(f"interrupted by signal {signum}")
-    mod = type(exc).__module__.split(".")[0]
-    if mod == "sqlalchemy" or mod in ("psycopg", "sqlite3"):
-        from registry.db import database_error
-
-        return database_error(exc)
-    if mod in ("botocore", "boto3", "urllib3"):
-        return e.StorageUnavailable(f"blob store error: {str(exc)[:300]}")
-    if mod in ("redis", "kombu", "celery", "amqp"):
-        return e.NoWorkerError(f"broker error: {str(exc)[:300]}",
-                               hint="check FARM_BROKER_URL and that Redis is running")
-    if isinstance(exc, MemoryError):
-        return e.ResourceLimitError("out of memory")
-    if isinstance(exc, OSError):
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        return e.StorageError(f"{exc.strerror or exc}{where}",
-                              hint="check the path, its permissions and free space")
-    if isinstance(exc, (ValueError, OverflowError, UnicodeError)):
-        return e.UsageError(f"bad input: {str(exc)[:300]}")
-    return e.InternalError(f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _debug() -> bool:

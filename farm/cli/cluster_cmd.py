@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from farm.cli import table
+from farm.cli.service_cmd import add_server_arguments
 from farm.core.settings import Settings
 
 
@@ -27,11 +28,13 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--retry-failed", action="store_true", help="queue again builds that failed (any code)")
         p.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
         p.add_argument("--json", action="store_true")
+        add_server_arguments(p)
     elif name == "status":
         p.add_argument("release", type=int, nargs="?", help="release id")
         p.add_argument("--build", type=int, help="one build instead of a release")
         p.add_argument("--log", action="store_true", help="with --build: print the build log")
         p.add_argument("--json", action="store_true")
+        add_server_arguments(p)
     elif name == "worker":
         p.add_argument("--backend", choices=["qnn", "trt"], default="qnn")
         p.add_argument("--concurrency", type=int, default=1)
@@ -48,9 +51,46 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         return serve(settings, args.backend, concurrency=args.concurrency, loglevel=args.loglevel)
     if name == "workers":
         return _workers(args, settings)
+    if getattr(args, "server", None):
+        return _remote(name, args)
     if name == "status":
         return _status(args, settings)
     return _submit(args, settings)
+
+
+def _remote(name: str, args: argparse.Namespace) -> int:
+    """submit/status through the HTTP service: no database, broker or store credentials."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from farm.client import Client, wait_release
+    from farm.core.options import parse_pairs
+
+    client = Client(args.server, args.token)
+    if name == "status":
+        if args.build is not None:
+            info = client.json("GET", f"/v1/builds/{args.build}")
+            print(json.dumps(info, indent=2) if args.json else "\n".join(f"{k:14s} {v}" for k, v in info.items()
+                                                                          if k != "log" or args.log))
+            return 0
+        if args.release is None:
+            from farm.core.errors import UsageError
+
+            raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
+        st = client.json("GET", f"/v1/releases/{args.release}")
+    else:
+        model = client.upload(Path(args.model), name=args.name, tag=args.tag)
+        st = client.json("POST", "/v1/releases", {
+            "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
+            "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed})
+        if args.wait:
+            st = wait_release(client, st["release"], timeout=args.timeout)
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        print(f"release {st['release']} ({st['model']})", file=sys.stderr)
+        _print_status(SimpleNamespace(builds=st["builds"]))
+    return 0 if st["ok"] or not st["done"] else 1
 
 
 def _print_status(st: Any, out: Any = sys.stdout) -> None:

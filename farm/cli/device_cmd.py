@@ -37,6 +37,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--allow-unsigned", action="store_true",
                        help="with FARM_TRUSTED_KEYS set, accept an artifact that carries no signature at all")
     if name == "resolve":
+        from farm.cli.service_cmd import add_server_arguments
+
+        add_server_arguments(p)
         p.add_argument("--presign", type=int, metavar="TTL_S",
                        help="add presigned GET URLs (S3 stores) valid for TTL_S seconds, for devices to fetch directly")
 
@@ -77,6 +80,16 @@ def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "load-check":
         return _load_check(args)
+    if name == "resolve" and getattr(args, "server", None):
+        from farm.client import Client
+
+        info = Client(args.server, args.token).json("GET", "/v1/resolve", model=args.model, soc=args.soc, qnn=args.qnn,
+                                                    gpu=args.gpu, trt=args.trt,
+                                                    platform=args.platform if args.gpu else None)
+        info.pop("manifest", None) if not args.json else None
+        print(json.dumps(info, indent=2) if args.json else
+              f"{info['artifact'][7:19]}  {info['target']}  {info['toolchain']}  ({info['source']}: {info['reason']})")
+        return 0
     from registry.index import Registry, find_artifact
 
     reg = Registry.open(settings)

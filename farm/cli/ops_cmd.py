@@ -23,6 +23,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", "-t", action="append", default=[],
                        help="with --missing: the wanted targets (default: those each model was built for)")
         p.add_argument("--json", action="store_true")
+        from farm.cli.service_cmd import add_server_arguments
+
+        add_server_arguments(p)
     elif name == "registry":
         p.add_argument("action", choices=["verify", "gc"])
         p.add_argument("--quick", action="store_true", help="verify: sizes only, no re-hash")
@@ -52,6 +55,16 @@ def parse_duration(text: str) -> timedelta:
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "keys" and args.action in ("create", "public"):
         return _keys_local(args)
+    if name == "coverage" and getattr(args, "server", None):
+        from farm.client import Client
+
+        cov = Client(args.server, args.token).json("GET", "/v1/coverage", model=args.model or None,
+                                                   backend=args.backend)
+        if args.json:
+            print(json.dumps(cov, indent=2))
+        else:
+            table(cov["cells"], ["model", "target", "toolchain", "state", "builds", "codes"])
+        return 0
     from registry.index import Registry
 
     reg = Registry.open(settings)

@@ -31,7 +31,11 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     ├── ManifestError            bad-manifest       a manifest that is not a valid ctxfarm manifest
     ├── InstallConflictError     install-conflict   the install destination can't take the artifact
     ├── InterruptedBuildError    interrupted        SIGTERM/SIGINT while working (exit 130)
+    ├── UnauthorizedError        unauthorized       HTTP: no, unknown or revoked token
+    ├── ForbiddenError           forbidden          HTTP: the token's scope does not allow it
+    ├── ServerError              server-error       HTTP client: the service is unreachable or broken
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
+    (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
 
 from __future__ import annotations
@@ -224,26 +228,42 @@ BUILD_FAILURE_CODES = (
 # Same inputs, same failure: answered from the index until --retry-failed.
 DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit"})
 
-_BY_CODE: dict[str, type[FarmError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidModelError,
-        UnsupportedOpsError,
-        BadOptionsError,
-        NoWorkerError,
-        ToolchainError,
-        CompileTimeoutError,
-        WorkerLostError,
-        StorageError,
-        ResourceLimitError,
-        InterruptedBuildError,
-    )
-}
+def _subclasses(cls: type[FarmError]) -> list[type[FarmError]]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
 
 
 def error_for_code(code: str, message: str, *, hint: str | None = None) -> FarmError:
-    """Rebuild a typed error from a stored failure code (e.g. a failed build row)."""
-    return _BY_CODE.get(code, FarmError)(message, hint=hint)
+    """Rebuild a typed error from its code (a failed build row, a child's result, an HTTP error
+    body); an unknown code stays a FarmError carrying that code."""
+    for cls in _subclasses(FarmError):
+        if cls.code == code and cls.__module__ == __name__:
+            return cls(message, hint=hint)
+    err = FarmError(message, hint=hint)
+    err.code = code
+    return err
+
+
+class UnauthorizedError(FarmError):
+    code = "unauthorized"
+    default_hint = "send Authorization: Bearer <token> (an admin makes one: farm token create --scope read NAME)"
+
+
+class ForbiddenError(FarmError):
+    code = "forbidden"
+    default_hint = "this token's scope does not allow it (scopes: read < submit < admin)"
+
+
+class TooLargeError(UsageError):
+    code = "too-large"
+    default_hint = "the upload is over FARM_MAX_UPLOAD_MB"
+
+
+class ServerError(FarmError):
+    code = "server-error"
+    default_hint = "check FARM_SERVER / --server and that the service is up"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -253,3 +273,29 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def translate(exc: BaseException) -> FarmError:
+    """Any exception, as the error users see (every front door uses this one mapping; the codes
+    are in the README's table). Library errors are recognised by module, not imported."""
+    if isinstance(exc, FarmError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return InterruptedBuildError(f"interrupted by signal {getattr(exc, 'signum', 2)}")
+    mod = type(exc).__module__.split(".")[0]
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    if mod in ("sqlalchemy", "psycopg", "sqlite3"):
+        return DatabaseError(f"index database error: {first}")
+    if mod in ("botocore", "boto3", "urllib3", "s3transfer"):
+        return StorageUnavailable(f"blob store error: {first}")
+    if mod in ("redis", "kombu", "celery", "amqp"):
+        return NoWorkerError(f"broker error: {first}", hint="check FARM_BROKER_URL and that Redis is running")
+    if isinstance(exc, MemoryError):
+        return ResourceLimitError("out of memory")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        return StorageError(f"{exc.strerror or exc}{where}", hint="check the path, its permissions and free space")
+    if isinstance(exc, (ValueError, OverflowError, UnicodeError)):
+        return UsageError(f"bad input: {first}")
+    return InternalError(f"{type(exc).__name__}: {first}")

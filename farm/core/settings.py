@@ -67,6 +67,8 @@ class Settings:
     # still guards against a second delivery running twice).
     visibility_timeout: float = 0.0
     debug: bool = False
+    # HTTP service: the largest model bundle an upload may carry (and an archive expand to).
+    max_upload_mb: int = 4096
 
     @property
     def worker_stale_after(self) -> float:
@@ -144,6 +146,7 @@ class Settings:
             max_attempts=integer("FARM_MAX_ATTEMPTS", 3),
             visibility_timeout=number("FARM_VISIBILITY_TIMEOUT", 0.0, allow_zero=True),
             debug=parse_bool("FARM_DEBUG", env.get("FARM_DEBUG")),
+            max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),
         )
 
 

@@ -191,9 +191,9 @@ def _record(s: Any, bundle: ModelBundle, files: list[dict[str, Any]], name: str 
         set_tag(s, name, tag, bundle.digest)
 
 
-def _spec(bundle: ModelBundle, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
+def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
     od = options_digest(opts)
-    return states.BuildSpec(build_key(bundle.digest, t.backend, t.name, version, od), bundle.digest, t.backend,
+    return states.BuildSpec(build_key(model_digest, t.backend, t.name, version, od), model_digest, t.backend,
                             t.name, version, opts, od)
 
 
@@ -226,7 +226,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
         with reg.db.session() as s:
             _record(s, bundle, files, name, tag)
             for t in targets:
-                spec = _spec(bundle, t, executors[t.backend].toolchain.version, options[t])
+                spec = _spec(bundle.digest, t, executors[t.backend].toolchain.version, options[t])
                 build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
                 planned.append((t, spec, build_id))
         report = BuildReport(bundle.digest, name or bundle.stem, tag)
@@ -314,61 +314,106 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
                    retry_failed: bool = False) -> ReleaseStatus:
-    """Cluster: queue the release's builds and send their messages after the commit."""
-    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, make_app, send
-    from registry.index import release_builds
-    from registry.models import Release, ReleaseBuild
-
+    """Cluster, from a model file: validate, then ``queue_release``."""
     name, tag = check_name_tag(name, tag)
-    sdks = check_versions(sdks)
-    targets = parse_targets(target_refs)
-    raw = parse_pairs(option_pairs)
-    options = {t: normalize(t.backend, raw, t) for t in targets}
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
+        request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
+                                       retry_failed)
         served = served_toolchains(settings, reg)
-        matrix = _matrix(targets, sdks, served)
-        unserved = sorted({(t.backend, v) for t, v in matrix if (t.backend, v) not in served})
-        if unserved and not allow_queue:
+        request.check_served(served)
+        bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
+        return queue_release(settings, reg, bundle.digest, request, served=served, app=app,
+                             store=lambda: store_snapshot(reg, bundle), display=bundle.stem,
+                             onnx_digest=bundle.onnx.digest, size=bundle.size)
+    finally:
+        if own:
+            reg.close()
+
+
+@dataclass
+class ReleaseRequest:
+    """A release matrix, validated: the same for the CLI and the HTTP service."""
+
+    targets: list[Target]
+    sdks: list[str]
+    raw_options: dict[str, str]
+    options: dict[Target, dict[str, Any]]
+    name: str | None = None
+    tag: str | None = None
+    allow_queue: bool = False
+    retry_failed: bool = False
+
+    @classmethod
+    def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
+              name: str | None = None, tag: str | None = None, allow_queue: bool = False,
+              retry_failed: bool = False) -> ReleaseRequest:
+        name, tag = check_name_tag(name, tag)
+        targets = parse_targets(target_refs)
+        return cls(targets, check_versions(sdks), dict(raw_options),
+                   {t: normalize(t.backend, raw_options, t) for t in targets}, name, tag, allow_queue, retry_failed)
+
+    def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
+        return _matrix(self.targets, self.sdks, served)
+
+    def check_served(self, served: dict[tuple[str, str], list[str]]) -> None:
+        unserved = sorted({(t.backend, v) for t, v in self.matrix(served) if (t.backend, v) not in served})
+        if unserved and not self.allow_queue:
             have = ", ".join(f"{b} {v}" for b, v in sorted(served)) or "none"
             raise NoWorkerError(
                 "no live worker serves " + ", ".join(f"{b} {v}" for b, v in unserved),
                 hint=f"served now: {have}. Start such a worker, or pass --allow-queue to queue and wait",
                 details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
-        bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
-        specs = [(t, v, _spec(bundle, t, v, options[t])) for t, v in matrix]
-        if _needs_work(reg, [spec.build_key for _, _, spec in specs], retry_failed):
-            # Something will be sent: the broker must answer before anything is written.
-            app = app or make_app(settings)
-            check_broker(app)
-        files = store_snapshot(reg, bundle)
-        to_send: list[tuple[int, str]] = []
-        with reg.db.session() as s:
-            _record(s, bundle, files, name, tag)
-            release = Release(model_digest=bundle.digest, label=f"{name}:{tag}" if name else bundle.stem[:255],
-                              matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
-                                      "options": raw})
-            s.add(release)
-            s.flush()
-            for t, version, spec in specs:
-                hw_compat = spec.options.get("hardware_compatibility_level") == "ampere_plus"
-                queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
-                build_id, queued = states.enqueue(s, spec, queue, retry_failed=retry_failed)
-                s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
-                if queued:
-                    to_send.append((build_id, queue))
-            release_id = release.id
-        # After the commit: a worker that gets the message finds the row.
-        if to_send and app is None:
-            app = make_app(settings)
-        for build_id, queue in to_send:
-            send(app, COMPILE_TASK, [build_id], queue)
-        with reg.db.session() as s:
-            return _status(s, release_id, release_builds(s, release_id))
-    finally:
-        if own:
-            reg.close()
+
+
+def queue_release(settings: Settings, reg: Registry, model_digest: str, request: ReleaseRequest, *,
+                  served: dict[tuple[str, str], list[str]], app: Any = None,
+                  store: Callable[[], list[dict[str, Any]]] | None = None, display: str = "",
+                  onnx_digest: str = "", size: int = 0) -> ReleaseStatus:
+    """Record the release and its queued builds in one transaction, then send the messages.
+    ``store`` uploads the model snapshot (blobs first); a model already stored passes None."""
+    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, make_app, send
+    from registry.index import record_model, release_builds, set_tag
+    from registry.models import Release, ReleaseBuild
+
+    matrix = request.matrix(served)
+    specs = [(t, v, _spec(model_digest, t, v, request.options[t])) for t, v in matrix]
+    if _needs_work(reg, [spec.build_key for _, _, spec in specs], request.retry_failed):
+        # Something will be sent: the broker must answer before anything is written.
+        app = app or make_app(settings)
+        check_broker(app)
+    files = store() if store is not None else None
+    to_send: list[tuple[int, str]] = []
+    with reg.db.session() as s:
+        if files is not None:
+            m = record_model(s, digest=model_digest, onnx_digest=onnx_digest, size=size, files=files,
+                             name=request.name or display[:255])
+            if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
+                m.files = files  # recorded by an older ctxfarm, before snapshots were stored
+        if request.name and request.tag:
+            set_tag(s, request.name, request.tag, model_digest)
+        label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
+        release = Release(model_digest=model_digest, label=label,
+                          matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
+                                  "options": request.raw_options})
+        s.add(release)
+        s.flush()
+        for t, version, spec in specs:
+            hw_compat = spec.options.get("hardware_compatibility_level") == "ampere_plus"
+            queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
+            build_id, queued = states.enqueue(s, spec, queue, retry_failed=request.retry_failed)
+            s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
+            if queued:
+                to_send.append((build_id, queue))
+        release_id = release.id
+    # After the commit: a worker that gets the message finds the row.
+    if to_send and app is None:
+        app = make_app(settings)
+    for build_id, queue in to_send:
+        send(app, COMPILE_TASK, [build_id], queue)
+    with reg.db.session() as s:
+        return _status(s, release_id, release_builds(s, release_id))
 
 
 def _needs_work(reg: Registry, keys: list[str], retry_failed: bool) -> bool:

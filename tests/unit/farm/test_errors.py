@@ -41,6 +41,10 @@ STABLE_CODES = {
     "InstallConflictError": "install-conflict",
     "InterruptedBuildError": "interrupted",
     "InternalError": "internal-error",
+    "UnauthorizedError": "unauthorized",
+    "ForbiddenError": "forbidden",
+    "TooLargeError": "too-large",
+    "ServerError": "server-error",
 }
 
 
@@ -76,10 +80,11 @@ def test_error_for_code_round_trips_build_failures(code):
     assert exc.to_dict() == {"code": code, "message": "it broke", "hint": "try again"}
 
 
-def test_error_for_unknown_code_is_a_plain_farm_error():
-    exc = error_for_code("something-new", "??")
+def test_error_for_unknown_code_is_a_plain_farm_error_keeping_the_code():
+    exc = error_for_code("something-new", "??")  # e.g. from a newer service
     assert type(exc) is FarmError
-    assert exc.code == "farm-error"
+    assert exc.code == "something-new"
+    assert type(error_for_code("forbidden", "no")).__name__ == "ForbiddenError"
 
 
 def test_deterministic_failures_are_build_failures():

@@ -158,3 +158,14 @@ def test_crafted_manifests_are_bad_manifest(store, tmp_path, crafted):
     with pytest.raises(ManifestError):
         fetch_artifact(store, art, tmp_path / "out")
     assert tree(tmp_path) == []
+
+
+def test_a_garbage_public_key_in_a_signature_row_is_refused_not_a_crash(store, tmp_path):
+    import base64
+
+    art = publish(store, {"m_ctx.onnx": CTX})
+    trusted = [base64.b64encode(b"k" * 32).decode()]
+    garbage = [("!!not base64!!", "also not"), ("", ""), (base64.b64encode(b"short").decode(), "x")]
+    with pytest.raises(SignatureError):
+        fetch_artifact(store, art, tmp_path / "out", signatures=garbage, trusted=trusted)
+    assert not (tmp_path / "out").exists()

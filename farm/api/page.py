@@ -1,0 +1,50 @@
+"""The coverage page, rendered on the server (no JavaScript build chain): models x targets x SDK
+versions, each cell built, failed (with its code), missing, building or broken; filters by
+model, SoC and SDK through the query string."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:24px;color:#1b1f24}
+table{border-collapse:collapse}th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:center}
+th{background:#f6f8fa}td.built{background:#dafbe1}td.failed{background:#ffebe9}td.missing{background:#fff8c5}
+td.building{background:#ddf4ff}td.broken{background:#ffd8b5}caption{text-align:left;font-weight:600;margin:8px 0}
+form{margin-bottom:12px}
+"""
+
+
+def render(cov: dict[str, Any], *, soc: str | None = None, sdk: str | None = None) -> str:
+    cells = {(c["model"], c["target"], c["toolchain"]): c for c in cov["cells"]}
+    targets = sorted({c["target"] for c in cov["cells"]})
+    if soc:
+        targets = [t for t in targets if t.split(":", 1)[-1].lower() == soc.lower()]
+    columns = [(b, v) for b, versions in sorted(cov["toolchains"].items()) for v in versions if not sdk or v == sdk]
+    e = html.escape
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>ctxfarm coverage</title>",
+           f"<style>{STYLE}</style></head><body><h1>ctxfarm coverage</h1>",
+           "<form method='get'><label>model <input name='model'></label> <label>SoC <input name='soc'></label> "
+           "<label>SDK <input name='sdk'></label> <button>filter</button></form>"]
+    for model in sorted(cov["models"]):
+        out.append(f"<table data-model='{e(model)}'><caption>{e(model)}</caption><tr><th>target</th>")
+        out.extend(f"<th>{e(b)} {e(v)}</th>" for b, v in columns)
+        out.append("</tr>")
+        for t in targets:
+            if not any((model, t, v) in cells for _, v in columns) and not any(k[0] == model and k[1] == t
+                                                                              for k in cells):
+                continue
+            out.append(f"<tr><th>{e(t)}</th>")
+            for b, v in columns:
+                c = cells.get((model, t, v))
+                if not t.startswith(b + ":"):
+                    out.append("<td></td>")
+                    continue
+                state = c["state"] if c else "missing"
+                label = state + (f" ({', '.join(c['codes'])})" if c and c["codes"] and state == "failed" else "")
+                out.append(f"<td class='{e(state)}' data-target='{e(t)}' data-sdk='{e(v)}'>{e(label)}</td>")
+            out.append("</tr>")
+        out.append("</table>")
+    out.append("</body></html>")
+    return "".join(out)

@@ -1,0 +1,71 @@
+"""Bearer tokens of the HTTP service: scopes ``read`` (devices) < ``submit`` (pipelines) <
+``admin`` (ops). Only a token's sha256 is stored; the token is shown once, at creation."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from farm.core.errors import NotFoundError, UsageError
+from farm.core.names import check_name
+from registry.models import TOKEN_SCOPES, ApiToken
+
+RANK = {scope: i for i, scope in enumerate(TOKEN_SCOPES)}
+PREFIX = "cfk_"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    name: str
+    scope: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+
+
+def create_token(session: Session, name: str, scope: str) -> str:
+    """A new token (returned once; only its hash is kept)."""
+    check_name(name)
+    if scope not in RANK:
+        raise UsageError(f"unknown scope {scope!r}", hint=f"scopes: {', '.join(TOKEN_SCOPES)}")
+    token = PREFIX + secrets.token_urlsafe(32)
+    try:
+        with session.begin_nested():
+            session.add(ApiToken(name=name, scope=scope, token_hash=_hash(token)))
+    except IntegrityError:
+        raise UsageError(f"a token named {name!r} exists", hint="revoke it first, or pick another name") from None
+    return token
+
+
+def list_tokens(session: Session) -> list[TokenInfo]:
+    return [TokenInfo(t.name, t.scope, t.created_at, t.revoked_at, t.last_used_at)
+            for t in session.scalars(select(ApiToken).order_by(ApiToken.name))]
+
+
+def revoke_token(session: Session, name: str) -> None:
+    n = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+                        .values(revoked_at=datetime.now(UTC)).execution_options(synchronize_session=False))
+    if not n.rowcount:  # type: ignore[attr-defined]
+        raise NotFoundError(f"no active token named {name!r}", hint="`farm token list` shows them")
+
+
+def scope_of(session: Session, token: str) -> str | None:
+    """The scope of a valid, unrevoked token; None otherwise."""
+    if not token.startswith(PREFIX) or len(token) > 128:
+        return None
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == _hash(token), ApiToken.revoked_at.is_(None)))
+    return row.scope if row is not None else None
+
+
+def allows(scope: str | None, needed: str) -> bool:
+    return scope is not None and RANK[scope] >= RANK[needed]
