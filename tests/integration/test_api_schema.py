@@ -1,0 +1,61 @@
+"""schemathesis (its CLI) against a real `farm serve` and the service's own OpenAPI document:
+every operation with generated inputs and an admin token; no input may produce a server error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
+from farm.services import free_port
+from registry.index import Registry
+from registry.tokens import create_token
+from tests.common.onnx_models import light
+
+
+def serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--port", str(port)], env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return proc
+        except OSError:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"farm serve did not answer: {log.read_text()}")
+
+
+def test_schemathesis_finds_no_server_error(tmp_path: Path, farm_env: dict[str, str]) -> None:
+    env = {**farm_env, "FARM_HOME": str(tmp_path / "home"), "FARM_MAX_UPLOAD_MB": "1"}
+    settings = Settings.from_env(env)
+    build(settings, light("squeezenet"), ["qnn:SM8650"], name="sq", tag="stable")
+    reg = Registry.open(settings)
+    with reg.db.session() as s:
+        token = create_token(s, "fuzz-admin", "admin")
+    reg.close()
+    port = free_port()
+    proc = serve(env, port, tmp_path / "serve.log")
+    try:
+        st = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
+        run = subprocess.run(
+            [st, "run", f"http://127.0.0.1:{port}/openapi.json", "-H", f"Authorization: Bearer {token}",
+             "--checks", "not_a_server_error", "--max-examples", "20", "--phases", "examples,coverage,fuzzing",
+             "--generation-deterministic"],
+            capture_output=True, text=True, timeout=900, env={**os.environ, "NO_COLOR": "1"})
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+        print(run.stdout[-3000:])
+        assert "passed" in run.stdout.lower()
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
