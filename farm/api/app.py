@@ -527,7 +527,8 @@ def _coverage(reg: Registry, models: list[str] | None, backend: str | None) -> d
         cov = coverage(s, backend=backend, models=models or None)
     return {"toolchains": cov.toolchains, "models": cov.models,
             "cells": [{"model": m, "target": t, "toolchain": tc, "state": c.state, "builds": c.builds,
-                       "codes": sorted(set(c.codes))} for (m, t, tc), c in sorted(cov.cells.items())]}
+                       "codes": sorted(set(c.codes)), "probe_verified": c.verified}
+                      for (m, t, tc), c in sorted(cov.cells.items())]}
 
 
 class _EmbeddedRunner:

@@ -11,7 +11,7 @@ STYLE = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#1b1f24}
 table{border-collapse:collapse}th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:center}
 th{background:#f6f8fa}td.built{background:#dafbe1}td.failed{background:#ffebe9}td.missing{background:#fff8c5}
-td.building{background:#ddf4ff}td.broken{background:#ffd8b5}caption{text-align:left;font-weight:600;margin:8px 0}
+td.building{background:#ddf4ff}td.broken{background:#ffd8b5}td{white-space:nowrap}caption{text-align:left;font-weight:600;margin:8px 0}
 form{margin-bottom:12px}
 """
 
@@ -32,9 +32,6 @@ def render(cov: dict[str, Any], *, soc: str | None = None, sdk: str | None = Non
         out.extend(f"<th>{e(b)} {e(v)}</th>" for b, v in columns)
         out.append("</tr>")
         for t in targets:
-            if not any((model, t, v) in cells for _, v in columns) and not any(k[0] == model and k[1] == t
-                                                                              for k in cells):
-                continue
             out.append(f"<tr><th>{e(t)}</th>")
             for b, v in columns:
                 c = cells.get((model, t, v))
@@ -43,6 +40,8 @@ def render(cov: dict[str, Any], *, soc: str | None = None, sdk: str | None = Non
                     continue
                 state = c["state"] if c else "missing"
                 label = state + (f" ({', '.join(c['codes'])})" if c and c["codes"] and state == "failed" else "")
+                if c and c.get("probe_verified"):
+                    label += " \u2713 probe-verified"
                 out.append(f"<td class='{e(state)}' data-target='{e(t)}' data-sdk='{e(v)}'>{e(label)}</td>")
             out.append("</tr>")
         out.append("</table>")

@@ -348,3 +348,49 @@ def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "error[database-error]" in proc.stderr and "unreachable" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "blobs" / "blobs").exists(), "nothing uploaded when the index is down"
+
+
+def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tmp_path: Path) -> None:
+    """The real stack behind `farm serve`: a pipeline with only a URL and a submit token uploads
+    and releases; a device with only a URL and a read token installs into an empty directory and
+    the context loads with onnxruntime-qnn."""
+    from farm.services import free_port
+    from tests.integration.test_api_schema import serve
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
+    read = f.cli("token", "create", "pixel-fleet", "--scope", "read").stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = serve(f.env, port, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    # Neither the pipeline nor the device has database, broker or store settings or credentials.
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
+    bare["FARM_HOME"] = str(tmp_path / "nothing-here")
+    try:
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True,
+                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+            return proc
+
+        st = json.loads(cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--name",
+                            "vision/sq", "--tag", "stable", "--wait", "--timeout", "240", "--server", url,
+                            "--token", submit, "--json").stdout)
+        assert st["ok"] and [b["state"] for b in st["builds"]] == ["succeeded"]
+        dest = tmp_path / "device" / "sq"
+        got = json.loads(cli("install", "--server", url, "--token", read, "--model", "vision/sq:stable",
+                             "--soc", "SM8650", "--qnn", "2.51.0", "--dest", str(dest), "--json").stdout)
+        assert Path(got["ctx_model"]) == dest / "model_ctx.onnx" and got["bytes"] > 0
+        loaded = json.loads(cli("load-check", got["ctx_model"], "--target", "qnn:SM8650", "--json").stdout)
+        assert loaded["load_seconds"] > 0 and loaded["outputs"]
+        status = json.loads(cli("status", str(st["release"]), "--server", url, "--token", read, "--json").stdout)
+        assert status["ok"]
+        # A read token can't submit.
+        refused = subprocess.run([sys.executable, "-m", "farm.cli", "submit", str(light("squeezenet")), "-t",
+                                  "qnn:SM8650", "--sdk", "2.51.0", "--server", url, "--token", read], env=bare,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and "error[forbidden]" in refused.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
