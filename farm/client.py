@@ -159,7 +159,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     """Resolve, download (resuming), verify and place an artifact; see the module docstring."""
     client = Client(server, token)
     res = client.json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn, gpu=gpu, trt=trt,
-                      platform=platform if gpu else None)
+                      platform=platform if gpu else None, manifest="false")
     artifact = str(res["artifact"])
     out = destination(Path(dest))
     partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"

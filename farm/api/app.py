@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -238,11 +239,14 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                 qnn: Annotated[str | None, Query(max_length=64)] = None,
                 gpu: Annotated[str | None, Query(max_length=64)] = None,
                 trt: Annotated[str | None, Query(max_length=64)] = None,
-                platform: Annotated[str, Query(max_length=64)] = "linux-x86-64") -> dict[str, Any]:
-        """The artifact this device should load: manifest, signatures, where to get each file."""
+                platform: Annotated[str, Query(max_length=64)] = "linux-x86-64",
+                manifest: bool = True) -> dict[str, Any]:
+        """The artifact this device should load: manifest, signatures, where to get each file.
+        ``manifest=false`` leaves the manifest out (a device that fetches and verifies the
+        manifest blob itself saves the service a store read)."""
         started = time.perf_counter()
         try:
-            return _resolve(reg, str(request.base_url), model, soc, qnn, gpu, trt, platform)
+            return _resolve(reg, str(request.base_url), model, soc, qnn, gpu, trt, platform, manifest)
         finally:
             metrics.resolve_seconds.observe(time.perf_counter() - started)
 
@@ -421,13 +425,12 @@ def _release_out(st: plan.ReleaseStatus) -> ReleaseOut:
 
 
 def _resolve(reg: Registry, base_url: str, model: str, soc: str | None, qnn: str | None, gpu: str | None,
-             trt: str | None, platform: str) -> dict[str, Any]:
+             trt: str | None, platform: str, with_manifest: bool = True) -> dict[str, Any]:
     from farm.core.catalog import load_catalog
     from farm.core.names import check_name
     from registry.index import resolve_model_ref, signatures_of
     from registry.resolve import Device, describe
     from registry.resolve import resolve as resolve_artifact
-    from registry.store.base import read_bytes
 
     if gpu or trt:
         if not (gpu and trt):
@@ -448,14 +451,33 @@ def _resolve(reg: Registry, base_url: str, model: str, soc: str | None, qnn: str
         sigs = [{"public_key": p, "signature": g} for p, g in signatures_of(s, artifact.digest)]
         art_digest = artifact.digest
         manifest_size = next((f.size for f in artifact.files if f.role == "manifest"), 0)
-    manifest = json.loads(read_bytes(reg.store, art_digest))
+        ctx_model = artifact.ctx_model
+    manifest = _manifest(reg, art_digest) if with_manifest else None
     base = base_url.rstrip("/")
     for f in files:
         f["url"] = f"{base}/v1/blobs/{f['digest']}"
-    return {**describe(artifact, verdict), "model": digest, "ctx_model": manifest["ctxModel"],
+    return {**describe(artifact, verdict), "model": digest, "ctx_model": ctx_model,
             "manifest": manifest, "manifest_url": f"{base}/v1/blobs/{art_digest}", "manifest_size": manifest_size,
             "signatures": sigs,
             "files": files}
+
+
+_MANIFESTS: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+_MANIFESTS_MAX = 4096
+
+
+def _manifest(reg: Registry, digest: str) -> dict[str, Any]:
+    """Manifests are content-addressed, hence immutable: cached by digest once verified."""
+    from registry.store.base import read_bytes
+
+    key = (reg.store.url, digest)
+    data = _MANIFESTS.get(key)
+    if data is None:
+        data = read_bytes(reg.store, digest)
+        _MANIFESTS[key] = data
+        if len(_MANIFESTS) > _MANIFESTS_MAX:
+            _MANIFESTS.popitem(last=False)
+    return dict(json.loads(data))
 
 
 def _ranged(reg: Registry, digest: str, size: int, range_: str | None, etag: str, metrics: Any) -> Response:

@@ -11,7 +11,8 @@ STYLE = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#1b1f24}
 table{border-collapse:collapse}th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:center}
 th{background:#f6f8fa}td.built{background:#dafbe1}td.failed{background:#ffebe9}td.missing{background:#fff8c5}
-td.building{background:#ddf4ff}td.broken{background:#ffd8b5}td{white-space:nowrap}caption{text-align:left;font-weight:600;margin:8px 0}
+td.building{background:#ddf4ff}td.broken{background:#ffd8b5}td{white-space:nowrap}
+caption{text-align:left;font-weight:600;margin:8px 0}
 form{margin-bottom:12px}
 """
 
