@@ -147,8 +147,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             raw = (authorization or "").removeprefix("Bearer ").strip() or (token or "")
             if not raw:
                 raise AuthError("no token")
-            with reg.db.session() as s:
-                got = scope_of(s, raw)
+            got = tokens.get(raw)
+            if got is _MISS:
+                with reg.db.session() as s:
+                    got = scope_of(s, raw)
+                tokens.put(raw, got)
             if got is None:
                 raise AuthError("unknown or revoked token")
             if not allows(got, needed):
@@ -156,6 +159,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             return got
         return Depends(check)
 
+    tokens = _TokenCache(ttl=TOKEN_CACHE_S)
     read, submit, admin = scope("read"), scope("submit"), scope("admin")
 
     # -- health and metrics ---------------------------------------------------------------------
@@ -370,6 +374,38 @@ class _ErrorBoundary:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
+
+TOKEN_CACHE_S = 5.0  # a revoked token stops working within this many seconds
+_MISS = object()
+
+
+class _TokenCache:
+    """Token -> scope (or None for unknown), for a few seconds: a device's resolve and its blob
+    GETs cost one token lookup, not one each. Keyed by the token's sha256, bounded in size."""
+
+    def __init__(self, ttl: float, size: int = 10_000):
+        self.ttl, self.size = ttl, size
+        self.items: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _key(token: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+
+    def get(self, token: str) -> Any:
+        with self.lock:
+            hit = self.items.get(self._key(token))
+        if hit is None or hit[0] < time.monotonic():
+            return _MISS
+        return hit[1]
+
+    def put(self, token: str, scope: str | None) -> None:
+        with self.lock:
+            self.items[self._key(token)] = (time.monotonic() + self.ttl, scope)
+            if len(self.items) > self.size:
+                self.items.popitem(last=False)
 
 async def _run(fn: Any, *args: Any) -> Any:
     from starlette.concurrency import run_in_threadpool

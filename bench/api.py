@@ -1,0 +1,338 @@
+"""The HTTP service under load, with baselines measured in the same run.
+
+    python bench/api.py [--artifacts 100000] [--rate 200] [--seconds 10] [--install-mib 1024] [--stream-mib 2048]
+
+1. resolve over HTTP with 100k artifacts in PostgreSQL, from concurrent loopback clients at a
+   fixed rate (open loop): p50/p99 of hits and of explained misses, against `SELECT 1` over
+   HTTP-free SQL (the floor);
+2. /v1/coverage and the /coverage page at that size;
+3. `farm.client.install` of a large artifact from SeaweedFS (presigned redirect) against a raw
+   boto3 GET of the same object (a ratio);
+4. the service's peak RSS while it streams a large blob from a local store.
+Prints a table and writes bench/out/api.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.resolve import RUNTIMES, populate  # noqa: E402
+from farm.services import free_port, start_seaweedfs  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q / 100 * len(s)))]
+
+
+def serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--port", str(port)], env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/healthz")
+            if c.getresponse().status == 200:
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"farm serve did not start: {log.read_text()[-2000:]}")
+
+
+def rss_kib(pid: int, key: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def load(port: int, token: str, queries: list[str], rate: float, threads: int) -> list[tuple[str, float, int]]:
+    """Open loop: request i is due at i / rate; latency counts from when it was due."""
+    out: list[tuple[str, float, int]] = []
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.2
+    idx = iter(range(len(queries)))
+
+    def run() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"Authorization": f"Bearer {token}"}
+        while True:
+            with lock:
+                i = next(idx, None)
+            if i is None:
+                break
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            conn.request("GET", queries[i], headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            took = time.perf_counter() - due
+            with lock:
+                out.append((queries[i], took, resp.status))
+        conn.close()
+
+    ts = [threading.Thread(target=run) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def get(port: int, path: str, token: str) -> tuple[int, bytes, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.perf_counter()
+    conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+    resp = conn.getresponse()
+    body = resp.read()
+    return resp.status, body, time.perf_counter() - t0
+
+
+def big_artifact(reg: Any, size_mib: int, name: str) -> str:
+    """Publish a synthetic artifact with one large context file (blobs first, then rows)."""
+    from farm.core.keys import sha256_file
+    from farm.pipeline import states
+    from farm.pipeline.states import BuildSpec
+    from registry import manifest as mf
+    from registry.index import insert_artifact, record_model, set_tag
+    from registry.store.base import put_bytes, put_file
+
+    with tempfile.NamedTemporaryFile(dir=ROOT / "bench" / "out", delete=False) as f:
+        rng = random.Random(7)
+        block = bytes(rng.getrandbits(8) for _ in range(1 << 20))
+        for i in range(size_mib):
+            f.write(hashlib.sha256(i.to_bytes(8, "big")).digest() + block[32:])
+        path = Path(f.name)
+    try:
+        digest, size = sha256_file(path)
+        put_file(reg.store, path, expected=digest)
+    finally:
+        path.unlink()
+    ctx = b"ctx model placeholder " + name.encode()
+    ctx_info = put_bytes(reg.store, ctx)
+    model = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+    files = [{"name": "model_ctx.onnx", "role": "ctx-model", "digest": ctx_info.digest, "size": len(ctx),
+              "mediaType": "application/onnx"},
+             {"name": "model_ctx_qnn.bin", "role": "context", "digest": digest, "size": size,
+              "mediaType": "application/octet-stream"}]
+    manifest = mf.make_manifest(model_digest=model, build_key="0" * 64, backend="qnn",
+                                target={"ref": "qnn:SM8650", "name": "SM8650"}, toolchain={"version": "2.51.0"},
+                                options={}, options_digest="sha256:" + "0" * 64, ctx_model="model_ctx.onnx",
+                                files=files, epcontext=[], placement={"ep_nodes": 1, "cpu_nodes": 0},
+                                compile_seconds=1.0, built_at="2026-01-01T00:00:00+00:00", log=None)
+    data, mdigest = mf.encode(manifest)
+    put_bytes(reg.store, data, expected=mdigest)
+    from farm.core.catalog import parse_target
+    from farm.core.keys import build_key, options_digest
+    from farm.core.options import normalize
+
+    opts = normalize("qnn", {}, parse_target("qnn:SM8650"))
+    od = options_digest(opts)
+    spec = BuildSpec(build_key(model, "qnn", "SM8650", "2.51.0", od), model, "qnn", "SM8650", "2.51.0", opts, od)
+    with reg.db.session() as s:
+        record_model(s, digest=model, onnx_digest=model, size=1, files=[], name=name)
+        set_tag(s, name, "latest", model)
+        build_id, _ = states.enqueue(s, spec, None)
+        lease = states.claim(s, build_id, owner="bench", lease_seconds=60, max_attempts=3).lease
+        assert lease is not None
+        insert_artifact(s, build_id, manifest_digest=mdigest, manifest_size=len(data), ctx_model="model_ctx.onnx",
+                        files=files, ep_sdk_version="2.51.0", compile_seconds=1.0, nodes_ep=1, nodes_cpu=0)
+        states.succeed(s, lease, log=None)
+    return digest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifacts", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--install-mib", type=int, default=1024)
+    ap.add_argument("--stream-mib", type=int, default=2048)
+    ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    args = ap.parse_args()
+
+    import psycopg
+
+    from farm.core.settings import Settings
+    from registry.db import Database, migrate
+    from registry.index import Registry
+    from registry.tokens import create_token
+
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dbname = f"ctxfarm_api_{os.getpid()}"
+    admin = psycopg.connect(args.admin_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{dbname}"')
+    base = args.admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    db_url = f"{base}/{dbname}"
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-api-") as tmp_s:
+            tmp = Path(tmp_s)
+            migrate(db_url)
+            db = Database(db_url)
+            socs = ["SM8650", "SM8750", "SM8550", "SC8380XP", "SM8450", "SM8475", "SM8350", "QCS9100", "SA8295",
+                    "SM8850"]
+            t0 = time.perf_counter()
+            populate(db, args.artifacts, socs, unbuilt=50)
+            results["populate_s"] = time.perf_counter() - t0
+            db.dispose()
+            env_local = {**os.environ, "FARM_HOME": str(tmp / "home"), "FARM_DATABASE_URL": db_url,
+                         "FARM_STORE_URL": f"file://{tmp / 'blobs'}"}
+            settings = Settings.from_env(env_local)
+            reg = Registry.open(settings)
+            with reg.db.session() as s:
+                token = create_token(s, "bench", "read")
+            port = free_port()
+            procs.append(serve(env_local, port, tmp / "serve.log"))
+            pid = procs[-1].pid
+
+            # 1. resolve, hits and explained misses, open loop at --rate.
+            rng = random.Random(1)
+            n = int(args.rate * args.seconds)
+            queries = [f"/v1/resolve?model=name_{rng.randrange(args.artifacts // (len(socs) * 10))}:stable"
+                       f"&soc={rng.choice(socs)}&qnn={rng.choice(RUNTIMES)}&manifest=false" for _ in range(n)]
+            load(port, token, queries[: min(200, n)], args.rate * 4, args.threads)  # warm-up
+            got = load(port, token, queries, args.rate, args.threads)
+            hits = [t for _, t, st in got if st == 200]
+            misses = [t for _, t, st in got if st == 404]
+            wall = max(1e-9, args.seconds)
+            floor = []
+            from sqlalchemy import text
+
+            for _ in range(500):
+                with reg.db.session() as s:
+                    a = time.perf_counter()
+                    s.execute(text("SELECT 1"))
+                    floor.append(time.perf_counter() - a)
+            results["resolve"] = {"requests": len(got), "rate_asked": args.rate, "rate_done": len(got) / wall,
+                                  "hit_p50_ms": pct(hits, 50) * 1e3, "hit_p99_ms": pct(hits, 99) * 1e3,
+                                  "miss_p50_ms": pct(misses, 50) * 1e3, "miss_p99_ms": pct(misses, 99) * 1e3,
+                                  "hits": len(hits), "misses": len(misses),
+                                  "other": len(got) - len(hits) - len(misses),
+                                  "select1_p50_ms": pct(floor, 50) * 1e3}
+            # 2. coverage JSON and page.
+            for path in ("/v1/coverage", "/coverage"):
+                times = []
+                for _ in range(3):
+                    status, body, took = get(port, path, token)
+                    assert status == 200, body[:300]
+                    times.append(took)
+                results[f"coverage {path}"] = {"median_ms": pct(times, 50) * 1e3, "bytes": len(body)}
+            # 4. RSS while streaming a large blob (local store: the service streams it itself).
+            big = big_artifact(reg, args.stream_mib, "stream-me")
+            before = rss_kib(pid)
+            peak = before
+            stop = threading.Event()
+
+            def watch() -> None:
+                nonlocal peak
+                while not stop.is_set():
+                    peak = max(peak, rss_kib(pid))
+                    time.sleep(0.05)
+
+            w = threading.Thread(target=watch)
+            w.start()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            t1 = time.perf_counter()
+            conn.request("GET", f"/v1/blobs/{big}", headers={"Authorization": f"Bearer {token}"})
+            resp = conn.getresponse()
+            total = 0
+            while chunk := resp.read(1 << 20):
+                total += len(chunk)
+            took = time.perf_counter() - t1
+            stop.set()
+            w.join()
+            results["stream"] = {"mib": total / 2**20, "seconds": took, "rss_before_mib": before / 1024,
+                                 "rss_peak_mib": peak / 1024}
+            reg.close()
+            os.killpg(pid, signal.SIGTERM)
+            procs[-1].wait(30)
+
+            # 3. install over HTTP (presigned S3) vs raw boto3 GET of the same object.
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret")
+            s3 = start_seaweedfs(tmp / "weed")
+            try:
+                store_url = f"s3://ctxfarm-bench/api?endpoint={s3.url}"
+                env_s3 = {**env_local, "FARM_STORE_URL": store_url, "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+                          "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"]}
+                reg3 = Registry.open(Settings.from_env(env_s3))
+                blob = big_artifact(reg3, args.install_mib, "install-me")
+                port3 = free_port()
+                procs.append(serve(env_s3, port3, tmp / "serve3.log"))
+                from farm.client import install
+
+                t1 = time.perf_counter()
+                install(f"http://127.0.0.1:{port3}", token, "install-me", soc="SM8650", qnn="2.51.0",
+                        dest=tmp / "device")
+                install_s = time.perf_counter() - t1
+                from registry.store.base import blob_key
+
+                client = reg3.store.client  # type: ignore[attr-defined]
+                key = reg3.store._key(blob_key(blob))  # type: ignore[attr-defined]
+                t1 = time.perf_counter()
+                body = client.get_object(Bucket=reg3.store.bucket, Key=key)["Body"]  # type: ignore[attr-defined]
+                h = hashlib.sha256()
+                with open(tmp / "raw.bin", "wb") as f:
+                    while chunk := body.read(1 << 20):
+                        h.update(chunk)
+                        f.write(chunk)
+                raw_s = time.perf_counter() - t1
+                results["install"] = {"mib": args.install_mib, "install_s": install_s, "raw_get_s": raw_s,
+                                      "throughput_vs_raw": raw_s / install_s}
+                reg3.close()
+            finally:
+                s3.stop()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(30)
+        admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        admin.close()
+
+    r = results["resolve"]
+    print(f"resolve over HTTP, {args.artifacts} artifacts, {r['requests']} requests at {args.rate:g}/s "
+          f"({args.threads} clients): done at {r['rate_done']:.0f}/s")
+    print(f"  hits   p50 {r['hit_p50_ms']:.1f} ms  p99 {r['hit_p99_ms']:.1f} ms  ({r['hits']})")
+    print(f"  misses p50 {r['miss_p50_ms']:.1f} ms  p99 {r['miss_p99_ms']:.1f} ms  ({r['misses']})")
+    print(f"  SELECT 1 p50 {r['select1_p50_ms']:.2f} ms (floor, same run)")
+    for k in ("coverage /v1/coverage", "coverage /coverage"):
+        print(f"{k}: {results[k]['median_ms']:.0f} ms ({results[k]['bytes']} bytes)")
+    i = results["install"]
+    print(f"install {i['mib']} MiB: {i['install_s']:.1f} s vs raw S3 GET {i['raw_get_s']:.1f} s "
+          f"-> {i['throughput_vs_raw']:.2f}x of raw throughput")
+    st = results["stream"]
+    print(f"stream {st['mib']:.0f} MiB from the service: {st['seconds']:.1f} s, server RSS {st['rss_before_mib']:.0f} "
+          f"-> peak {st['rss_peak_mib']:.0f} MiB")
+    (out_dir / "api.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
