@@ -198,7 +198,8 @@ def main() -> int:
             socs = ["SM8650", "SM8750", "SM8550", "SC8380XP", "SM8450", "SM8475", "SM8350", "QCS9100", "SA8295",
                     "SM8850"]
             t0 = time.perf_counter()
-            populate(db, args.artifacts, socs, unbuilt=50)
+            if args.artifacts:
+                populate(db, args.artifacts, socs, unbuilt=50)
             results["populate_s"] = time.perf_counter() - t0
             db.dispose()
             env_local = {**os.environ, "FARM_HOME": str(tmp / "home"), "FARM_DATABASE_URL": db_url,
@@ -211,12 +212,14 @@ def main() -> int:
             procs.append(serve(env_local, port, tmp / "serve.log"))
             pid = procs[-1].pid
 
-            # 1. resolve, hits and explained misses, open loop at --rate.
+            # 1. resolve, hits and explained misses, open loop at --rate (--artifacts 0: skipped).
             rng = random.Random(1)
-            n = int(args.rate * args.seconds)
-            queries = [f"/v1/resolve?model=name_{rng.randrange(args.artifacts // (len(socs) * 10))}:stable"
+            n_models = max(1, args.artifacts // (len(socs) * 10))
+            n = int(args.rate * args.seconds) if args.artifacts else 0
+            queries = [f"/v1/resolve?model=name_{rng.randrange(n_models)}:stable"
                        f"&soc={rng.choice(socs)}&qnn={rng.choice(RUNTIMES)}&manifest=false" for _ in range(n)]
-            load(port, token, queries[: min(200, n)], args.rate * 4, args.threads)  # warm-up
+            if n:
+                load(port, token, queries[: min(200, n)], args.rate * 4, args.threads)  # warm-up
             got = load(port, token, queries, args.rate, args.threads)
             hits = [t for _, t, st in got if st == 200]
             misses = [t for _, t, st in got if st == 404]

@@ -186,7 +186,13 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
         for f in files:
             target = inside(staging, str(f["name"]))
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(partial / str(f["digest"]).removeprefix("sha256:"), target)
+            source = partial / str(f["digest"]).removeprefix("sha256:")
+            # A sibling directory, the same filesystem: a hard link (a blob listed twice stays
+            # whole for its second name), no second copy of a multi-GB file.
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
             written.append(out / str(f["name"]))
     shutil.rmtree(partial, ignore_errors=True)
     return InstallResult(artifact, out / safe_relative(str(manifest["ctxModel"])), written, total, resumed, signed_by)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from farm.core.errors import ConfigError, DatabaseError, FarmError, SchemaMismatchError
+from farm.core.placement import file_lock
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -139,27 +140,12 @@ def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:
             f"the index schema at {url} is at {rev or 'none'}, this ctxfarm needs {SCHEMA_HEAD}",
             hint="run `farm db upgrade` (once, by an operator) before starting commands and workers")
     path = sqlite_path(str(engine.url))
-    with _file_lock(path.with_name(path.name + ".lock") if path else None):
+    with file_lock(path.with_name(path.name + ".lock")) if path else nullcontext():
         if current_revision(engine) != SCHEMA_HEAD:  # someone else may have done it meanwhile
             try:
                 upgrade(engine)
             except SQLAlchemyError as exc:
                 raise database_error(exc, url) from None
-
-
-@contextmanager
-def _file_lock(path: Path | None) -> Iterator[None]:
-    if path is None:
-        yield
-        return
-    import fcntl
-
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def migrate(url: str) -> None:

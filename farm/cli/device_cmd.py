@@ -85,8 +85,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
         info = Client(args.server, args.token).json("GET", "/v1/resolve", model=args.model, soc=args.soc, qnn=args.qnn,
                                                     gpu=args.gpu, trt=args.trt,
-                                                    platform=args.platform if args.gpu else None)
-        info.pop("manifest", None) if not args.json else None
+                                                    platform=args.platform if args.gpu else None,
+                                                    manifest="true" if args.json else "false")
         print(json.dumps(info, indent=2) if args.json else
               f"{info['artifact'][7:19]}  {info['target']}  {info['toolchain']}  ({info['source']}: {info['reason']})")
         return 0

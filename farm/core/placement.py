@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from farm.core.errors import InstallConflictError
 
@@ -56,15 +57,20 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def _lock(out: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if missing) for the block."""
     import fcntl
 
-    with open(out.parent / f".{out.name}{STAGING_MARK}lock", "a+b") as f:
+    with open(path, "a+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock(out: Path) -> Any:
+    return file_lock(out.parent / f".{out.name}{STAGING_MARK}lock")
 
 
 def _clean_leftovers(out: Path) -> None:
