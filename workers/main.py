@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 from farm.core.settings import Settings
@@ -29,6 +30,12 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
     if backend == "trt":
         # Hardware-compatible (Ampere+) engines can be built on any sm_80+ GPU.
         queues.append(compile_queue(backend, toolchain.version, "ampere_plus"))
+    expected = os.environ.get("CTXFARM_WORKER_QUEUE")  # set by a deployment's pool (infra/k8s, compose)
+    if expected and expected not in queues:
+        from farm.core.errors import ConfigError
+
+        raise ConfigError(f"this worker serves {', '.join(queues)}, but its pool is for {expected}",
+                          hint="the image's toolchain (or GPU) does not match the pool: fix the deployment")
     host = socket.gethostname()
     name = f"{backend}-{toolchain.version}@{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     reg = Registry.open(settings)
@@ -49,11 +56,15 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
     stop = threading.Event()
     compile_queues = [q for q in queues if q.startswith("compile.")]
 
+    alive_file = os.environ.get("CTXFARM_HEARTBEAT_FILE")  # the container HEALTHCHECK reads its age
+
     def beat() -> None:
         while not stop.wait(settings.heartbeat_seconds):
             try:
                 with reg.db.session() as s:
                     heartbeat(s, worker_id)
+                if alive_file:
+                    Path(alive_file).touch()
                 reconcile(settings, reg, app, compile_queues)
             except Exception:
                 log.warning("heartbeat failed", exc_info=True)

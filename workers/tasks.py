@@ -20,6 +20,22 @@ app = make_app(settings)
 _executors: dict[int, Any] = {}
 # Set while a build executes in this process: SIGTERM/SIGINT then interrupt it (workers.main).
 executing = threading.Event()
+# Graceful rollouts (infra/k8s): the preStop hook creates DRAIN_FILE (builds that arrive are sent
+# back to their queue) and waits while BUSY_FILE exists (the running compile finishes).
+DRAIN_FILE = os.environ.get("CTXFARM_DRAIN_FILE")
+BUSY_FILE = os.environ.get("CTXFARM_BUSY_FILE")
+
+
+def _busy(on: bool) -> None:
+    if not BUSY_FILE:
+        return
+    if on:
+        open(BUSY_FILE, "w").close()
+    else:
+        try:
+            os.unlink(BUSY_FILE)
+        except FileNotFoundError:
+            pass
 
 
 def executor() -> Any:
@@ -42,6 +58,11 @@ def compile_model(self: Any, build_id: int) -> str:
 
     if not isinstance(build_id, int) or isinstance(build_id, bool) or not 0 < build_id < 2**31:
         return "refused"  # not a message we sent: acknowledge and drop
+    queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
+    if DRAIN_FILE and os.path.exists(DRAIN_FILE) and queue:
+        # This worker is draining (a rollout's preStop hook): hand the build to another worker.
+        send(app, COMPILE_TASK, [build_id], queue)
+        return "drained"
     ex = executor()
     pause = float(os.environ.get("CTXFARM_TEST_PAUSE_BEFORE_EXECUTE", "0") or 0)
     if pause > 0:  # test hook: a worker that took the message and dies before claiming the row
@@ -49,12 +70,13 @@ def compile_model(self: Any, build_id: int) -> str:
 
         time.sleep(pause)
     executing.set()
+    _busy(True)
     try:
         result = ex.execute(build_id)
     finally:
         executing.clear()
+        _busy(False)
     if result.outcome == "retry":
-        queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
         if queue:
             send(app, COMPILE_TASK, [build_id], queue, countdown=result.countdown)
     elif result.outcome == "succeeded" and result.artifact_id is not None:
