@@ -1,4 +1,5 @@
-"""``python -m farm.devfarm``: bring up a local farm (services + one worker per QNN SDK venv).
+"""``python -m farm.devfarm``: bring up a local farm (services, one worker per QNN SDK venv, the
+HTTP service). A dead worker is reported and restarted; Ctrl-C or SIGTERM stops everything.
 
 Used by ``infra/farm-up.sh`` and ``bench/farm.py``. Every process started here is stopped here,
 by PID.
@@ -15,8 +16,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from farm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
+from farm.services import Service, free_port, reachable, start_postgres, start_redis, start_seaweedfs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,30 +112,100 @@ def wait_live(env: dict[str, str], n: int, timeout: float = 90) -> None:
     raise SystemExit(f"only some of the {n} workers came up; see their logs")
 
 
+MAX_RESTARTS = 3
+
+
+@contextmanager
+def api(env: dict[str, str], port: int, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`farm serve` on the farm's settings (stopped by its PID)."""
+    log = open(log_dir / "api.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not reachable("127.0.0.1", port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"farm serve did not start: {(log_dir / 'api.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def supervise(env: dict[str, str], venvs: list[Path], procs: list[subprocess.Popen[bytes]], log_dir: Path,
+              stop: Any) -> None:
+    """Until ``stop`` is set: a worker that died is reported and restarted (at most MAX_RESTARTS
+    times each; then it is reported as given up)."""
+    restarts = [0] * len(procs)
+    while not stop.wait(1.0):
+        for i, p in enumerate(procs):
+            if p.poll() is None or restarts[i] < 0:
+                continue
+            v = venvs[i]
+            if restarts[i] >= MAX_RESTARTS:
+                print(f"worker {v.name} died {MAX_RESTARTS + 1} times (exit {p.returncode}); not restarting: "
+                      f"see {log_dir / f'worker-{v.name}.log'}", file=sys.stderr, flush=True)
+                restarts[i] = -1
+                continue
+            restarts[i] += 1
+            print(f"worker {v.name} died (exit {p.returncode}); restarting ({restarts[i]}/{MAX_RESTARTS})",
+                  file=sys.stderr, flush=True)
+            log = open(log_dir / f"worker-{v.name}.log", "ab")
+            procs[i] = subprocess.Popen([str(v / "bin" / "farm"), "worker"], env={**os.environ, **env}, stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 def main() -> int:
+    import json
+    import threading
+
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", default=str(ROOT / ".farm"))
+    ap.add_argument("--api-port", type=int, default=8080, help="farm serve's port (0: a free one)")
+    ap.add_argument("--ephemeral", action="store_true", help="drop the farm's PostgreSQL database when it stops")
     args = ap.parse_args()
     venvs = worker_venvs()
     if not venvs:
         print("no worker venvs: run infra/workers/create-venvs.sh", file=sys.stderr)
         return 1
-    base = Path(args.dir)
-    with services(base) as env:
-        from registry.db import migrate
 
-        migrate(env["FARM_DATABASE_URL"])
-        with workers(env, venvs, base):
-            wait_live(env, len(venvs))
-            print("farm is up; in another shell:")
-            for k, v in env.items():
-                print(f"  export {k}='{v}'")
-            print(f"  farm workers   # {len(venvs)} workers: " + ", ".join(v.name for v in venvs))
-            print("Ctrl-C stops the farm.", flush=True)
-            try:
-                signal.pause()
-            except KeyboardInterrupt:
-                pass
+    # SIGTERM stops the farm exactly as Ctrl-C does: everything started here, by PID.
+    def on_term(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    base = Path(args.dir)
+    try:
+        with services(base, keep=not args.ephemeral) as env:
+            from registry.db import migrate
+
+            migrate(env["FARM_DATABASE_URL"])
+            port = args.api_port or free_port()
+            with workers(env, venvs, base) as procs, api(env, port, base) as server:
+                wait_live(env, len(venvs))
+                env_out = {**env, "FARM_SERVER": f"http://127.0.0.1:{port}"}
+                (base / "farm.json").write_text(json.dumps({"env": env_out, "api_pid": server.pid,
+                                                            "worker_pids": [p.pid for p in procs]}, indent=2))
+                print("farm is up; in another shell:")
+                for k, v in env_out.items():
+                    print(f"  export {k}='{v}'")
+                print(f"  farm workers   # {len(venvs)} workers: " + ", ".join(v.name for v in venvs))
+                print("  farm token create --scope submit me   # then farm submit ... --server $FARM_SERVER --token T")
+                print("Ctrl-C or SIGTERM stops the farm.", flush=True)
+                stop = threading.Event()
+                try:
+                    supervise(env, venvs, procs, base, stop)
+                finally:
+                    stop.set()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
