@@ -123,6 +123,8 @@ def _interrupt_builds_on_signals() -> None:
 def _trt_target(backend: str) -> str | None:
     if backend != "trt":
         return None
-    from workers.trt.runner import detect_gpu
+    from workers.trt.runner import detect_gpu, serves
 
-    return detect_gpu().target
+    target = detect_gpu().target
+    serves(target, target, {})  # a GPU missing from the catalog: a clear error, before registering
+    return target
