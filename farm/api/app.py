@@ -423,19 +423,13 @@ def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: s
                    name: str | None, tag: str | None) -> ModelOut:
     from farm.api.uploads import unpack
     from farm.core.bundle import inspect_model
-    from registry.index import record_model, set_tag
 
     bundle_dir.mkdir()
     model_path = unpack(raw, content_type, bundle_dir, max_bytes=limit)
     bundle = inspect_model(model_path)
     files = plan.store_snapshot(reg, bundle)
     with reg.db.session() as s:
-        m = record_model(s, digest=bundle.digest, onnx_digest=bundle.onnx.digest, size=bundle.size, files=files,
-                         name=name or "upload")
-        if not all(f.get("stored") for f in m.files):
-            m.files = files
-        if name and tag:
-            set_tag(s, name, tag, bundle.digest)
+        plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, "upload")
     return ModelOut(digest=bundle.digest, size=bundle.size, files=files, tag=f"{name}:{tag}" if name else None)
 
 

@@ -180,15 +180,18 @@ def store_snapshot(registry: Registry, bundle: ModelBundle) -> list[dict[str, An
     return files
 
 
-def _record(s: Any, bundle: ModelBundle, files: list[dict[str, Any]], name: str | None, tag: str | None) -> None:
+def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: list[dict[str, Any]] | None,
+                    name: str | None, tag: str | None, display: str) -> None:
+    """The model row for a stored snapshot (``files``; None: already recorded) and its tag."""
     from registry.index import record_model, set_tag
 
-    m = record_model(s, digest=bundle.digest, onnx_digest=bundle.onnx.digest, size=bundle.size, files=files,
-                     name=name or bundle.stem[:255])
-    if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
-        m.files = files  # recorded by an older ctxfarm, before snapshots were stored
+    if files is not None:
+        m = record_model(s, digest=digest, onnx_digest=onnx_digest, size=size, files=files,
+                         name=name or display[:255])
+        if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
+            m.files = files  # recorded by an older ctxfarm, before snapshots were stored
     if name and tag:
-        set_tag(s, name, tag, bundle.digest)
+        set_tag(s, name, tag, digest)
 
 
 def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
@@ -224,7 +227,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
         files = store_snapshot(reg, bundle)
         planned: list[tuple[Target, states.BuildSpec, int]] = []
         with reg.db.session() as s:
-            _record(s, bundle, files, name, tag)
+            record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, bundle.stem)
             for t in targets:
                 spec = _spec(bundle.digest, t, executors[t.backend].toolchain.version, options[t])
                 build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
@@ -374,7 +377,7 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     """Record the release and its queued builds in one transaction, then send the messages.
     ``store`` uploads the model snapshot (blobs first); a model already stored passes None."""
     from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, make_app, send
-    from registry.index import record_model, release_builds, set_tag
+    from registry.index import release_builds
     from registry.models import Release, ReleaseBuild
 
     matrix = request.matrix(served)
@@ -386,13 +389,7 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     files = store() if store is not None else None
     to_send: list[tuple[int, str]] = []
     with reg.db.session() as s:
-        if files is not None:
-            m = record_model(s, digest=model_digest, onnx_digest=onnx_digest, size=size, files=files,
-                             name=request.name or display[:255])
-            if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
-                m.files = files  # recorded by an older ctxfarm, before snapshots were stored
-        if request.name and request.tag:
-            set_tag(s, request.name, request.tag, model_digest)
+        record_snapshot(s, model_digest, onnx_digest, size, files, request.name, request.tag, display)
         label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
         release = Release(model_digest=model_digest, label=label,
                           matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
