@@ -50,7 +50,8 @@ def test_worker_dockerfile_matches_its_pins(kind: Path) -> None:
     assert re.search(r"^USER 10001$", df, re.M) and "HEALTHCHECK" in df
     assert re.search(r"^FROM python:\d+\.\d+\.\d+-slim-bookworm$", df, re.M), "a pinned base image"
     backend = kind.name.split("-")[0]
-    assert f'"--backend", "{backend}"' in df
+    # ENTRYPOINT is farm, CMD the worker: Kubernetes args and compose commands replace only CMD.
+    assert 'ENTRYPOINT ["farm"]' in df and f'CMD ["worker", "--backend", "{backend}"]' in df
 
 
 def test_api_image() -> None:
@@ -130,6 +131,7 @@ def test_pools_use_the_code_s_queue_names_tags_and_settings() -> None:
         assert c["image"].endswith(f":{kind.name}")
         assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 1800
         assert c["lifecycle"]["preStop"]["exec"]["command"][-1].count(env["CTXFARM_BUSY_FILE"]) == 1
+        assert c["args"][0] == "worker"  # the image's ENTRYPOINT is farm
     config = next(d for d in docs if d["kind"] == "ConfigMap")
     secret = next(d for d in docs if d["kind"] == "Secret")
     farm_vars = {k for k in [*config["data"], *secret["data"]] if k.startswith("FARM_")}
