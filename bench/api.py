@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.resolve import RUNTIMES, populate  # noqa: E402
 from farm.services import free_port, start_seaweedfs  # noqa: E402
+from tests.common.service import serve  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -41,22 +42,6 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
-
-
-def serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--port", str(port)], env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"farm serve did not start: {log.read_text()[-2000:]}")
 
 
 def rss_kib(pid: int, key: str = "VmRSS") -> int:

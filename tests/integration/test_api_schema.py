@@ -7,48 +7,26 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from farm.services import free_port
-from registry.index import Registry
-from registry.tokens import create_token
 from tests.common.onnx_models import light
-
-
-def serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--port", str(port)], env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    import urllib.request
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc
-        except OSError:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"farm serve did not answer: {log.read_text()}")
+from tests.common.service import serve, token
 
 
 def test_schemathesis_finds_no_server_error(tmp_path: Path, farm_env: dict[str, str]) -> None:
     env = {**farm_env, "FARM_HOME": str(tmp_path / "home"), "FARM_MAX_UPLOAD_MB": "1"}
     settings = Settings.from_env(env)
     build(settings, light("squeezenet"), ["qnn:SM8650"], name="sq", tag="stable")
-    reg = Registry.open(settings)
-    with reg.db.session() as s:
-        token = create_token(s, "fuzz-admin", "admin")
-    reg.close()
+    admin = token(settings, "fuzz-admin", "admin")
     port = free_port()
     proc = serve(env, port, tmp_path / "serve.log")
     try:
         st = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
         run = subprocess.run(
-            [st, "run", f"http://127.0.0.1:{port}/openapi.json", "-H", f"Authorization: Bearer {token}",
+            [st, "run", f"http://127.0.0.1:{port}/openapi.json", "-H", f"Authorization: Bearer {admin}",
              "--checks", "not_a_server_error", "--max-examples", "20", "--phases", "examples,coverage,fuzzing",
              "--generation-deterministic"],
             capture_output=True, text=True, timeout=900, env={**os.environ, "NO_COLOR": "1"},

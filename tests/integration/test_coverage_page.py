@@ -13,10 +13,8 @@ import pytest
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from farm.services import free_port
-from registry.index import Registry
-from registry.tokens import create_token
 from tests.common.onnx_models import light, partly_unsupported
-from tests.integration.test_api_schema import serve
+from tests.common.service import serve, token
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +27,10 @@ def test_coverage_page_in_headless_chromium(tmp_path: Path, farm_env: dict[str, 
     build(settings, light("squeezenet"), ["qnn:SM8650", "qnn:SM8750"], name="sq", tag="stable")
     build(settings, partly_unsupported(tmp_path / "p.onnx"), ["qnn:SM8650"], ["require_full_offload=true"],
           name="partial", tag="v1")
-    reg = Registry.open(settings)
-    with reg.db.session() as s:
-        token = create_token(s, "ops-browser", "read")
-    reg.close()
+    read = token(settings, "ops-browser", "read")
     port = free_port()
     server = serve(env, port, tmp_path / "serve.log")
-    url = f"http://127.0.0.1:{port}/coverage?token={token}"
+    url = f"http://127.0.0.1:{port}/coverage?token={read}"
     shot = tmp_path / "coverage.png"
     flags = [str(CHROMIUM), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              f"--user-data-dir={tmp_path / 'profile'}"]

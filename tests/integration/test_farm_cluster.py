@@ -355,7 +355,7 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
     and releases; a device with only a URL and a read token installs into an empty directory and
     the context loads with onnxruntime-qnn."""
     from farm.services import free_port
-    from tests.integration.test_api_schema import serve
+    from tests.common.service import serve
 
     f = farm_cluster
     f.start_worker("2.51.0")
