@@ -248,14 +248,24 @@ def detect_qnn() -> str:
         raise NoWorkerError(f"--detect: {exc.message}", hint="pass --qnn VERSION instead") from None
 
 
-def wait_release(client: Client, release_id: int, *, timeout: float | None = None, poll: float = 1.0) -> Any:
+def wait_release(client: Client, release_id: int, *, timeout: float | None = None, poll: float = 1.0,
+                 long_poll: float = 25.0) -> Any:
+    """Until the release is done. Each request is a long poll (``?wait=``): the service answers
+    when a build changes, so nothing sleeps between answers; ``poll`` paces only a service that
+    answers at once without change (one that predates the long poll)."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    last: Any = None
     while True:
-        st = client.json("GET", f"/v1/releases/{release_id}")
+        wait = long_poll if deadline is None else max(min(long_poll, deadline - time.monotonic()), 0.0)
+        asked = time.monotonic()
+        st = client.json("GET", f"/v1/releases/{release_id}", wait=f"{wait:.1f}")
         if st["done"]:
             return st
         if deadline is not None and time.monotonic() > deadline:
             from farm.core.errors import CompileTimeoutError
 
             raise CompileTimeoutError(f"release {release_id} not finished after {timeout:g} s")
-        time.sleep(poll)
+        seen = [(b["build"], b["state"], b["attempts"]) for b in st["builds"]]
+        if seen == last and time.monotonic() - asked < min(poll, wait):
+            time.sleep(poll)
+        last = seen

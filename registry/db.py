@@ -25,7 +25,7 @@ NAMING = {
 metadata = MetaData(naming_convention=NAMING)
 
 # The newest migration; a unit test checks it equals Alembic's head so this never drifts.
-SCHEMA_HEAD = "0004"
+SCHEMA_HEAD = "0005"
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -118,7 +118,7 @@ def database_error(exc: BaseException, url: str = "") -> FarmError:
     return DatabaseError(f"index database error{where}: {text_}")
 
 
-KNOWN_REVISIONS = ("0001", "0002", "0003", SCHEMA_HEAD)
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", SCHEMA_HEAD)
 
 
 def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:

@@ -108,6 +108,9 @@ class Build(Base):
     queue: Mapped[str | None] = mapped_column(String(128))
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     worker: Mapped[str | None] = mapped_column(String(255))
+    # Where the last attempt's time went, in ms (farm.pipeline.execute.Phases): claim, bundle
+    # fetch, compile child, uploads, SQL; shown by `farm status --build` and bench/farm.py.
+    phases: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     artifact: Mapped[Artifact | None] = relationship(back_populates="build", uselist=False)
 

@@ -11,6 +11,7 @@ Before any SDK is imported the child ties itself to its owner and caps itself:
   seconds, so the limit holds even if the parent cannot enforce it.
 
 Results go to RESULT.json as ``{"ok": true, ...}`` or ``{"ok": false, "error": {...}}``.
+The same guards hold for a job forked by a warm compile host (``serve_host``, below).
 Imports nothing heavy at module level.
 """
 
@@ -99,11 +100,22 @@ def install_guards(env: dict[str, str] | None = None) -> None:
         timer.start()
 
 
-def run_commands(argv: list[str], commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> int:
-    """``child COMMAND REQUEST.json RESULT.json``; shared by every backend's child."""
-    command, req_path, res_path = argv[1], argv[2], argv[3]
-    _RESULT_PATH.append(res_path)
-    install_guards()
+Commands = dict[str, Callable[[dict[str, Any]], dict[str, Any]]]
+
+
+def run_commands(argv: list[str], commands: Commands, *, preload: Callable[[], None] | None = None) -> int:
+    """``child COMMAND REQUEST.json RESULT.json``, or ``child host`` (a warm compile host: see
+    ``serve_host``); shared by every backend's child."""
+    if argv[1] == "host":
+        return serve_host(commands, preload)
+    return run_one(argv[1], argv[2], argv[3], commands)
+
+
+def run_one(command: str, req_path: str, res_path: str, commands: Commands,
+            env: dict[str, str] | None = None) -> int:
+    """Guard this process, run one command, write its result; returns the exit code."""
+    _RESULT_PATH[:] = [res_path]
+    install_guards(env)
     try:
         with open(req_path) as f:
             req = json.load(f)
@@ -122,3 +134,153 @@ def run_commands(argv: list[str], commands: dict[str, Callable[[dict[str, Any]],
         rc = 1
     write_result(out)
     return rc
+
+
+# ---- the warm compile host ------------------------------------------------------------------------
+#
+# ``python -m workers.<backend>.child host`` imports the SDK once (``preload``: onnxruntime, the EP
+# library registered) and then forks one job process per request. Fork, not a reused process:
+# the same compile in a process that already compiled writes different context bytes (measured,
+# QNN 2.51.0), while a fork of a host that only imported and registered writes the bytes a fresh
+# process writes. And fork, not threads: a job may segfault, leak or be killed. The host stays
+# single-threaded apart from what the imports start (onnxruntime: one idle telemetry dispatcher;
+# numpy's BLAS pool is kept off with OPENBLAS_NUM_THREADS=1), and it never creates a session.
+#
+# Protocol, one JSON object a line. Requests on stdin: {"op": "run", "id", "command", "request",
+# "result", "log", "cwd", "timeout", "memory_mb"} and {"op": "kill", "id"}; EOF = the owner is
+# gone: kill the job, exit. Events on the stdout it was started with (fd 1 is then pointed at
+# stderr, so a library printing to stdout cannot corrupt the protocol): {"event": "ready"} or
+# {"event": "failed", "error"} once, then {"event": "started", "id", "pid"} and
+# {"event": "exited", "id", "pid", "status" (a wait status), "maxrss_kib"} per job.
+
+PR_SET_NAME = 15
+
+
+def set_process_name(name: str) -> None:
+    """/proc/PID/comm (15 bytes): a forked job keeps its host's command line, this names it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
+    import select
+    import time
+    import traceback
+    import warnings
+
+    proto = os.dup(1)
+    os.dup2(2, 1)
+    os.set_inheritable(proto, False)
+
+    def send(event: dict[str, Any]) -> None:
+        data = (json.dumps(event) + "\n").encode()
+        while data:
+            data = data[os.write(proto, data):]
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides; Ctrl-C reaches it, not us
+    install_guards({"CTXFARM_PARENT_PID": os.environ.get("CTXFARM_PARENT_PID", "")})
+    t0 = time.perf_counter()
+    try:
+        if preload is not None:
+            preload()
+    except BaseException as exc:
+        send({"event": "failed", "error": (str(exc).strip() or type(exc).__name__)[:4000],
+              "traceback": traceback.format_exc()[-8000:]})
+        return 1
+    threads = len(os.listdir(f"/proc/{os.getpid()}/task")) if os.path.isdir("/proc/self/task") else 0
+    send({"event": "ready", "pid": os.getpid(), "threads": threads, "preload_seconds": time.perf_counter() - t0})
+    # Python 3.12+ warns about fork with threads: the one left is the idle telemetry dispatcher
+    # (see above), and the job never needs it.
+    warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
+
+    job: dict[str, Any] | None = None  # id, pid, pidfd
+    buf = b""
+
+    def kill(j: dict[str, Any]) -> None:
+        for fn in (os.killpg, os.kill):  # the group (the SDK may fork helpers), else the job alone
+            try:
+                fn(j["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def reap(j: dict[str, Any]) -> None:
+        try:  # anything the job left in its group goes with it; its pid is not free until the wait
+            os.killpg(j["pid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _, status, usage = os.wait4(j["pid"], 0)
+        if j["pidfd"] is not None:
+            os.close(j["pidfd"])
+        send({"event": "exited", "id": j["id"], "pid": j["pid"], "status": status, "maxrss_kib": usage.ru_maxrss})
+
+    while True:
+        watch = [0] + ([job["pidfd"]] if job and job["pidfd"] is not None else [])
+        ready, _, _ = select.select(watch, [], [], None if not job or job["pidfd"] is not None else 0.01)
+        if job is not None and (job["pidfd"] in ready or (job["pidfd"] is None
+                                                           and os.waitid(os.P_PID, job["pid"],
+                                                                         os.WEXITED | os.WNOHANG | os.WNOWAIT))):
+            reap(job)
+            job = None
+        if 0 not in ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:  # the owner is gone (or closed us): nothing may outlive it
+            if job is not None:
+                kill(job)
+                reap(job)
+            return 0
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg["op"] == "kill":
+                if job is not None and job["id"] == msg["id"]:
+                    kill(job)
+            elif msg["op"] == "run":
+                if job is not None:
+                    send({"event": "error", "id": msg["id"], "error": "a job is already running"})
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _job(msg, commands, proto)  # never returns
+                pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+                job = {"id": msg["id"], "pid": pid, "pidfd": pidfd}
+                send({"event": "started", "id": msg["id"], "pid": pid})
+
+
+def _job(msg: dict[str, Any], commands: Commands, proto: int) -> None:
+    """The forked job: its own session (its group is killed as one), tied to the host by
+    PDEATHSIG (``install_guards``; the host is tied to its owner the same way), in the job's
+    work dir, output to the job's log, capped in memory and time. Exits with os._exit."""
+    rc = 70
+    try:
+        host = os.getppid()
+        os.setsid()
+        os.close(proto)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_process_name(f"ctxfarm-{msg['command']}")
+        fd = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(msg["cwd"])
+        rc = run_one(msg["command"], msg["request"], msg["result"], commands, env={
+            "CTXFARM_PARENT_PID": str(host), "CTXFARM_MEMORY_MB": str(int(msg.get("memory_mb") or 0)),
+            "CTXFARM_TIME_LIMIT": f"{float(msg.get('timeout') or 0):g}"})
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(rc)

@@ -77,15 +77,42 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
         # interrupt it there: the lease is released at once and the temp dir removed. More
         # concurrency uses a prefork pool whose children do the same on SIGTERM.
         pool = "solo" if concurrency == 1 else "prefork"
+        _warm_compile_host(backend, concurrency)
         worker: Any = app.Worker(queues=queues, concurrency=concurrency, pool=pool, loglevel=loglevel,
                                  hostname=name, without_gossip=True, without_mingle=True, optimization="fair")
         worker.start()
         return int(getattr(worker, "exitcode", 0) or 0)
     finally:
+        from workers.tasks import drain
+
+        drain()  # a build still publishing in the background commits before we say we stopped
         stop.set()
         with reg.db.session() as s:
             heartbeat(s, worker_id, stopped=True)
         reg.close()
+
+
+def _warm_compile_host(backend: str, concurrency: int) -> None:
+    """Start the warm compile host (workers.host) before the first build, not during it: here
+    for the solo pool, in each child for prefork (hosts belong to the process that compiles)."""
+    from celery import signals
+
+    from workers.runner import get_runner
+
+    warm = getattr(get_runner(backend), "warm", None)
+    if warm is None:  # TensorRT compiles in a fresh child: CUDA does not survive a fork
+        return
+
+    def start(**_: Any) -> None:
+        try:
+            warm()
+        except Exception:  # the first build starts one again and fails with the reason
+            log.warning("the compile host did not start", exc_info=True)
+
+    if concurrency == 1:
+        start()
+    else:
+        signals.worker_process_init.connect(start, weak=False)
 
 
 def _interrupt_builds_on_signals() -> None:

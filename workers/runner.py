@@ -93,6 +93,9 @@ class CompileOutput:
     toolchain: Toolchain
     log: str
     self_load: dict[str, Any] | None = None  # {"ok", "load_seconds" | "error"} when verify_load
+    # Finer parent-side timings of the call, where the runner has them (a warm host: waiting for
+    # a host, the fork and the job's own wall): seconds by name.
+    timings: dict[str, float] = field(default_factory=dict)
 
 class Runner(Protocol):
     backend: str
@@ -224,18 +227,26 @@ def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path
             _kill_group(proc)
             raise
     wall = time.perf_counter() - start
+    result, log_text = child_outcome(command, proc.returncode, peak_kib, res_path, log_path, memory_mb)
+    return result, wall, log_text
+
+
+def child_outcome(command: str, rc: int, peak_kib: int, res_path: Path, log_path: Path,
+                  memory_mb: int) -> tuple[dict[str, Any], str]:
+    """(result, log) of a finished child (``rc`` as ``os.waitstatus_to_exitcode`` gives it: < 0
+    is a signal), or the FarmError of its code: the child's own error, ``resource-limit`` past the
+    memory cap, ``worker-lost`` for death by another signal, else ``toolchain-error``."""
     log_text = read_log(log_path)
     try:
         result: dict[str, Any] = json.loads(res_path.read_text()) if res_path.exists() else {}
     except (OSError, ValueError):
         result = {}
-    rc = proc.returncode
     if rc == 0 and result.get("ok"):
-        return result, wall, log_text
+        return result, log_text
     if rc < 0 and result.get("ok") and result.get("partial"):
         # The child checkpointed finished steps before a step that killed it: keep them.
         result["crashed"] = f"signal {-rc} ({_signame(-rc)})"
-        return result, wall, log_text
+        return result, log_text
     err = result.get("error")
     # An allocation refused under RLIMIT_AS usually aborts C++ code (std::bad_alloc): the log
     # says so, while the peak RSS stays well under the (address-space) cap.

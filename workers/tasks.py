@@ -48,14 +48,31 @@ def executor() -> Any:
         worker_id = os.environ.get("CTXFARM_WORKER_ID")
         _executors[pid] = Executor(settings, Registry.open(settings), backend=os.environ.get("CTXFARM_BACKEND", "qnn"),
                                    worker_id=int(worker_id) if worker_id else None,
-                                   owner=os.environ.get("CTXFARM_WORKER_NAME") or None)
+                                   owner=os.environ.get("CTXFARM_WORKER_NAME") or None, background_publish=True)
     return _executors[pid]
+
+
+def _finish(ex: Any, queue: str | None, result: Any) -> None:
+    """After a build's final outcome: a retry is sent again with its backoff, a success gets its
+    probes. Runs in the task, or on the executor's publisher thread."""
+    from farm.pipeline.reconcile import schedule_probes
+
+    if result.outcome == "retry":
+        if queue:
+            send(app, COMPILE_TASK, [result.build_id], queue, countdown=result.countdown)
+    elif result.outcome == "succeeded" and result.artifact_id is not None:
+        schedule_probes(ex, result.artifact_id)
+
+
+def drain() -> None:
+    """Let this process's publication in flight finish (the worker is stopping)."""
+    ex = _executors.get(os.getpid())
+    if ex is not None:
+        ex.drain()
 
 
 @app.task(name=COMPILE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def compile_model(self: Any, build_id: int) -> str:
-    from farm.pipeline.reconcile import schedule_probes
-
     if not isinstance(build_id, int) or isinstance(build_id, bool) or not 0 < build_id < 2**31:
         return "refused"  # not a message we sent: acknowledge and drop
     queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
@@ -71,17 +88,24 @@ def compile_model(self: Any, build_id: int) -> str:
         time.sleep(pause)
     executing.set()
     _busy(True)
+    result = None
     try:
-        result = ex.execute(build_id)
+        # A compiled build is published on the executor's publisher thread while the next
+        # message is taken: its lease is held until the commit (a worker that dies meanwhile
+        # leaves it to the lease and the reconciler, as one that dies mid-compile does).
+        result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
     finally:
         executing.clear()
-        _busy(False)
-    if result.outcome == "retry":
-        if queue:
-            send(app, COMPILE_TASK, [build_id], queue, countdown=result.countdown)
-    elif result.outcome == "succeeded" and result.artifact_id is not None:
-        schedule_probes(ex, result.artifact_id)
+        if result is None or result.outcome != "publishing":
+            _busy(False)  # else once published: a rollout's preStop waits for the commit too
+    _finish(ex, queue, result)
     return str(result.outcome)
+
+
+def _published(ex: Any, queue: str | None, result: Any) -> None:
+    _finish(ex, queue, result)
+    if not executing.is_set():
+        _busy(False)
 
 
 @app.task(name=PROBE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=3)

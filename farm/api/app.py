@@ -222,8 +222,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         return _release_out(st)
 
     @app.get("/v1/releases/{release_id}", response_model=ReleaseOut, tags=["read"], dependencies=[read])
-    def get_release(release_id: int) -> ReleaseOut:
-        return _release_out(plan.release_status(settings, plan.check_id(release_id, "release"), registry=reg))
+    def get_release(release_id: int, wait: Annotated[float, Query(ge=0, le=60)] = 0) -> ReleaseOut:
+        """``wait=S``: a long poll, answered once the release is done, once one of its builds
+        changes state (woken by the executors' events), or after S seconds."""
+        return _release_out(plan.watch_release(settings, plan.check_id(release_id, "release"), wait=wait,
+                                               registry=reg))
 
     @app.get("/v1/builds/{build_id}", response_model=BuildOut, tags=["read"], dependencies=[read])
     def get_build(build_id: int) -> BuildOut:

@@ -156,7 +156,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
                 b = get_build(s, args.build)
                 art = artifact_for_build(s, b.id)
                 info = {**build_view(b, art), "key": b.build_key, "model": b.model_digest, "options": b.options,
-                        "queue": b.queue}
+                        "queue": b.queue, "phases": b.phases}
                 text_log = b.log or ""
         finally:
             reg.close()
@@ -164,6 +164,13 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(info | ({"log": text_log} if args.log else {}), indent=2, default=str))
         else:
             for k, v in info.items():
+                if k == "phases" and isinstance(v, dict):
+                    # Where the last attempt's time went (farm.pipeline.execute.Phases), in ms.
+                    print(f"{k:14s} " + ", ".join(f"{n} {t:g} ms" if isinstance(t, int | float) else f"{n} {t}"
+                                                  for n, t in v.items() if n != "uploads"))
+                    if v.get("uploads"):
+                        print(f"{'uploads':14s} " + ", ".join(f"{n} {t:g} ms" for n, t in v["uploads"].items()))
+                    continue
                 print(f"{k:14s} {v}")
             if args.log:
                 print(text_log)

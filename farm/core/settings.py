@@ -69,6 +69,9 @@ class Settings:
     debug: bool = False
     # HTTP service: the largest model bundle an upload may carry (and an archive expand to).
     max_upload_mb: int = 4096
+    # Executors keep fetched model snapshots by digest under FARM_HOME/cache/bundles, up to this
+    # many MiB (least recently used go first); 0 = fetch every build's bundle from the store.
+    bundle_cache_mb: int = 2048
 
     @property
     def worker_stale_after(self) -> float:
@@ -147,6 +150,7 @@ class Settings:
             visibility_timeout=number("FARM_VISIBILITY_TIMEOUT", 0.0, allow_zero=True),
             debug=parse_bool("FARM_DEBUG", env.get("FARM_DEBUG")),
             max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),
+            bundle_cache_mb=integer("FARM_BUNDLE_CACHE_MB", 2048, allow_zero=True),
         )
 
 

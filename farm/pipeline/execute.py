@@ -5,12 +5,16 @@ in its task. One claim, one failure path, one attempts policy (``farm.pipeline.s
 
 - the claim hands out a lease, renewed every lease/3 s by ``LeaseKeeper``; when a renewal finds
   the lease taken over, the compile child is killed and nothing is published;
-- the compile reads only the model snapshot stored by digest, laid out under fixed names in a
-  fresh temp dir, in a child process capped in memory and time that dies with us;
-- publication uploads every blob (each verified) and then, in one transaction, inserts the
-  artifact and moves the build to ``succeeded`` with a guarded UPDATE;
+- the compile reads only the model snapshot stored by digest (fetched once per executor host:
+  ``farm.pipeline.bundles``), laid out under fixed names in a fresh temp dir, in a child process
+  capped in memory and time that dies with us;
+- publication uploads every blob at once (each verified) and then, in one transaction, inserts
+  the artifact, the self-probe verdict and the worker's count, and moves the build to
+  ``succeeded`` with a guarded UPDATE;
 - a deterministic failure (or one at the attempt cap) fails the build, any other is requeued
-  with backoff; SIGTERM/SIGINT release the lease at once and the temp dir is removed.
+  with backoff; SIGTERM/SIGINT release the lease at once and the temp dir is removed;
+- every transition is announced after its commit (``farm.pipeline.events``): waiters are woken,
+  nobody polls; and where the attempt's time went is recorded on the row (``Phases``).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,10 +42,11 @@ from farm.core.errors import (
     LeaseLostError,
     StorageError,
 )
-from farm.core.keys import sha256_file
-from farm.core.names import UnsafePathError, inside
+from farm.core.keys import sha256_bytes, sha256_file
 from farm.core.settings import Settings
 from farm.pipeline import states
+from farm.pipeline.bundles import BundleCache, download_bundle, open_cache
+from farm.pipeline.events import Publisher
 from registry.index import Registry
 from workers.runner import CompileJob, CompileOutput, Runner, Toolchain, get_runner
 
@@ -75,6 +81,62 @@ class BuildRow:
     build_key: str
     model_digest: str
     files: list[dict[str, Any]]
+    enqueued_at: datetime | None = None
+
+
+@dataclass
+class Phases:
+    """Where one attempt's time went, in ms; stored on the build row (``builds.phases``).
+
+    ``queued`` (enqueue to claim, by the database's clocks: it includes waiting behind other
+    builds), ``dispatch`` (the part of it this executor could have been running: the broker's
+    queue-to-start latency), ``claim``, ``bundle_fetch`` (+ ``bundle_cache``: hit, miss or off),
+    ``child_start`` (the compile child's start, imports, EP registration and result I/O: its wall
+    time less the compile and the self-probe, with any ``child.*`` detail the runner reports, e.g.
+    a warm host's ``child.host_wait``, ``child.fork``, ``child.job``),
+    ``ep_compile`` (session creation = the EP's compile), ``self_probe``, ``collect`` (reading the
+    context model back), ``hash`` (digests and manifest), ``upload`` (all blobs, in parallel;
+    ``uploads`` per blob), ``sql`` (the publishing transaction up to its final UPDATE), ``total``
+    (claim to that UPDATE; the commit itself is not in it) and ``outside_compile`` (total less
+    ``ep_compile``). A worker publishing in the background adds ``critical`` (claim to the
+    hand-over: what its compile slot spent) and ``publish_wait`` (waiting for the publication
+    before it, on the critical path too)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    ms: dict[str, Any] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] = _ms(time.perf_counter() - t)
+
+    def compile(self, out: CompileOutput, call_seconds: float) -> None:
+        """Split the runner's call into what the child and the parent spent."""
+        ep = out.compile_seconds
+        probe = float((out.self_load or {}).get("load_seconds") or 0.0)
+        self.ms["ep_compile"] = _ms(ep)
+        self.ms["self_probe"] = _ms(probe)
+        self.ms["child_start"] = _ms(max(out.wall_seconds - ep - probe, 0.0))
+        detail = getattr(out, "timings", None) or {}  # finer timings, where the runner has them
+        # Waiting for a warm host (busy, or being started) comes before the child's wall.
+        waited = float(detail.get("host_wait_seconds") or 0.0)
+        self.ms["collect"] = _ms(max(call_seconds - out.wall_seconds - waited, 0.0))
+        for k, v in detail.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                self.ms[f"child.{k.removesuffix('_seconds')}"] = _ms(float(v))
+
+    def final(self) -> dict[str, Any]:
+        self.ms["total"] = _ms(time.perf_counter() - self.started)
+        if "ep_compile" in self.ms:
+            self.ms["outside_compile"] = round(self.ms["total"] - self.ms["ep_compile"], 1)
+        return dict(self.ms)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
 
 
 class LeaseKeeper:
@@ -114,56 +176,102 @@ class LeaseKeeper:
             raise LeaseLostError(f"build {self.lease.build_id}: lease lost during the compile")
 
 
-def fetch_bundle(registry: Registry, files: list[dict[str, Any]], dest: Path) -> Path:
-    """Lay the stored model snapshot out in ``dest`` (each blob verified by digest) under its
-    canonical names; returns the .onnx path. Every name was validated when the model was
-    recorded, and is checked again here: a tampered row can't write outside ``dest``."""
-    from registry.store.base import download
+def fetch_bundle(registry: Registry, files: list[dict[str, Any]], dest: Path, *, cache: BundleCache | None = None,
+                 model_digest: str | None = None) -> tuple[Path, str]:
+    """Lay the stored model snapshot out in ``dest`` (each file verified by digest) under its
+    canonical names; returns (the .onnx path, ``hit`` | ``miss`` | ``off``). Every name was
+    validated when the model was recorded, and is checked again here: a tampered row can't
+    write outside ``dest``. With a cache the bundle comes from the store once per digest."""
+    if cache is None or model_digest is None:
+        return download_bundle(registry.store, files, dest), "off"
+    path, hit = cache.fetch(registry.store, model_digest, files, dest)
+    return path, "hit" if hit else "miss"
 
-    if not files or not all(f.get("stored") for f in files):
-        raise StorageError("the model snapshot was never stored",
-                           hint="submit the model again (farm build / farm submit store it first)")
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        try:
-            path = inside(dest, str(f["path"]))
-        except UnsafePathError as exc:
-            raise StorageError(f"the stored model snapshot lists an unsafe path: {exc}") from None
-        download(registry.store, f["digest"], path, size=int(f["size"]))
-    return dest / files[0]["path"]
+
+UPLOAD_THREADS = 4
+
+
+def upload_blobs(store: Any, blobs: list[tuple[str, Path | bytes, str]]) -> dict[str, float]:
+    """Upload (name, file or bytes, digest) blobs concurrently, each verified against its digest
+    by the store; returns ms per name. Every upload has finished (or failed) when this returns;
+    any failure raises (StorageError for an OSError) and nothing may be indexed."""
+    from registry.store.base import put_bytes, put_file
+
+    def one(name: str, source: Path | bytes, digest: str) -> float:
+        t = time.perf_counter()
+        if isinstance(source, bytes):
+            put_bytes(store, source, expected=digest)
+        else:
+            put_file(store, source, expected=digest)
+        return _ms(time.perf_counter() - t)
+
+    if len(blobs) <= 1:
+        return {name: one(name, src, d) for name, src, d in blobs}
+    times: dict[str, float] = {}
+    errors: list[Exception] = []
+    pool = ThreadPoolExecutor(max_workers=min(UPLOAD_THREADS, len(blobs)), thread_name_prefix="upload")
+    try:
+        futures = [(name, pool.submit(one, name, src, d)) for name, src, d in blobs]
+        for name, fut in futures:
+            try:
+                times[name] = fut.result()
+            except Exception as exc:  # keep waiting: every upload ends before we answer
+                errors.append(exc)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:
+        first = errors[0]
+        if isinstance(first, OSError):
+            raise StorageError(f"publishing the artifact failed: {first}") from None
+        raise first
+    return times
 
 
 def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Target, out: CompileOutput,
-            signer: Any = None) -> tuple[int, str]:
-    """Blobs first (each verified), then one transaction: artifact rows, signature, and the
-    guarded running -> succeeded. Returns (artifact id, manifest digest)."""
+            signer: Any = None, *, phases: Phases | None = None, probe_version: str | None = None,
+            worker_id: int | None = None) -> tuple[int, str]:
+    """Blobs first, all at once (each verified), then one transaction: artifact rows, signature,
+    the self-probe verdict (``probe_version``: the toolchain the compile child loaded it under),
+    the worker's job count and the guarded running -> succeeded. Returns (artifact id, manifest
+    digest). A failed upload raises before any row is written."""
     from registry import manifest as mf
-    from registry.index import add_signature, insert_artifact
-    from registry.store.base import put_bytes, put_file
+    from registry.index import add_signature, heartbeat, insert_artifact
+    from registry.models import CompatVerdict
 
+    ph = phases or Phases()
     try:
-        files = []
-        for f in out.files:
-            digest, size = sha256_file(f.path)
-            put_file(registry.store, f.path, expected=digest)
-            files.append({"name": f.name, "role": f.role, "digest": digest, "size": size, "mediaType": f.media_type})
-        log_info = put_bytes(registry.store, out.log.encode("utf-8"))
-        manifest = mf.make_manifest(
-            model_digest=row.model_digest, build_key=row.build_key, backend=row.backend,
-            target={"ref": target.ref, "name": target.name, "soc_model": target.soc_model,
-                    "htp_arch": target.htp_arch, "compute_capability": target.compute_capability},
-            toolchain=out.toolchain.to_dict(), options=row.options, options_digest=row.options_digest,
-            ctx_model=out.ctx_model, files=files, epcontext=out.epcontext, placement=out.placement,
-            compile_seconds=out.compile_seconds, built_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            log={"digest": log_info.digest, "size": log_info.size, "mediaType": "text/plain"},
-        )
-        data, manifest_digest = mf.encode(manifest)
-        put_bytes(registry.store, data, expected=manifest_digest)
+        with ph.timed("hash"):
+            # Every digest is known before anything is sent (the manifest needs them): then all
+            # blobs go at once.
+            files: list[dict[str, Any]] = []
+            blobs: list[tuple[str, Path | bytes, str]] = []
+            for f in out.files:
+                digest, size = sha256_file(f.path)
+                files.append({"name": f.name, "role": f.role, "digest": digest, "size": size,
+                              "mediaType": f.media_type})
+                blobs.append((f.name, f.path, digest))
+            log_data = out.log.encode("utf-8")
+            log_digest = sha256_bytes(log_data)
+            log_info = {"digest": log_digest, "size": len(log_data), "mediaType": "text/plain"}
+            manifest = mf.make_manifest(
+                model_digest=row.model_digest, build_key=row.build_key, backend=row.backend,
+                target={"ref": target.ref, "name": target.name, "soc_model": target.soc_model,
+                        "htp_arch": target.htp_arch, "compute_capability": target.compute_capability},
+                toolchain=out.toolchain.to_dict(), options=row.options, options_digest=row.options_digest,
+                ctx_model=out.ctx_model, files=files, epcontext=out.epcontext, placement=out.placement,
+                compile_seconds=out.compile_seconds, built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                log=log_info,
+            )
+            data, manifest_digest = mf.encode(manifest)
+            blobs += [("build.log", log_data, log_digest), ("manifest.json", data, manifest_digest)]
+        with ph.timed("upload"):
+            ph.ms["uploads"] = upload_blobs(registry.store, blobs)
     except OSError as exc:
         raise StorageError(f"publishing the artifact failed: {exc}") from None
-    all_files = [*files, {"name": "build.log", "role": "log", "digest": log_info.digest, "size": log_info.size,
+    all_files = [*files, {"name": "build.log", "role": "log", "digest": log_digest, "size": len(log_data),
                           "mediaType": "text/plain; charset=utf-8"}]
     ep_sdk = next((n.get("ep_sdk_version") for n in out.epcontext if n.get("ep_sdk_version")), None)
+    t_sql = time.perf_counter()
     with registry.db.session() as s:
         art = insert_artifact(s, lease.build_id, manifest_digest=manifest_digest, manifest_size=len(data),
                               ctx_model=out.ctx_model, files=all_files, ep_sdk_version=ep_sdk,
@@ -171,7 +279,19 @@ def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Targ
                               nodes_cpu=out.placement["cpu_nodes"])
         if signer is not None:
             add_signature(s, manifest_digest, signer.public_b64, signer.sign(manifest_digest))
-        states.succeed(s, lease, log=out.log)  # raises LeaseLostError: the insert rolls back too
+        if probe_version is not None:
+            # The compile child loaded the fresh context under its own toolchain: evidence. The
+            # artifact row is new (a replaced one took its verdicts along), so a plain insert.
+            loaded = out.self_load or {"ok": False, "error": "the compile child did not load the context"}
+            ok = bool(loaded.get("ok"))
+            s.add(CompatVerdict(artifact_id=art.id, runtime_backend=row.backend, runtime_version=probe_version,
+                                verdict="loads" if ok else "fails", source="probe",
+                                detail=None if ok else str(loaded.get("error"))[:2000]))
+        if worker_id:
+            heartbeat(s, worker_id, jobs_done_delta=1)
+        ph.ms["sql"] = _ms(time.perf_counter() - t_sql)
+        # raises LeaseLostError: the inserts roll back too
+        states.succeed(s, lease, log=out.log, phases=ph.final())
         return art.id, manifest_digest
 
 
@@ -188,71 +308,165 @@ class Executor:
     """Runs builds of one toolchain. One per process (SQL engines must not cross a fork)."""
 
     def __init__(self, settings: Settings, registry: Registry, runner: Runner | None = None, *,
-                 backend: str = "qnn", worker_id: int | None = None, owner: str | None = None):
+                 backend: str = "qnn", worker_id: int | None = None, owner: str | None = None,
+                 background_publish: bool = False):
         self.settings = settings
         self.registry = registry
+        # A worker publishes (uploads, then the one transaction) in the background, while its
+        # next build claims and compiles: see ``execute``'s ``then``. One publication at a time.
+        self._publisher = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
+                           if background_publish else None)
+        self._pending: Future[None] | None = None
         self.runner: Runner = runner or get_runner(backend)
         self.toolchain: Toolchain = self.runner.toolchain()
         self.owner = owner or states.owner_base()
         self.worker_id = worker_id
         self.signer = signer_for(settings)
         self.gpu = os.environ.get("CTXFARM_GPU_TARGET")
+        self.bundles: BundleCache | None = open_cache(settings.home, settings.bundle_cache_mb)
+        self.events = Publisher(settings.broker_url)
+        self._last_end: float | None = None  # when this executor's previous build ended
+        # Set by embedded ``farm build`` while it compiles in several threads: SIGTERM/SIGINT reach
+        # the main thread only, which sets it; each compile then stops and unwinds as Interrupted.
+        self.interrupt: Interruption | None = None
         sweep_job_dirs()
 
     # -- the one path ----------------------------------------------------------------------------
 
-    def execute(self, build_id: int) -> Result:
+    def execute(self, build_id: int, *, then: Callable[[Result], None] | None = None) -> Result:
+        """Run one build. With ``then`` and background publishing on (a worker), a compiled build
+        is handed to the publisher thread and ``Result("publishing")`` comes back at once: the
+        caller's next build compiles while this one uploads and commits (its lease still held
+        and renewed), and ``then`` gets the final result from that thread. Any other outcome is
+        returned here and ``then`` is not called."""
+        try:
+            return self._execute(build_id, then)
+        finally:
+            self._last_end = time.perf_counter()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait for the publication in flight (a worker stopping)."""
+        pending = self._pending
+        if pending is not None:
+            try:
+                pending.result(timeout=timeout)
+            except Exception:
+                log.warning("background publication failed", exc_info=True)
+
+    def _execute(self, build_id: int, then: Callable[[Result], None] | None = None) -> Result:
         s_ = self.settings
-        with self.registry.db.session() as s:
+        ph = Phases()
+        idle = None if self._last_end is None else ph.started - self._last_end
+        with ph.timed("claim"), self.registry.db.session() as s:
             c = states.claim(s, build_id, owner=self.owner, lease_seconds=s_.lease_seconds,
                              max_attempts=s_.max_attempts)
             row = _read_row(s, build_id) if c.action == "run" else None
+        if c.action == "exhausted":
+            self.events.publish(build_id, states.BuildState.FAILED.value)
         if c.lease is None or row is None:
             return Result(c.action, build_id)
+        self.events.publish(build_id, states.BuildState.RUNNING.value)
+        enqueued = states.aware(row.enqueued_at)
+        if enqueued is not None:
+            queued = max((states.now() - enqueued).total_seconds(), 0.0)
+            ph.ms["queued"] = _ms(queued)
+            ph.ms["dispatch"] = _ms(queued if idle is None else min(queued, idle))
         lease = c.lease
         try:
-            return self._run(lease, row)
+            return self._run(lease, row, ph, then)
         except BaseException as exc:
             # Ctrl-C, SIGTERM (Interrupted), SystemExit: give the build back at once.
             reason = f"signal {exc.signum}" if isinstance(exc, Interrupted) else type(exc).__name__
             try:
                 with self.registry.db.session() as s:
                     states.release(s, lease, reason)
+                self.events.publish(build_id, states.BuildState.QUEUED.value)
             except Exception:
                 log.warning("could not release build %s after %s", build_id, reason, exc_info=True)
             raise
 
-    def _run(self, lease: states.Lease, row: BuildRow) -> Result:
+    def _run(self, lease: states.Lease, row: BuildRow, ph: Phases,
+             then: Callable[[Result], None] | None = None) -> Result:
         s_ = self.settings
         try:
             self._check_route(row)
             target = load_catalog().get(row.target, backend=row.backend)
-            with LeaseKeeper(self.registry, lease, s_.lease_seconds) as keeper, \
-                    tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-") as tmp:
-                model_path = fetch_bundle(self.registry, row.files, Path(tmp) / "model")
+            with ExitStack() as stack:
+                keeper = stack.enter_context(LeaseKeeper(self.registry, lease, s_.lease_seconds))
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
+                with ph.timed("bundle_fetch"):
+                    model_path, ph.ms["bundle_cache"] = fetch_bundle(
+                        self.registry, row.files, Path(tmp) / "model", cache=self.bundles,
+                        model_digest=row.model_digest)
                 job = CompileJob(model_path, target, row.options, s_.compile_timeout, s_.compile_memory_mb,
-                                 verify_load=True, cancel=keeper.lost)
+                                 verify_load=True,
+                                 cancel=keeper.lost if self.interrupt is None else _Either(keeper.lost, self.interrupt))
+                t = time.perf_counter()
                 out = self.runner.compile(job, Path(tmp) / "work")
+                ph.compile(out, time.perf_counter() - t)
                 keeper.check()
-                artifact_id, digest = publish(self.registry, lease, row, target, out, self.signer)
-            self._record_self_probe(artifact_id, out)
+                if then is not None and self._publisher is not None:
+                    # The lease keeper and the job dir go with the publication; this thread is free.
+                    self._hand_over(stack.pop_all(), lease, row, target, out, ph, then)
+                    return Result("publishing", lease.build_id)
+                return self._publish(lease, row, target, out, ph)
+        except LeaseLostError:
+            if self.interrupt is not None and self.interrupt.is_set():
+                raise Interrupted(self.interrupt.signum) from None  # execute() releases the lease
+            log.warning("build %s attempt %s: lease lost; nothing published", lease.build_id, lease.attempt)
+            return Result("lost", lease.build_id)
+        except FarmError as exc:
+            return self._failed(lease, exc.code if not isinstance(exc, StorageError) else "storage-error",
+                                exc.message, exc.details.get("log"), ph)
+        except Exception as exc:  # a bug or an unexpected library error: bounded retries, then failed
+            log.error("build %s: unexpected error", lease.build_id, exc_info=True)
+            return self._failed(lease, "toolchain-error", f"unexpected {type(exc).__name__}: {exc}",
+                                traceback.format_exc()[-8000:], ph)
+
+    def _publish(self, lease: states.Lease, row: BuildRow, target: Target, out: CompileOutput,
+                 ph: Phases) -> Result:
+        """Publication and its failure path (the same inline and in the background)."""
+        try:
+            artifact_id, digest = publish(self.registry, lease, row, target, out, self.signer, phases=ph,
+                                          probe_version=self.toolchain.version, worker_id=self.worker_id)
         except LeaseLostError:
             log.warning("build %s attempt %s: lease lost; nothing published", lease.build_id, lease.attempt)
             return Result("lost", lease.build_id)
         except FarmError as exc:
             return self._failed(lease, exc.code if not isinstance(exc, StorageError) else "storage-error",
-                                exc.message, exc.details.get("log"))
-        except Exception as exc:  # a bug or an unexpected library error: bounded retries, then failed
-            log.error("build %s: unexpected error", lease.build_id, exc_info=True)
-            return self._failed(lease, "toolchain-error", f"unexpected {type(exc).__name__}: {exc}",
-                                traceback.format_exc()[-8000:])
-        if self.worker_id:
-            from registry.index import heartbeat
-
-            with self.registry.db.session() as s:
-                heartbeat(s, self.worker_id, jobs_done_delta=1)
-        log.info("build %s published %s", lease.build_id, digest)
+                                exc.message, exc.details.get("log"), ph)
+        except Exception as exc:
+            log.error("build %s: unexpected error while publishing", lease.build_id, exc_info=True)
+            return self._failed(lease, "storage-error", f"unexpected {type(exc).__name__}: {exc}",
+                                traceback.format_exc()[-8000:], ph)
+        self.events.publish(lease.build_id, states.BuildState.SUCCEEDED.value)
+        log.info("build %s published %s (%s)", lease.build_id, digest,
+                 ", ".join(f"{k} {v}" for k, v in ph.ms.items() if isinstance(v, int | float)))
         return Result("succeeded", lease.build_id, artifact_id=artifact_id)
+
+    def _hand_over(self, owned: ExitStack, lease: states.Lease, row: BuildRow, target: Target,
+                   out: CompileOutput, ph: Phases, then: Callable[[Result], None]) -> None:
+        """Queue the publication on the publisher thread, after the one before it (at most one
+        compiled build waits: its wait, if any, is recorded as ``publish_wait``)."""
+        assert self._publisher is not None
+        ph.ms["critical"] = _ms(time.perf_counter() - ph.started)
+        if self._pending is not None and not self._pending.done():
+            with ph.timed("publish_wait"):
+                self.drain()
+
+        def run() -> None:
+            try:
+                with owned:  # the lease keeper stops and the job dir goes when this ends
+                    result = self._publish(lease, row, target, out, ph)
+            except BaseException:
+                log.error("build %s: background publication failed", lease.build_id, exc_info=True)
+                return  # the lease lapses and the reconciler sends the build again
+            try:
+                then(result)
+            except Exception:
+                log.error("build %s: after publication", lease.build_id, exc_info=True)
+
+        self._pending = self._publisher.submit(run)
 
     def _check_route(self, row: BuildRow) -> None:
         tc = self.toolchain
@@ -265,24 +479,22 @@ class Executor:
             if not serves(self.gpu, row.target, row.options):
                 raise _Misrouted(f"misrouted: this worker's GPU is {self.gpu}, the build is for {row.target}")
 
-    def _failed(self, lease: states.Lease, code: str, message: str, text: str | None) -> Result:
+    def _failed(self, lease: states.Lease, code: str, message: str, text: str | None,
+                ph: Phases | None = None) -> Result:
         s_ = self.settings
+        phases = ph.final() if ph is not None else None
         with self.registry.db.session() as s:
             if code in DETERMINISTIC_FAILURES or code == "no-worker" or lease.attempt >= s_.max_attempts:
-                ok = states.fail(s, lease, code, message, text)
-                return Result("failed" if ok else "lost", lease.build_id)
-            delay = backoff(lease.attempt)
-            ok = states.requeue(s, lease, code, message, text, delay=delay)
-        return Result("retry" if ok else "lost", lease.build_id, countdown=delay)
-
-    def _record_self_probe(self, artifact_id: int, out: CompileOutput) -> None:
-        """The compile child loaded the fresh context under its own toolchain: evidence."""
-        from registry.index import record_verdict
-
-        loaded = out.self_load or {"ok": False, "error": "the compile child did not load the context"}
-        verdict, detail = ("loads", None) if loaded.get("ok") else ("fails", str(loaded.get("error"))[:2000])
-        with self.registry.db.session() as s:
-            record_verdict(s, artifact_id, self.toolchain.backend, self.toolchain.version, verdict, "probe", detail)
+                ok = states.fail(s, lease, code, message, text, phases)
+                result = Result("failed" if ok else "lost", lease.build_id)
+            else:
+                delay = backoff(lease.attempt)
+                ok = states.requeue(s, lease, code, message, text, delay=delay, phases=phases)
+                result = Result("retry" if ok else "lost", lease.build_id, countdown=delay)
+        if ok:
+            self.events.publish(lease.build_id, states.BuildState.FAILED.value if result.outcome == "failed"
+                                else states.BuildState.QUEUED.value)
+        return result
 
     # -- probes of artifacts other toolchains built --------------------------------------------
 
@@ -316,6 +528,32 @@ class Executor:
             record_verdict(s, artifact_id, tc.backend, tc.version, verdict, "probe", detail)
         log.info("probe of artifact %s under %s %s: %s", artifact_id, tc.backend, tc.version, verdict)
         return verdict
+
+
+class Interruption:
+    """A signal the main thread received, for builds running in other threads (a CancelFlag)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signum = 0
+
+    def set(self, signum: int) -> None:
+        self.signum = signum
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+class _Either:
+    def __init__(self, *flags: Any):
+        self.flags = flags
+
+    def is_set(self) -> bool:
+        return any(f.is_set() for f in self.flags)
 
 
 JOB_PREFIX = "ctxfarm-job-"
@@ -358,7 +596,7 @@ def _read_row(s: Any, build_id: int) -> BuildRow:
     b = states.get_build(s, build_id)
     model = s.get(Model, b.model_digest)
     return BuildRow(b.backend, b.target, b.toolchain, dict(b.options), b.options_digest, b.build_key,
-                    b.model_digest, [dict(f) for f in (model.files if model else [])])
+                    b.model_digest, [dict(f) for f in (model.files if model else [])], b.enqueued_at)
 
 
 # ---- signals: SIGTERM/SIGINT unwind the build like Ctrl-C ----------------------------------------

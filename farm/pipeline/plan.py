@@ -234,21 +234,93 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
                 planned.append((t, spec, build_id))
         report = BuildReport(bundle.digest, name or bundle.stem, tag)
         with interruptible():
-            for t, spec, build_id in planned:
-                report.outcomes.append(_run_here(reg, executors[t.backend], t, spec, build_id, progress))
+            report.outcomes.extend(_run_all(settings, reg, executors, planned, progress))
         return report
     finally:
         if own:
             reg.close()
 
 
+def build_jobs(settings: Settings, builds: int) -> int:
+    """How many builds embedded ``farm build`` compiles at once: one per CPU this process may
+    use, no more than there are builds, and only as many as MemAvailable holds at the compile
+    memory cap (FARM_COMPILE_MEMORY_MB) each; at least one."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(cpus, builds)
+    available = _mem_available_mb()
+    if settings.compile_memory_mb > 0 and available is not None:
+        jobs = min(jobs, available // settings.compile_memory_mb)
+    return max(jobs, 1)
+
+
+def _mem_available_mb() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
+             planned: list[tuple[Target, states.BuildSpec, int]], progress: Progress) -> list[BuildOutcome]:
+    """Run the planned builds here, ``build_jobs`` at a time (each compile in its own warm host,
+    workers.host: no process started per target). Outcomes in the order planned.
+
+    In parallel, builds run in threads while SIGTERM/SIGINT arrive in the main thread: there the
+    ``Interrupted`` sets the executors' ``interrupt``, each running compile stops and releases its
+    lease in its own thread, builds not yet started do not start, and once all have unwound the
+    main thread raises the signal on."""
+    jobs = build_jobs(settings, len(planned))
+    if jobs <= 1:
+        return [_run_here(reg, executors[t.backend], t, spec, build_id, progress) for t, spec, build_id in planned]
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from farm.core.errors import Interrupted
+    from farm.pipeline.execute import Interruption
+
+    stop = Interruption()
+    for ex in executors.values():
+        ex.interrupt = stop
+
+    def one(t: Target, spec: states.BuildSpec, build_id: int) -> BuildOutcome:
+        if stop.is_set():
+            raise Interrupted(stop.signum)
+        return _run_here(reg, executors[t.backend], t, spec, build_id, progress, stop=stop)
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build")
+    futures = []
+    try:
+        for t, spec, build_id in planned:
+            futures.append(pool.submit(one, t, spec, build_id))
+        wait(futures)
+    except BaseException as exc:
+        stop.set(getattr(exc, "signum", 2))
+        wait(futures)  # every compile stops and gives its build back before we go on
+        raise
+    else:
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for ex in executors.values():
+            ex.interrupt = None
+
+
 def _run_here(reg: Registry, executor: Any, t: Target, spec: states.BuildSpec, build_id: int,
-              progress: Progress) -> BuildOutcome:
+              progress: Progress, *, stop: Any = None) -> BuildOutcome:
     from farm.pipeline.execute import wait_until_final_or_free
 
     ran = False
     start = time.perf_counter()
     while True:
+        if stop is not None and stop.is_set():
+            from farm.core.errors import Interrupted
+
+            raise Interrupted(stop.signum)
         with reg.db.session() as s:
             b = states.get_build(s, build_id)
             state, attempt = b.state, b.attempts
@@ -264,7 +336,10 @@ def _run_here(reg: Registry, executor: Any, t: Target, spec: states.BuildSpec, b
             wait_until_final_or_free(reg, build_id)
         elif r.outcome == "retry":
             progress("retrying", t.ref, {"in_seconds": r.countdown})
-            time.sleep(r.countdown)
+            if stop is not None:
+                stop.wait(r.countdown)
+            else:
+                time.sleep(r.countdown)
     outcome = outcome_from_row(reg, build_id, t.ref, cached=not ran)
     outcome.wall_seconds = time.perf_counter() - start
     progress("finished", t.ref, outcome.to_dict())
@@ -375,25 +450,34 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
                   store: Callable[[], list[dict[str, Any]]] | None = None, display: str = "",
                   onnx_digest: str = "", size: int = 0) -> ReleaseStatus:
     """Record the release and its queued builds in one transaction, then send the messages.
-    ``store`` uploads the model snapshot (blobs first); a model already stored passes None."""
-    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, make_app, send
+    ``store`` uploads the model snapshot (blobs first); a model already stored passes None.
+
+    A re-submission whose builds are all answered by the index (succeeded, or failed for a
+    deterministic reason) is one transaction of a few statements: read the builds with their
+    artifacts, record the tag and the release, answer from what was read."""
+    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, send, shared_app
     from registry.index import release_builds
     from registry.models import Release, ReleaseBuild
 
     matrix = request.matrix(served)
     specs = [(t, v, _spec(model_digest, t, v, request.options[t])) for t, v in matrix]
-    if _needs_work(reg, [spec.build_key for _, _, spec in specs], request.retry_failed):
+    label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
+    release_matrix = {"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
+                      "options": request.raw_options}
+    with reg.db.session() as s:
+        cached, needs_work = _answer_cached(s, model_digest, [spec.build_key for _, _, spec in specs], request,
+                                            label, release_matrix, check_stored=store is not None)
+    if cached is not None:
+        return cached
+    if needs_work:
         # Something will be sent: the broker must answer before anything is written.
-        app = app or make_app(settings)
+        app = app or shared_app(settings)
         check_broker(app)
     files = store() if store is not None else None
     to_send: list[tuple[int, str]] = []
     with reg.db.session() as s:
         record_snapshot(s, model_digest, onnx_digest, size, files, request.name, request.tag, display)
-        label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
-        release = Release(model_digest=model_digest, label=label,
-                          matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
-                                  "options": request.raw_options})
+        release = Release(model_digest=model_digest, label=label, matrix=release_matrix)
         s.add(release)
         s.flush()
         for t, version, spec in specs:
@@ -406,33 +490,57 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
         release_id = release.id
     # After the commit: a worker that gets the message finds the row.
     if to_send and app is None:
-        app = make_app(settings)
+        app = shared_app(settings)
     for build_id, queue in to_send:
         send(app, COMPILE_TASK, [build_id], queue)
     with reg.db.session() as s:
         return _status(s, release_id, release_builds(s, release_id))
 
 
-def _needs_work(reg: Registry, keys: list[str], retry_failed: bool) -> bool:
-    """Would enqueue queue anything for these keys (new, failed for an infra reason, broken)?"""
-    from sqlalchemy import select
+def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseRequest, label: str,
+                   release_matrix: dict[str, Any], *, check_stored: bool) -> tuple[ReleaseStatus | None, bool]:
+    """In the caller's transaction: when every build of ``keys`` is final and stays so
+    (``enqueue``'s rules reopen none) and the model snapshot is stored, record the tag and the
+    release and return (its status, False). Else (None, whether some build needs work: new,
+    or to be reopened), having written nothing."""
+    from sqlalchemy import insert, select
 
     from farm.core.errors import DETERMINISTIC_FAILURES
-    from registry.models import Artifact, Build
+    from registry.models import Artifact, Build, Model, Release, ReleaseBuild
 
-    with reg.db.session() as s:
-        rows = {k: (st, code, status) for k, st, code, status in s.execute(
-            select(Build.build_key, Build.state, Build.error_code, Artifact.status)
-            .outerjoin(Artifact, Artifact.build_id == Build.id).where(Build.build_key.in_(keys)))}
+    rows = {b.build_key: (b, a) for b, a in s.execute(
+        select(Build, Artifact).outerjoin(Artifact, Artifact.build_id == Build.id).where(Build.build_key.in_(keys)))}
+    in_flight = False
     for k in keys:
         if k not in rows:
-            return True
-        st, code, status = rows[k]
-        if st == "failed" and (retry_failed or code not in DETERMINISTIC_FAILURES):
-            return True
-        if st == "succeeded" and status == "broken":
-            return True
-    return False
+            return None, True
+        b, a = rows[k]
+        if b.state == states.BuildState.SUCCEEDED:
+            if a is not None and a.status == "broken":
+                return None, True
+        elif b.state == states.BuildState.FAILED:
+            if request.retry_failed or b.error_code not in DETERMINISTIC_FAILURES:
+                return None, True
+        else:
+            in_flight = True  # queued or running: its message was sent by whoever queued it
+    if in_flight:
+        return None, False
+    if check_stored:
+        files = s.scalar(select(Model.files).where(Model.digest == model_digest))
+        if not files or not all(f.get("stored") for f in files):
+            return None, False  # recorded by an older ctxfarm, before snapshots were stored
+    if request.name and request.tag:
+        from registry.index import set_tag
+
+        set_tag(s, request.name, request.tag, model_digest)
+    release_id = s.scalar(insert(Release).values(model_digest=model_digest, label=label, matrix=release_matrix,
+                                                 created_at=states.now()).returning(Release.id))
+    s.execute(insert(ReleaseBuild), [{"release_id": release_id, "build_id": rows[k][0].id}
+                                     for k in dict.fromkeys(keys)])
+    st = ReleaseStatus(int(release_id), label)
+    for b, a in sorted((rows[k] for k in dict.fromkeys(keys)), key=lambda r: (r[0].target, r[0].toolchain)):
+        st.builds.append(build_view(b, a if b.state == states.BuildState.SUCCEEDED else None))
+    return st, False
 
 
 def build_view(b: Any, art: Any) -> dict[str, Any]:
@@ -486,13 +594,21 @@ def release_status(settings: Settings, release_id: int, registry: Registry | Non
             reg.close()
 
 
-def wait_release(settings: Settings, release_id: int, *, timeout: float | None = None, poll: float = 1.0,
+def wait_release(settings: Settings, release_id: int, *, timeout: float | None = None, poll: float = 10.0,
                  on_change: Callable[[ReleaseStatus], None] | None = None,
-                 registry: Registry | None = None) -> ReleaseStatus:
-    """Poll SQL until every build of the release is final (fan-in in SQL, not chords)."""
+                 registry: Registry | None = None, events: Any = None) -> ReleaseStatus:
+    """Wait until every build of the release is final (fan-in in SQL, not chords).
+
+    Woken by build events (``farm.pipeline.events``: Redis pub/sub on the broker, published by
+    the executor after each commit), subscribed before the first read so no change is missed;
+    SQL is read again only when one of this release's builds changed. ``poll`` is the fallback
+    for a lost event or connection, not the pace. ``events``: a Subscription to reuse."""
+    from farm.pipeline.events import Subscription
+
     reg = registry or Registry.open(settings)
     deadline = None if timeout is None else time.monotonic() + timeout
     last: Any = None
+    sub = events if events is not None else Subscription(settings.broker_url).__enter__()
     try:
         while True:
             st = release_status(settings, release_id, registry=reg)
@@ -502,11 +618,31 @@ def wait_release(settings: Settings, release_id: int, *, timeout: float | None =
             last = snapshot
             if st.done:
                 return st
-            if deadline is not None and time.monotonic() > deadline:
+            left = poll if deadline is None else min(poll, deadline - time.monotonic())
+            if left <= 0:
                 raise CompileTimeoutError(f"release {release_id} not finished after {timeout:g} s",
                                           hint=f"it keeps running; `farm status {release_id}` shows progress")
-            time.sleep(poll)
+            sub.wait({b["build"] for b in st.builds}, left)
     finally:
+        if events is None:
+            sub.close()
         if registry is None:
             reg.close()
 
+
+def watch_release(settings: Settings, release_id: int, *, wait: float,
+                  registry: Registry | None = None) -> ReleaseStatus:
+    """The HTTP service's long poll: the release's status at once when it is done, else once
+    one of its builds changed or after ``wait`` seconds. Subscribed before the read (a change
+    after it wakes us); a change before it is in what is read. Woken by build events."""
+    from farm.pipeline.events import Subscription
+
+    if wait <= 0:
+        return release_status(settings, release_id, registry=registry)
+    with Subscription(settings.broker_url) as sub:
+        st = release_status(settings, release_id, registry=registry)
+        if st.done:
+            return st
+        if sub.wait({b["build"] for b in st.builds}, wait):
+            st = release_status(settings, release_id, registry=registry)
+        return st

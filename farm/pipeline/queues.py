@@ -7,6 +7,8 @@ Celery result backend (chords on Redis lose counts).
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from farm.core.errors import ConfigError, MissingExtraError, NoWorkerError
@@ -57,6 +59,25 @@ def make_app(settings: Settings) -> Any:
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     return app
+
+
+_apps: dict[tuple[str, float, float], Any] = {}
+_apps_lock = threading.Lock()
+
+
+def shared_app(settings: Settings) -> Any:
+    """This process's app for these settings, made once: a Celery app (its imports, its
+    producer and connection pools) costs tens of ms to build, too much for every submission
+    of a long-lived process (the HTTP service, a worker scheduling probes). Forgotten in a
+    forked child, whose pools must not be the parent's."""
+    key = (settings.broker_url or "", settings.effective_visibility_timeout, settings.compile_timeout)
+    with _apps_lock:
+        if key not in _apps:
+            _apps[key] = make_app(settings)
+        return _apps[key]
+
+
+os.register_at_fork(after_in_child=_apps.clear)
 
 
 def check_broker(app: Any, timeout: float = 3.0) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from farm.core.settings import Settings
 from farm.pipeline import states
-from farm.pipeline.queues import COMPILE_TASK, PROBE_TASK, make_app, pending_build_ids, probe_queue, send
+from farm.pipeline.queues import COMPILE_TASK, PROBE_TASK, pending_build_ids, probe_queue, send, shared_app
 from registry.index import Registry
 
 log = logging.getLogger("ctxfarm.reconcile")
@@ -44,7 +44,9 @@ def schedule_probes(executor: Any, artifact_id: int) -> list[str]:
     with executor.registry.db.session() as s:
         versions = sorted({w.toolchain for w in live_workers(s, stale_after=settings.worker_stale_after)
                            if w.backend == tc.backend and w.toolchain != tc.version})
-    app = make_app(settings)
+    if not versions:
+        return []
+    app = shared_app(settings)
     for v in versions:
         send(app, PROBE_TASK, [artifact_id], probe_queue(tc.backend, v))
     return versions

@@ -187,29 +187,31 @@ def renew(session: Session, lease: Lease, lease_seconds: float) -> bool:
                     .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))) == 1
 
 
-def succeed(session: Session, lease: Lease, *, log: str | None) -> None:
+def succeed(session: Session, lease: Lease, *, log: str | None, phases: dict[str, Any] | None = None) -> None:
     """running -> succeeded, in the publishing transaction (raises LeaseLostError, which rolls
-    the artifact insert back with it)."""
+    the artifact insert back with it). ``phases``: where the attempt's time went."""
     n = _changed(session, update(Build).where(*_guard(lease)).values(
         state=BuildState.SUCCEEDED.value, log=log, error_code=None, error_message=None, finished_at=now(),
-        lease_owner=None, lease_expires_at=None))
+        lease_owner=None, lease_expires_at=None, phases=phases))
     if n != 1:
         raise LeaseLostError(f"build {lease.build_id}: attempt {lease.attempt} lost its lease before publishing")
 
 
-def fail(session: Session, lease: Lease, code: str, message: str, log: str | None) -> bool:
+def fail(session: Session, lease: Lease, code: str, message: str, log: str | None,
+         phases: dict[str, Any] | None = None) -> bool:
     """running -> failed (deterministic failure, or the attempt cap reached)."""
     return _changed(session, update(Build).where(*_guard(lease)).values(
         state=BuildState.FAILED.value, error_code=code, error_message=message, log=log, finished_at=now(),
-        lease_owner=None, lease_expires_at=None)) == 1
+        lease_owner=None, lease_expires_at=None, phases=phases)) == 1
 
 
-def requeue(session: Session, lease: Lease, code: str, message: str, log: str | None, *, delay: float) -> bool:
+def requeue(session: Session, lease: Lease, code: str, message: str, log: str | None, *, delay: float,
+            phases: dict[str, Any] | None = None) -> bool:
     """running -> queued after an infrastructure failure with attempts left; the error is kept
     for status, and ``enqueued_at`` (not before) holds the reconciler off during the backoff."""
     return _changed(session, update(Build).where(*_guard(lease)).values(
         state=BuildState.QUEUED.value, error_code=code, error_message=message, log=log, lease_owner=None,
-        lease_expires_at=None, enqueued_at=now() + timedelta(seconds=delay))) == 1
+        lease_expires_at=None, enqueued_at=now() + timedelta(seconds=delay), phases=phases)) == 1
 
 
 def release(session: Session, lease: Lease, reason: str) -> bool:

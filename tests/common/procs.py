@@ -50,8 +50,23 @@ def descendants(root: int) -> list[int]:
     return sorted(out)
 
 
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def compile_children(root: int) -> list[int]:
-    return [p for p in descendants(root) if "workers.qnn.child compile" in cmdline(p) and alive(p)]
+    """Compile processes under ``root``: a job forked by a warm compile host (named
+    ``ctxfarm-compile``; it keeps its host's command line) or a fresh compile child."""
+    return [p for p in descendants(root)
+            if (comm(p) == "ctxfarm-compile" or "workers.qnn.child compile" in cmdline(p)) and alive(p)]
+
+
+def compile_hosts(root: int) -> list[int]:
+    return [p for p in descendants(root) if "workers.qnn.child host" in cmdline(p) and comm(p) != "ctxfarm-compile"
+            and alive(p)]
 
 
 def wait_for(pred, timeout: float, poll: float = 0.05):  # type: ignore[no-untyped-def]

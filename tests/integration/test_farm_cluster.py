@@ -191,6 +191,30 @@ def test_concurrent_identical_submissions_compile_once(farm_cluster: Farm, tmp_p
     assert [(r["state"], r["attempts"]) for r in rows] == [("succeeded", 1)]
 
 
+def test_worker_events_wake_the_waiter_and_phases_are_recorded(farm_cluster: Farm) -> None:
+    from farm.core.settings import Settings
+    from farm.pipeline.events import Subscription
+    from farm.pipeline.plan import wait_release
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    out = json.loads(f.cli("submit", str(light("shufflenet")), "-t", "qnn:SM8650", "-t", "qnn:SM8750",
+                           "--sdk", "2.51.0", "--json").stdout)
+    settings = Settings.from_env(f.env)
+    # The fallback poll is an hour: only the worker's events (Redis pub/sub) can end this wait.
+    with Subscription(settings.broker_url) as sub:
+        st = wait_release(settings, out["release"], poll=3600, timeout=3600, events=sub)
+        assert st.ok and sub.wakeups >= 1
+    phases = [json.loads(f.cli("status", "--build", str(b["build"]), "--json").stdout)["phases"]
+              for b in st.builds]
+    # One worker, one model: the second build found the bundle in the worker's cache.
+    assert sorted(p["bundle_cache"] for p in phases) == ["hit", "miss"]
+    assert all({"dispatch", "bundle_fetch", "ep_compile", "upload", "sql", "outside_compile"} <= set(p)
+               for p in phases), phases
+    text = f.cli("status", "--build", str(st.builds[0]["build"])).stdout
+    assert "ep_compile" in text and "manifest.json" in text
+
+
 def test_sigkill_worker_mid_compile_recovers_within_lease_plus_heartbeat(farm_cluster: Farm) -> None:
     f = farm_cluster
     a = f.start_worker("2.51.0")

@@ -2,6 +2,7 @@
 
     python -m workers.qnn.child compile REQUEST.json RESULT.json
     python -m workers.qnn.child load    REQUEST.json RESULT.json
+    python -m workers.qnn.child host    (a warm compile host: workers.host)
 
 Writes ``{"ok": true, ...}`` or ``{"ok": false, "error": {"code", "message"}}`` to RESULT.json.
 """
@@ -17,13 +18,25 @@ from workers.childproc import checkpoint, run_commands
 _REGISTERED: list[bool] = []  # an EP library registers once per process
 
 
-def _session_options(provider_options: dict[str, str]):  # type: ignore[no-untyped-def]
+def preload() -> None:
+    """A warm compile host's start (``child host``, workers.childproc.serve_host): onnxruntime
+    imported and the QNN EP library registered once; every job forked from the host inherits
+    both. No session is created here: the host's state must stay that of a fresh process."""
+    import onnxruntime as ort
+
+    ort.disable_telemetry_events()  # an offline farm; and a forked job never needs its thread
+    _session_options(None)
+
+
+def _session_options(provider_options: dict[str, str] | None):  # type: ignore[no-untyped-def]
     import onnxruntime as ort
     import onnxruntime_qnn as oq
 
     if not _REGISTERED:
         ort.register_execution_provider_library("QNNExecutionProvider", oq.get_library_path())
         _REGISTERED.append(True)
+    if provider_options is None:
+        return ort, None
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:
         raise RuntimeError("onnxruntime-qnn registered no QNN device")
@@ -84,7 +97,7 @@ def load_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    return run_commands(argv, {"compile": compile_model, "load": load_model})
+    return run_commands(argv, {"compile": compile_model, "load": load_model}, preload=preload)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""QnnRunner: compiles EPContext models for the QNN HTP backend in a child process.
+"""QnnRunner: compiles EPContext models for the QNN HTP backend in a job process forked from a
+warm compile host (workers.host), or in a fresh child process.
 
 This module imports no onnxruntime: the toolchain is read from package metadata, and the
 compile/load happens in ``workers.qnn.child``.
@@ -72,6 +73,16 @@ def provider_options(target: Target, options: dict[str, Any]) -> dict[str, str]:
 class QnnRunner:
     backend = "qnn"
 
+    def __init__(self, *, warm_host: bool = True):
+        # False: a fresh ``python -m workers.qnn.child compile`` per build (what the bench compares).
+        self.warm_host = warm_host
+
+    def warm(self) -> None:
+        """Start this process's compile host now (a worker at start), not at its first build."""
+        from workers.host import pool_for
+
+        pool_for(CHILD).warm(1)
+
     def toolchain(self) -> Toolchain:
         return detect_toolchain()
 
@@ -89,10 +100,21 @@ class QnnRunner:
             "provider_options": provider_options(job.target, job.options),
             "verify_load": job.verify_load,
         }
-        result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout,
-                                      memory_mb=job.memory_mb, cancel=job.cancel)
-        return collect_output("QNN", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_QNN_CONTEXT,
-                              strays="error")
+        timings: dict[str, float] = {}
+        if self.warm_host:
+            # A job forked from this process's warm host (workers.host): no interpreter start,
+            # import or EP registration per build; the same guards, bytes and error codes.
+            from workers.host import pool_for
+
+            result, wall, log, timings = pool_for(CHILD).run("compile", request, work_dir, timeout=job.timeout,
+                                                             memory_mb=job.memory_mb, cancel=job.cancel)
+        else:
+            result, wall, log = run_child(CHILD, "compile", request, work_dir, timeout=job.timeout,
+                                          memory_mb=job.memory_mb, cancel=job.cancel)
+        out = collect_output("QNN", job, out_dir, ctx_name, result, wall, log, toolchain, MEDIA_QNN_CONTEXT,
+                             strays="error")
+        out.timings = timings
+        return out
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:
         import tempfile

@@ -1,0 +1,193 @@
+"""The executor's cache of model snapshots by digest: each bundle comes from the store once.
+
+Layout: ``<root>/<hex of the model digest>/`` holds the bundle's files under their canonical
+names and ``.listing.json`` (what was stored). An entry is placed atomically
+(``farm.core.placement.staged``): a fetch killed half-way leaves no entry, only a staging dir
+the next placement of that digest removes. A job gets hard links of the entry's files in its own
+dir (copies across filesystems) and then verifies *those* (size and sha256 against the model
+row): what is checked is what is compiled, eviction never pulls a file from under a running
+compile, and a corrupted entry is fetched again. Several executors on one host may share a root:
+placement is locked per digest, and a fetcher that finds the entry placed meanwhile uses it.
+Bounded in size: least recently used entries go first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import StorageError
+from farm.core.keys import is_digest, sha256_file
+from farm.core.names import UnsafePathError, inside
+from farm.core.placement import STAGING_MARK, staged
+
+log = logging.getLogger("ctxfarm.bundles")
+
+LISTING = ".listing.json"
+
+
+class _PlacedMeanwhile(Exception):
+    """Another fetcher placed the entry while we waited for the lock: keep theirs."""
+
+
+def check_files(files: list[dict[str, Any]]) -> None:
+    if not files or not all(f.get("stored") for f in files):
+        raise StorageError("the model snapshot was never stored",
+                           hint="submit the model again (farm build / farm submit store it first)")
+
+
+def lay_out(dest: Path, files: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Path]]:
+    """(listing entry, path under ``dest``) for every file; a name that would leave ``dest``
+    (a tampered row) is refused."""
+    out = []
+    for f in files:
+        try:
+            out.append((f, inside(dest, str(f["path"]))))
+        except UnsafePathError as exc:
+            raise StorageError(f"the stored model snapshot lists an unsafe path: {exc}") from None
+    return out
+
+
+def download_bundle(store: Any, files: list[dict[str, Any]], dest: Path) -> Path:
+    """Every file of the snapshot from the store into ``dest`` (each verified); the .onnx path."""
+    from registry.store.base import download
+
+    check_files(files)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f, path in lay_out(dest, files):
+        download(store, f["digest"], path, size=int(f["size"]))
+    return dest / files[0]["path"]
+
+
+def verify(files: list[dict[str, Any]], dest: Path) -> bool:
+    """Every file present under ``dest`` with its recorded size and sha256."""
+    try:
+        for f, path in lay_out(dest, files):
+            if path.is_symlink() or not path.is_file() or path.stat().st_size != int(f["size"]):
+                return False
+            if sha256_file(path)[0] != f["digest"]:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+class BundleCache:
+    """Model snapshots by digest under ``root``, at most ``max_bytes`` in all."""
+
+    def __init__(self, root: Path, max_bytes: int):
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.hits = self.misses = 0
+
+    def entry(self, model_digest: str) -> Path:
+        if not is_digest(model_digest):
+            raise StorageError(f"not a model digest: {model_digest[:80]!r}")
+        return self.root / model_digest.removeprefix("sha256:")
+
+    def fetch(self, store: Any, model_digest: str, files: list[dict[str, Any]], dest: Path) -> tuple[Path, bool]:
+        """Lay the snapshot out in ``dest`` (an empty dir of this job); returns (.onnx path,
+        whether it came from the cache). Every file in ``dest`` is verified either way."""
+        check_files(files)
+        entry = self.entry(model_digest)
+        if self._link(entry, files, dest):
+            self.hits += 1
+            _touch(entry / LISTING)
+            return dest / files[0]["path"], True
+        self.misses += 1
+        self._place(store, entry, files)
+        if not self._link(entry, files, dest):
+            # Evicted or replaced under us (a near-full cache shared by busy executors): fetch
+            # this job's copy straight from the store.
+            shutil.rmtree(dest, ignore_errors=True)
+            return download_bundle(store, files, dest), False
+        self._evict(keep=entry)
+        return dest / files[0]["path"], False
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _link(self, entry: Path, files: list[dict[str, Any]], dest: Path) -> bool:
+        """Hard-link (or copy) the entry's files into ``dest`` and verify them there."""
+        if not (entry / LISTING).is_file():
+            return False
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            for (_, src), (_, dst) in zip(lay_out(entry, files), lay_out(dest, files), strict=True):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.unlink(missing_ok=True)
+                try:
+                    os.link(src, dst)
+                except OSError:  # another filesystem (EXDEV), or links not allowed here
+                    shutil.copyfile(src, dst)
+        except OSError:
+            return False  # evicted or being replaced meanwhile
+        if verify(files, dest):
+            return True
+        log.warning("bundle cache entry %s does not match its digests: fetching it again", entry.name)
+        for _, dst in lay_out(dest, files):
+            dst.unlink(missing_ok=True)
+        return False
+
+    def _place(self, store: Any, entry: Path, files: list[dict[str, Any]]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            with staged(entry) as staging:
+                # We hold the digest's lock now: another executor may have placed it meanwhile.
+                if (entry / LISTING).is_file() and verify(files, entry):
+                    raise _PlacedMeanwhile
+                download_bundle(store, files, staging)
+                for _, path in lay_out(staging, files):
+                    os.chmod(path, 0o444)  # a job's hard link must not be able to change the entry
+                (staging / LISTING).write_text(json.dumps(files, sort_keys=True))
+        except _PlacedMeanwhile:
+            pass
+        except OSError as exc:
+            raise StorageError(f"bundle cache at {self.root}: {exc}") from None
+
+    def _evict(self, keep: Path) -> None:
+        """Remove least recently used entries until the cache fits (never ``keep``)."""
+        try:
+            entries = []
+            total = 0
+            for d in self.root.iterdir():
+                listing = d / LISTING
+                if d.name.startswith(".") or not listing.is_file():
+                    continue
+                size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                entries.append((listing.stat().st_mtime, size, d))
+                total += size
+        except OSError:
+            return
+        for _, size, d in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if d == keep:
+                continue
+            # Renamed out of the way first: a job linking from it meanwhile fails cleanly and
+            # fetches again; the placement of that digest removes the leftover if we die here.
+            gone = d.parent / f".{d.name}{STAGING_MARK}evicted-{time.time_ns()}"
+            try:
+                os.rename(d, gone)
+            except OSError:
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
+            total -= size
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def open_cache(home: Path, max_mb: int) -> BundleCache | None:
+    if max_mb <= 0:
+        return None
+    return BundleCache(home / "cache" / "bundles", max_mb * 1024 * 1024)
+

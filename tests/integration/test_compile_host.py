@@ -1,0 +1,149 @@
+"""Warm compile hosts with the real QNN SDK (workers.host): the bytes of a fresh process, a real
+SDK segfault and the memory cap in a forked job (the host survives), and embedded ``farm build``
+compiling several targets in parallel in warm hosts, interrupted and killed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.core.catalog import parse_target
+from farm.core.errors import ResourceLimitError
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
+from registry.index import Registry
+from registry.models import Build
+from tests.common.onnx_models import conv_relu_add, light
+from tests.common.procs import alive, compile_children, compile_hosts, wait_for
+from workers.host import pool_for
+from workers.qnn.runner import CHILD, QnnRunner, provider_options
+from workers.runner import CompileJob
+
+
+def compile_bins(runner: QnnRunner, model: Path, ref: str, work: Path, *, memory_mb: int = 6144) -> dict[str, str]:
+    out = runner.compile(CompileJob(model, parse_target(ref), {}, 600, memory_mb, verify_load=True), work)
+    assert out.self_load and out.self_load["ok"], out.self_load
+    return {f.name: hashlib.sha256(f.path.read_bytes()).hexdigest() for f in out.files}
+
+
+def test_a_warm_host_writes_the_bytes_a_fresh_child_writes(tmp_path: Path) -> None:
+    """A process that compiled once writes different bytes for the next compile (measured); a
+    job forked from the host must not: same inputs, same bytes as a fresh child, every time."""
+    model = light("squeezenet")
+    cold = {ref: compile_bins(QnnRunner(warm_host=False), model, ref, tmp_path / f"cold-{i}")
+            for i, ref in enumerate(("qnn:SM8650", "qnn:SM8750"))}
+    warm = QnnRunner()
+    for i, ref in enumerate(("qnn:SM8650", "qnn:SM8750", "qnn:SM8650")):
+        assert compile_bins(warm, model, ref, tmp_path / f"warm-{i}") == cold[ref], ref
+    assert pool_for(CHILD).idle_pids(), "the warm runner left no host to reuse"
+
+
+def test_an_sdk_segfault_in_a_job_leaves_the_host_serving(tmp_path: Path) -> None:
+    """light_inception_v1 for SM8650 loads on the x86_64 HTP simulator and segfaults when run
+    (measured): run it in a job of the warm host, then compile in the same host."""
+    pool = pool_for(CHILD)
+    runner = QnnRunner()
+    compile_bins(runner, light("inception_v1"), "qnn:SM8650", tmp_path / "build")
+    (host,) = pool.idle_pids()
+    request = {"ctx_model": str(tmp_path / "build" / "out" / "model_ctx.onnx"),
+               "provider_options": provider_options(parse_target("qnn:SM8650"), {})}
+    (tmp_path / "load").mkdir()
+    result, _wall, log, _t = pool.run("load", request, tmp_path / "load", timeout=300)
+    assert result["load_seconds"] > 0 and result["crashed"] == "signal 11 (SIGSEGV)", log
+    assert pool.idle_pids() == [host] and alive(host)
+    compile_bins(runner, light("squeezenet"), "qnn:SM8750", tmp_path / "after")
+    assert pool.idle_pids() == [host]
+
+
+def memory_bomb(path: Path) -> Path:
+    """A few bytes that ask the compiler for a 2 GiB tensor (ConstantOfShape)."""
+    shape = numpy_helper.from_array(np.array([1, 1 << 29], dtype=np.int64), "shape")
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1],
+                                                                                        [1.0])),
+         helper.make_node("ReduceSum", ["c"], ["s"], keepdims=1),
+         helper.make_node("Add", ["x", "s"], ["y"])], "bomb",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_the_memory_cap_is_a_resource_limit_in_a_warm_job(tmp_path: Path) -> None:
+    pool = pool_for(CHILD)
+    runner = QnnRunner()
+    compile_bins(runner, light("squeezenet"), "qnn:SM8650", tmp_path / "warm-up")
+    (host,) = pool.idle_pids()
+    with pytest.raises(ResourceLimitError):
+        compile_bins(runner, memory_bomb(tmp_path / "bomb.onnx"), "qnn:SM8650", tmp_path / "bomb", memory_mb=1536)
+    assert pool.idle_pids() == [host]
+    compile_bins(runner, light("squeezenet"), "qnn:SM8750", tmp_path / "after")
+
+
+def test_embedded_build_compiles_targets_in_parallel_in_warm_hosts(settings: Settings, tmp_path: Path) -> None:
+    pool = pool_for(CHILD)
+    first = build(settings, conv_relu_add(tmp_path / "a.onnx", seed=21), ["qnn:SM8650", "qnn:SM8750"])
+    assert [o.state for o in first.outcomes] == ["built", "built"]
+    started = pool.started
+    assert len(pool.idle_pids()) >= 1
+    # Another model, three targets: the hosts are reused, no process is started per target.
+    again = build(settings, conv_relu_add(tmp_path / "b.onnx", seed=22), ["qnn:SM8650", "qnn:SM8750", "qnn:SM8550"])
+    assert [(o.target, o.state) for o in again.outcomes] == [("qnn:SM8650", "built"), ("qnn:SM8750", "built"),
+                                                            ("qnn:SM8550", "built")]
+    assert pool.started == started
+
+
+def rows(settings: Settings) -> list[tuple[str, int, str | None]]:
+    from sqlalchemy import select
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            return [(b.state, b.attempts, b.error_code) for b in s.scalars(select(Build).order_by(Build.id))]
+    finally:
+        reg.close()
+
+
+def start_parallel_build(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "build", str(light("vgg19")), "-t", "qnn:SM8650",
+                             "-t", "qnn:SM8750"], env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    jobs = wait_for(lambda: (j if len(j := compile_children(proc.pid)) == 2 else None), 120)
+    assert jobs, f"two compiles never ran at once: {log.read_text()}"
+    return proc, jobs
+
+
+def test_sigterm_of_a_parallel_farm_build_releases_every_build(settings: Settings, farm_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
+    hosts = compile_hosts(proc.pid)
+    work_dirs = [Path(os.readlink(f"/proc/{j}/cwd")) for j in jobs]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    out = (tmp_path / "build.log").read_text()
+    assert "error[interrupted]" in out and "Traceback" not in out
+    assert wait_for(lambda: not any(alive(p) for p in jobs + hosts), 5), "a compile job or host outlived farm build"
+    assert not any(d.exists() for d in work_dirs), "a job's temp dir was left behind"
+    assert rows(settings) == [("queued", 0, "interrupted"), ("queued", 0, "interrupted")]
+
+
+def test_sigkill_of_a_parallel_farm_build_kills_hosts_and_jobs(settings: Settings, farm_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
+    hosts = compile_hosts(proc.pid)
+    assert len(hosts) == 2
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not any(alive(p) for p in jobs + hosts), 5), "a compile job or host outlived farm build"
+    assert [r[0] for r in rows(settings)] == ["running", "running"]  # until their leases lapse

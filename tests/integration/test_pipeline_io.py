@@ -1,0 +1,67 @@
+"""Pipeline I/O for real: a release waiter woken by the executor's Redis event (its fallback poll
+set to an hour), the per-build phases, and the bundle cache across builds of one model."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from farm.core.settings import Settings
+from farm.pipeline.events import Subscription
+from farm.pipeline.execute import Executor
+from farm.pipeline.plan import ReleaseStatus, submit_release, wait_release
+from farm.services import start_redis
+from registry.index import Registry
+from registry.models import Build
+from tests.common.onnx_models import light
+
+HOUR = 3600.0
+
+
+def test_wait_release_is_woken_by_the_build_event_not_by_polling(tmp_path: Path) -> None:
+    redis = start_redis(tmp_path / "redis")  # its own: the messages sent here reach no worker
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_BROKER_URL": redis.url})
+    reg = Registry.open(settings)
+    try:
+        st = submit_release(settings, light("squeezenet"), ["qnn:SM8650", "qnn:SM8750"], ["2.51.0"],
+                            allow_queue=True, registry=reg)
+        assert [b["state"] for b in st.builds] == ["queued", "queued"]
+        first_read = threading.Event()
+        result: dict[str, Any] = {}
+
+        def waiter() -> None:
+            try:
+                with Subscription(settings.broker_url) as sub:
+                    result["status"] = wait_release(settings, st.release_id, poll=HOUR, timeout=HOUR,
+                                                    on_change=lambda _: first_read.set(), events=sub)
+                    result["wakeups"] = sub.wakeups
+            except BaseException as exc:
+                result["error"] = exc
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        assert first_read.wait(60), "the waiter never read the release"
+        # This process is the executor here (as a worker would be): each transition it commits
+        # is published on the broker.
+        ex = Executor(settings, reg)
+        outcomes = [ex.execute(b["build"]).outcome for b in st.builds]
+        assert outcomes == ["succeeded", "succeeded"]
+        t.join(300)  # liveness bound only: polling alone would have taken an hour
+        assert not t.is_alive() and "error" not in result, result
+        final: ReleaseStatus = result["status"]
+        assert final.done and final.ok
+        assert result["wakeups"] >= 1
+
+        with reg.db.session() as s:
+            phases: list[dict[str, Any]] = [dict(s.get(Build, b["build"]).phases or {}) for b in st.builds]
+        # One model, two builds, one executor: the bundle came from the store once.
+        assert [p["bundle_cache"] for p in phases] == ["miss", "hit"]
+        for p in phases:
+            assert {"claim", "queued", "dispatch", "bundle_fetch", "child_start", "ep_compile", "self_probe",
+                    "collect", "hash", "upload", "sql", "total", "outside_compile"} <= set(p), p
+            assert set(p["uploads"]) == {"model_ctx.onnx", "model_ctx_qnn.bin", "build.log", "manifest.json"}
+            assert p["outside_compile"] == round(p["total"] - p["ep_compile"], 1)
+    finally:
+        reg.close()
+        redis.stop()

@@ -1,0 +1,425 @@
+"""Warm compile hosts: the SDK imported once per process, a fresh fork per compile.
+
+A compile used to start ``python -m workers.<backend>.child compile ...``: an interpreter, the
+onnxruntime import and the EP registration, about 0.3 s of CPU before the EP's own work. A host
+(``python -m workers.<backend>.child host``, ``workers.childproc.serve_host``) pays that once and
+then forks one job process per compile:
+
+- the job is a fresh copy of a process that only imported and registered, so it writes the bytes
+  a fresh process writes (a process reused for a second compile does not: measured, QNN 2.51.0),
+  and a segfault, a leak or a kill ends the job, never the host or the caller;
+- the job has the guards of a compile child: its own session (its group is killed as one),
+  ``PR_SET_PDEATHSIG`` to the host (and the host to its owner: a SIGKILLed worker takes both
+  down), ``RLIMIT_AS`` from the job's memory cap, a watchdog at its time limit;
+- the owner waits on the host's pipe (woken when the job exits), looks at the cancel flag every
+  ``CANCEL_POLL`` s and, on a lost lease, a timeout or any exception (SIGTERM), has the host kill
+  the job's group and waits for the host to say it is gone; a host that does not answer is
+  killed, and its job with it.
+
+``HostPool`` keeps one idle host per concurrent compile of this process (``pool_for``); a host is
+replaced after ``HOST_MAX_JOBS`` jobs, and at once when it misbehaves or dies. Hosts stop when
+the process exits (``shutdown``, atexit: stdin closed, the host exits). TensorRT does not use
+hosts: CUDA does not survive a fork. This module imports no onnxruntime.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import LeaseLostError, ResourceLimitError, ToolchainError, WorkerLostError
+from workers.runner import KILL_GRACE_S, CancelFlag, child_outcome, read_log
+
+HOST_MAX_JOBS = 200  # the host runs no compile itself: a bound on anything unforeseen, cheap to pay
+START_TIMEOUT = 120.0  # seconds for a host to import the SDK and say it is ready
+STOP_TIMEOUT = 2.0  # seconds for a host to confirm a killed job is gone before the host goes too
+CANCEL_POLL = 0.05  # a lost lease stops the job within this (plus the kill)
+
+
+class _HostGone(Exception):
+    pass
+
+
+class CompileHost:
+    """One warm host process and the one job it runs at a time. Not thread-safe: a pool hands
+    a host to one caller at a time."""
+
+    def __init__(self, module: str, *, python: str | None = None, env: dict[str, str] | None = None):
+        self.module = module
+        self.jobs = 0
+        self.broken = False
+        self.info: dict[str, Any] = {}
+        self.job_pid: int | None = None  # the running job's, while one runs
+        self._buf = b""
+        self._seq = 0
+        full_env = {**os.environ, **(env or {})}
+        root = str(Path(__file__).resolve().parent.parent)  # the host imports this project from anywhere
+        full_env["PYTHONPATH"] = root + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
+        full_env["CTXFARM_PARENT_PID"] = str(os.getpid())
+        # numpy's BLAS would start a thread pool at import: the host forks, so it starts none.
+        full_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        argv = [python or sys.executable, "-m", module, "host"]
+        self.proc: subprocess.Popen[bytes] = _spawn(lambda: subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/", env=full_env,
+            start_new_session=True))  # own session: Ctrl-C in a terminal reaches the owner, which decides
+
+    @classmethod
+    def start(cls, module: str, *, python: str | None = None, env: dict[str, str] | None = None) -> CompileHost:
+        host = cls(module, python=python, env=env)
+        host.wait_ready()
+        return host
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        try:
+            msg = self._read(time.monotonic() + timeout)
+        except _HostGone:
+            msg = None
+        if msg is None or msg.get("event") != "ready":
+            self.close(kill=True)
+            why = (msg or {}).get("error") or (f"it exited with code {self.proc.returncode}" if msg is None
+                                               else f"it said {msg!r}")
+            raise ToolchainError(f"the compile host ({self.module}) did not start: {why}",
+                                 details={"log": str((msg or {}).get("traceback", ""))})
+        self.info = msg
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return not self.broken and self.proc.poll() is None
+
+    def run(self, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float, memory_mb: int = 0,
+            cancel: CancelFlag | None = None) -> tuple[dict[str, Any], float, str, dict[str, float]]:
+        """Run one command in a forked job; the contract of ``workers.runner.run_child``
+        (result, wall seconds, log; the same FarmErrors), plus timings of the call."""
+        req_path = work_dir / f"{command}-request.json"
+        res_path = work_dir / f"{command}-result.json"
+        log_path = work_dir / f"{command}.log"
+        req_path.write_text(json.dumps(request))
+        res_path.unlink(missing_ok=True)
+        self._seq += 1
+        jid = self._seq
+        start = time.perf_counter()
+        deadline = time.monotonic() + timeout + KILL_GRACE_S
+        started = start
+        status: int | None = None
+        peak_kib = 0
+        stopped: str | None = None  # "cancel" | "timeout": the job was killed, and why
+        try:
+            self._send({"op": "run", "id": jid, "command": command, "request": str(req_path),
+                        "result": str(res_path), "log": str(log_path), "cwd": str(work_dir), "timeout": timeout,
+                        "memory_mb": int(memory_mb)})
+            while status is None:
+                msg = self._read(time.monotonic() + CANCEL_POLL)
+                if msg is None:
+                    if cancel is not None and cancel.is_set():
+                        stopped = "cancel"
+                    elif time.monotonic() > deadline:
+                        stopped = "timeout"
+                    if stopped:
+                        self._stop(jid)
+                        break
+                    continue
+                if msg.get("id") != jid:
+                    continue  # a late event of an earlier job
+                if msg.get("event") == "started":
+                    self.job_pid, started = int(msg["pid"]), time.perf_counter()
+                elif msg.get("event") == "exited":
+                    status, peak_kib = int(msg["status"]), int(msg.get("maxrss_kib") or 0)
+                else:
+                    self.broken = True
+                    raise ToolchainError(f"the compile host refused the job: {msg.get('error', msg)}")
+        except _HostGone:
+            self.broken = True
+            # The job went with it: PDEATHSIG, or its own check of its parent right after the prctl.
+            how = _how_it_ended(self.close(kill=True))
+            exc = WorkerLostError(f"{command}: the compile host died ({how}) and its job with it",
+                                  hint="the host is replaced for the next build; the log holds the job's last words")
+            exc.details["log"] = read_log(log_path)
+            raise exc from None
+        except BaseException:  # Ctrl-C, SIGTERM (Interrupted), a bug: the job must not outlive this
+            self._stop(jid)
+            raise
+        finally:
+            self.job_pid = None
+        if stopped == "cancel":
+            raise LeaseLostError(f"{command} stopped: this executor lost the build's lease")
+        if stopped == "timeout" or status is None:
+            raise ResourceLimitError(f"{command} did not finish within {timeout:g} s and was stopped",
+                                     details={"log": read_log(log_path)})
+        wall = time.perf_counter() - start
+        self.jobs += 1
+        result, log_text = child_outcome(command, os.waitstatus_to_exitcode(status), peak_kib, res_path, log_path,
+                                         memory_mb)
+        return result, wall, log_text, {"fork_seconds": started - start, "job_seconds": time.perf_counter() - started}
+
+    def close(self, *, kill: bool = False) -> int | None:
+        """Stop the host: stdin closed (it kills a running job and exits), or SIGKILL when
+        ``kill`` or when it does not exit in time. Returns its exit code."""
+        if self.proc.poll() is None and not kill:
+            try:
+                if self.proc.stdin:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its jobs have their own sessions: PDEATHSIG
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+        self.broken = True
+        return self.proc.returncode
+
+    def forget(self) -> None:
+        """After a fork, in the child: let go of the parent's host without touching it."""
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f:
+                    os.close(f.fileno())
+            except OSError:
+                pass
+        self.broken = True
+
+    # -- the pipe --------------------------------------------------------------------------------
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            raise _HostGone() from None
+
+    def _read(self, deadline: float) -> dict[str, Any] | None:
+        """The next event, or None at ``deadline``; _HostGone at EOF."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _HostGone()
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            msg: dict[str, Any] = json.loads(line)
+        except ValueError:
+            raise _HostGone() from None
+        return msg
+
+    def _stop(self, jid: int) -> None:
+        """Kill the job and wait until the host has reaped it; a host that does not answer in
+        STOP_TIMEOUT s is killed (the job dies with it)."""
+        if self.alive():
+            try:
+                self._send({"op": "kill", "id": jid})
+                deadline = time.monotonic() + STOP_TIMEOUT
+                while (msg := self._read(deadline)) is not None:
+                    if msg.get("id") == jid and msg.get("event") == "exited":
+                        self.jobs += 1
+                        return
+            except _HostGone:
+                pass
+        self.close(kill=True)  # the job goes with it (PDEATHSIG)
+
+
+class HostPool:
+    """Warm hosts of one child module: ``run`` takes an idle host (or starts one), so N callers
+    in N threads compile in N hosts at once."""
+
+    def __init__(self, module: str, *, python: str | None = None, env: dict[str, str] | None = None,
+                 max_jobs: int = HOST_MAX_JOBS):
+        self.module, self.python, self.env, self.max_jobs = module, python, env, max_jobs
+        self.started = 0  # hosts started over the pool's life (a test and the bench read it)
+        self._idle: list[CompileHost] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _new(self) -> CompileHost:
+        host = CompileHost.start(self.module, python=self.python, env=self.env)
+        with self._lock:
+            self.started += 1
+        return host
+
+    @contextmanager
+    def host(self) -> Iterator[CompileHost]:
+        with self._lock:
+            if self._closed:
+                raise ToolchainError("the compile hosts of this process were shut down")
+            host = self._idle.pop() if self._idle else None
+        if host is not None and not host.alive():
+            host.close(kill=True)
+            host = None
+        host = host or self._new()
+        try:
+            yield host
+        finally:
+            keep = host.alive() and host.jobs < self.max_jobs
+            with self._lock:
+                keep = keep and not self._closed
+                if keep:
+                    self._idle.append(host)
+            if not keep:
+                host.close(kill=not host.alive())
+
+    def run(self, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float, memory_mb: int = 0,
+            cancel: CancelFlag | None = None) -> tuple[dict[str, Any], float, str, dict[str, float]]:
+        t0 = time.perf_counter()
+        with self.host() as h:
+            waited = time.perf_counter() - t0
+            result, wall, log, timings = h.run(command, request, work_dir, timeout=timeout, memory_mb=memory_mb,
+                                               cancel=cancel)
+        return result, wall, log, {"host_wait_seconds": waited, **timings}
+
+    def warm(self, n: int = 1) -> None:
+        """Have ``n`` idle hosts ready (started side by side)."""
+        with self._lock:
+            missing = max(n - len(self._idle), 0)
+        fresh = [CompileHost(self.module, python=self.python, env=self.env) for _ in range(missing)]
+        for h in fresh:
+            h.wait_ready()
+        with self._lock:
+            self.started += len(fresh)
+            self._idle.extend(fresh)
+
+    def idle_pids(self) -> list[int]:
+        with self._lock:
+            return [h.pid for h in self._idle]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for h in idle:
+            h.close()
+
+    def forget(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for h in idle:
+            h.forget()
+
+
+# ---- one pool per child module per process ----------------------------------------------------
+
+_POOLS: dict[tuple[int, str, str], HostPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_for(module: str, *, python: str | None = None) -> HostPool:
+    """This process's pool of hosts for ``module`` (a forked process gets its own)."""
+    key = (os.getpid(), module, python or sys.executable)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = HostPool(module, python=python)
+        return pool
+
+
+def shutdown() -> None:
+    """Stop every host of this process (atexit; a worker's and ``farm build``'s exit)."""
+    pid = os.getpid()
+    with _POOLS_LOCK:
+        pools = [p for k, p in _POOLS.items() if k[0] == pid]
+        for k in [k for k in _POOLS if k[0] == pid]:
+            del _POOLS[k]
+    for p in pools:
+        p.close()
+
+
+def _after_fork_in_child() -> None:
+    # A forked process (Celery's prefork pool) must not hold its parent's host pipes open: the
+    # host would miss its owner's death (EOF) as long as the child lives.
+    global _SPAWNER
+    _SPAWNER = None
+    for key, pool in list(_POOLS.items()):
+        if key[0] != os.getpid():
+            pool.forget()
+            del _POOLS[key]
+
+
+atexit.register(shutdown)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---- where hosts are started ------------------------------------------------------------------
+# PR_SET_PDEATHSIG fires when the *thread* that started the process ends, not the process. A
+# host started from a build thread would die with that thread; so hosts are started by the main
+# thread or by one long-lived spawner thread, which end only with the process.
+
+class _Spawner:
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="compile-host-spawner", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self.calls.get()
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        box: list[Any] = []
+        done = threading.Event()
+        self.calls.put((fn, box, done))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+
+_SPAWNER: _Spawner | None = None
+
+
+def _spawn(fn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    global _SPAWNER
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    with _POOLS_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = _Spawner()
+        spawner = _SPAWNER
+    proc: subprocess.Popen[bytes] = spawner.call(fn)
+    return proc
+
+
+def _how_it_ended(rc: int | None) -> str:
+    if rc is None:
+        return "unknown"
+    if rc < 0:
+        try:
+            return f"signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit code {rc}"
