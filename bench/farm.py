@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -145,17 +145,36 @@ def gaps_ms(rows: list[dict[str, Any]]) -> list[float]:
     for rs in by_worker.values():
         rs.sort(key=lambda r: aware(r["started"]))
         for prev, nxt in zip(rs, rs[1:], strict=False):
-            if aware(nxt["enqueued"]) <= aware(prev["finished"]):
-                out.append((aware(nxt["started"]) - aware(prev["finished"])).total_seconds() * 1000)
+            free = aware(prev["finished"])
+            ph = prev["phases"]
+            if "critical" in ph:  # published in the background: the worker was free at the hand-over
+                free = aware(prev["started"]) + timedelta(milliseconds=ph["critical"] - ph.get("claim", 0))
+            if aware(nxt["enqueued"]) <= free:
+                out.append((aware(nxt["started"]) - free).total_seconds() * 1000)
     return out
 
 
-PHASES = ["dispatch", "claim", "bundle_fetch", "child_start", "ep_compile", "self_probe", "collect", "hash", "upload",
-          "sql", "total", "outside_compile"]
+PHASES = ["dispatch", "claim", "bundle_fetch", "child_start", "ep_compile", "self_probe", "collect", "critical",
+          "publish_wait", "hash", "upload", "sql", "total", "outside_compile", "critical_outside_compile"]
+
+
+def critical_outside(p: dict[str, Any]) -> float | None:
+    """The worker's own time outside the EP compile: all of it when it publishes inline; up to
+    the hand-over (plus any wait for the publication before) when it publishes in the
+    background."""
+    if "ep_compile" not in p:
+        return None
+    if "critical" in p:
+        return float(p["critical"]) + float(p.get("publish_wait", 0.0)) - float(p["ep_compile"])
+    return float(p.get("outside_compile", 0.0))
 
 
 def phase_p50(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    ph = [r["phases"] for r in rows if r["phases"]]
+    ph = [dict(r["phases"]) for r in rows if r["phases"]]
+    for p in ph:
+        c = critical_outside(p)
+        if c is not None:
+            p["critical_outside_compile"] = c
     out: dict[str, Any] = {}
     names = list(dict.fromkeys([*PHASES, *(k for p in ph for k in p if k.startswith("child."))]))
     for name in names:
@@ -259,7 +278,7 @@ def cluster_run(env: dict[str, str], venv: Path, n: int, models: list[str], socs
             "waiter_latency_ms": (woke_at - last).total_seconds() * 1000,
             "phases": phase_p50(rows), "gap_ms_p50": round(p50(gaps_ms(rows)), 1), "gaps": len(gaps_ms(rows)),
             "ep_compile_sum_s": sum(float(r["phases"].get("ep_compile", 0)) for r in rows) / 1000,
-            "timeline": timeline, "then": after}
+            "timeline": timeline, "per_build": [[r["id"], r["target"], r["phases"]] for r in rows], "then": after}
 
 
 def cached(env: dict[str, str], models: list[str], socs: list[str], sdk: str, repeat: int,
@@ -357,11 +376,12 @@ def main() -> int:
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     print(f"{n} builds: {','.join(models)} x {','.join(socs)}, QNN {args.sdk}, {os.cpu_count()} CPUs", flush=True)
 
+    load_at_start = os.getloadavg()  # others' work on a shared box skews every figure: recorded
     loop_before = loop_baseline(python, models, socs)
     print(f"loop (before): {loop_before['loop_s']:.2f} s compiling, {loop_before['process_s']:.2f} s process",
           flush=True)
     results: dict[str, Any] = {"builds": n, "models": models, "socs": socs, "sdk": args.sdk, "cpus": os.cpu_count(),
-                               "loop_before": loop_before}
+                               "loop_before": loop_before, "load_at_start": load_at_start}
     with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-") as tmp_:
         tmp = Path(tmp_)
         results["embedded"] = embedded(python, models, socs, tmp)
@@ -382,6 +402,7 @@ def main() -> int:
             results["cluster"] = runs
     loop_after = loop_baseline(python, models, socs)
     results["loop_after"] = loop_after
+    results["load_at_end"] = os.getloadavg()
     report(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -406,7 +427,8 @@ def report(r: dict[str, Any]) -> None:
                      c["wall_s"]))
     rows.append(("ideal with 2 workers = loop / 2", loop / 2))
     print()
-    print(f"loop before {r['loop_before']['loop_s']:.2f} s, after {r['loop_after']['loop_s']:.2f} s")
+    print(f"loop before {r['loop_before']['loop_s']:.2f} s, after {r['loop_after']['loop_s']:.2f} s; load average "
+          f"{r['load_at_start'][0]:.2f} at the start, {r['load_at_end'][0]:.2f} at the end (1 min)")
     print(f"{'measure':76s} {'s':>7s} {'x loop':>7s}")
     for name, secs in rows:
         print(f"{name:76s} {secs:7.2f} {secs / loop:7.2f}")
@@ -438,10 +460,12 @@ def report(r: dict[str, Any]) -> None:
               f"({x['wakeups']} events)")
     one = next((x for x in r["cluster"] if x["workers"] == 1), None)
     two = next((x for x in r["cluster"] if x["workers"] == 2), None)
-    overheads = [x["phases"].get("outside_compile", float("nan")) for x in r["cluster"]]
+    overheads = [x["phases"].get("critical_outside_compile", float("nan")) for x in r["cluster"]]
+    totals = [x["phases"].get("outside_compile", float("nan")) for x in r["cluster"]]
     targets = [
-        ("worker time outside the EP compile <= 150 ms p50 (cluster runs)",
-         f"{', '.join(f'{o:.0f}' for o in overheads)} ms", all(o <= 150 for o in overheads)),
+        ("worker time outside the EP compile <= 150 ms p50 (cluster runs, critical path)",
+         f"{', '.join(f'{o:.0f}' for o in overheads)} ms (with the background publication: "
+         f"{', '.join(f'{o:.0f}' for o in totals)} ms)", all(o <= 150 for o in overheads)),
         ("1 worker <= 1.15 x loop", f"{one['wall_s'] / loop:.2f} x" if one else "not run",
          bool(one and one["wall_s"] <= 1.15 * loop)),
         ("2 workers < loop", f"{two['wall_s'] / loop:.2f} x" if two else "not run", bool(two and two["wall_s"] < loop)),

@@ -81,7 +81,8 @@ class Client:
         with self._request(method, path, body=body, headers=headers, query=query) as resp:
             return json.loads(resp.read())
 
-    def upload(self, path: Path, *, name: str | None = None, tag: str | None = None) -> dict[str, Any]:
+    def upload(self, path: Path, *, name: str | None = None, tag: str | None = None,
+               force_tag: bool = False) -> dict[str, Any]:
         kinds = {".onnx": "application/octet-stream", ".tar": "application/x-tar", ".gz": "application/gzip",
                  ".tgz": "application/gzip", ".zip": "application/zip"}
         size = path.stat().st_size
@@ -89,7 +90,8 @@ class Client:
             req_headers = {"Content-Type": kinds.get(path.suffix.lower(), "application/octet-stream"),
                            "Content-Length": str(size)}
             with self._request("POST", "/v1/models", body=f, headers=req_headers,  # type: ignore[arg-type]
-                               query={"name": name, "tag": tag}) as resp:
+                               query={"name": name, "tag": tag,
+                                      "force_tag": "true" if force_tag else None}) as resp:
                 return dict(json.loads(resp.read()))
 
     def download(self, url: str, dest: Path, *, digest: str, size: int) -> int:

@@ -28,7 +28,7 @@ ls -l "$OUT/device"
 .venv/bin/python - "$OUT/ls.json" "$OUT/fetch.json" <<'PY'
 import json, sys
 listed, fetch = (json.load(open(p)) for p in sys.argv[1:3])
-compile_s, load_s = float(listed[0]["compile_s"]), fetch["load"]["load_seconds"]
+compile_s, load_s = listed[0]["compile_seconds"], fetch["load"]["load_seconds"]
 print(f"== light_resnet50 on qnn:SM8650: compile {compile_s:.2f} s vs load of the fetched context "
       f"{load_s * 1000:.1f} ms ({compile_s / load_s:.0f}x faster)")
 PY

@@ -14,6 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from farm.core.errors import ConfigError, DatabaseError, FarmError, SchemaMismatchError
 from farm.core.placement import file_lock
+from registry.lite import SCHEMA_HEAD
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -24,8 +25,8 @@ NAMING = {
 }
 metadata = MetaData(naming_convention=NAMING)
 
-# The newest migration; a unit test checks it equals Alembic's head so this never drifts.
-SCHEMA_HEAD = "0005"
+# SCHEMA_HEAD, the newest migration (a unit test checks it equals Alembic's head), is kept in
+# registry.lite, whose fast paths compare the schema revision without importing SQLAlchemy.
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -101,11 +102,17 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def current_revision(engine: Engine) -> str | None:
+    """The schema's revision (the one row of alembic_version), None where Alembic never ran.
+    One statement on every open: the table is looked up (reflection) only when that read fails."""
     try:
         with engine.connect() as conn:
-            if not inspect(conn).has_table("alembic_version"):
+            try:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except SQLAlchemyError:
+                conn.rollback()  # PostgreSQL: the failed statement aborted the transaction
+                if inspect(conn).has_table("alembic_version"):
+                    raise
                 return None
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
     except SQLAlchemyError as exc:
         raise database_error(exc, engine.url.render_as_string(hide_password=True)) from None
 

@@ -14,10 +14,11 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from farm.core.errors import BadNameError, NotFoundError
+from farm.core.errors import BadNameError, NotFoundError, TagConflictError
 from farm.core.keys import is_digest
 from farm.core.names import split_ref
 from farm.core.settings import Settings
+from farm.core.times import iso
 from registry.db import Database
 from registry.models import Artifact, ArtifactFile, Build, Model, Tag, TagEvent
 from registry.store import BlobStore, open_store
@@ -62,11 +63,55 @@ def find_model_by_onnx(session: Session, onnx_digest: str) -> list[Model]:
     return list(session.scalars(select(Model).where(Model.onnx_digest == onnx_digest)))
 
 
-def set_tag(session: Session, name: str, tag: str, digest: str) -> bool:
-    """Point NAME:TAG at a digest; returns True when the tag moved (history recorded)."""
+@dataclass(frozen=True)
+class TagMove:
+    """What ``set_tag`` did: ``previous`` is None for a new tag, the old digest for a move, and
+    equal to ``digest`` when the tag already pointed there (nothing written)."""
+
+    name: str
+    tag: str
+    digest: str
+    previous: str | None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+    @property
+    def moved(self) -> bool:
+        return self.previous is not None and self.previous != self.digest
+
+    @property
+    def changed(self) -> bool:
+        return self.previous != self.digest
+
+    def as_move(self) -> dict[str, str] | None:
+        """``{"tag": NAME:TAG, "from": old digest, "to": new digest}`` if the tag moved, else None."""
+        if not self.moved:
+            return None
+        assert self.previous is not None
+        return {"tag": self.ref, "from": self.previous, "to": self.digest}
+
+    def describe(self) -> str:
+        if self.moved:
+            return f"moved {self.ref}: {self.previous} -> {self.digest}"
+        if self.previous is None:
+            return f"tagged {self.ref} -> {self.digest}"
+        return f"{self.ref} already points at {self.digest}"
+
+
+def set_tag(session: Session, name: str, tag: str, digest: str, *, force: bool = False) -> TagMove:
+    """Point NAME:TAG at a model digest (history recorded when it changes). Moving an existing
+    tag to another digest needs ``force``: devices resolve by tag, so a move changes what they
+    load. Raises TagConflictError otherwise, having written nothing."""
     row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
     if row is not None and row.model_digest == digest:
-        return False
+        return TagMove(name, tag, digest, digest)
+    if row is not None and not force:
+        raise TagConflictError(
+            f"{name}:{tag} points at model {row.model_digest}; not moving it to {digest}",
+            hint=f"move it on purpose: farm tag --force {name}:{tag} {digest[:19]} (farm build/submit: --force-tag)",
+            details={"tag": f"{name}:{tag}", "current": row.model_digest, "requested": digest})
     previous = row.model_digest if row else None
     if row is None:
         session.add(Tag(name=name, tag=tag, model_digest=digest))
@@ -74,7 +119,67 @@ def set_tag(session: Session, name: str, tag: str, digest: str) -> bool:
         row.model_digest = digest
         row.updated_at = now()
     session.add(TagEvent(name=name, tag=tag, model_digest=digest, previous_digest=previous))
-    return True
+    session.flush()
+    return TagMove(name, tag, digest, previous)
+
+
+def delete_tag(session: Session, name: str, tag: str) -> str:
+    """Remove NAME:TAG; returns the digest it pointed at. The history keeps a deletion event
+    (``previous_digest`` equal to ``model_digest``: set_tag never records that)."""
+    row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
+    if row is None:
+        raise NotFoundError(f"no tag {name}:{tag}", hint=_tags_hint(session, name))
+    digest = row.model_digest
+    session.add(TagEvent(name=name, tag=tag, model_digest=digest, previous_digest=digest))
+    session.delete(row)
+    session.flush()
+    return digest
+
+
+def tag_history(session: Session, name: str, tag: str) -> list[dict[str, Any]]:
+    """Every change of NAME:TAG, oldest first: action (created | moved | deleted), the digest it
+    pointed at after it (before it, for a deletion), the previous one, and when (ISO 8601 UTC)."""
+    out = []
+    for e in session.scalars(select(TagEvent).where(TagEvent.name == name, TagEvent.tag == tag)
+                             .order_by(TagEvent.id)):
+        if e.previous_digest is None:
+            action = "created"
+        elif e.previous_digest == e.model_digest:
+            action = "deleted"
+        else:
+            action = "moved"
+        out.append({"action": action, "digest": e.model_digest,
+                    "previous": e.previous_digest if action == "moved" else None, "at": iso(e.at)})
+    return out
+
+
+def tag_view(session: Session, name: str, tag: str) -> dict[str, Any]:
+    """NAME:TAG now (``digest`` None once deleted) and its history; not-found if it never existed."""
+    row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
+    history = tag_history(session, name, tag)
+    if row is None and not history:
+        raise NotFoundError(f"no tag {name}:{tag}", hint=_tags_hint(session, name))
+    return {"ref": f"{name}:{tag}", "name": name, "tag": tag, "digest": row.model_digest if row else None,
+            "updated_at": iso(row.updated_at) if row else None, "history": history}
+
+
+def tag_source(session: Session, ref: str) -> tuple[str, str | None]:
+    """What ``farm tag NAME:TAG SOURCE`` points the tag at: (model digest, the artifact digest
+    when SOURCE named an artifact). SOURCE is an artifact id (its model), a model digest or
+    unique prefix, or a model ref (NAME:TAG, NAME)."""
+    if _hex_prefix(ref):
+        hexpart = ref.removeprefix("sha256:")
+        models = list(session.scalars(select(Model.digest).where(Model.digest.like(f"sha256:{hexpart}%")).limit(2)))
+        arts = list(session.execute(select(Artifact.digest, Artifact.model_digest)
+                                    .where(Artifact.digest.like(f"sha256:{hexpart}%")).limit(2)))
+        if len(models) + len(arts) > 1:
+            raise NotFoundError(f"{ref!r} is ambiguous: it starts more than one model or artifact digest",
+                                hint="give more digits")
+        if models:
+            return models[0], None
+        if arts:
+            return arts[0][1], arts[0][0]
+    return resolve_model_ref(session, ref), None
 
 
 def resolve_model_ref(session: Session, ref: str) -> str:
@@ -83,6 +188,7 @@ def resolve_model_ref(session: Session, ref: str) -> str:
         if session.get(Model, ref) is None:
             raise NotFoundError(f"no model {ref} in the registry")
         return ref
+    name = None
     if not ref.startswith("sha256:"):
         try:
             name, tag = split_ref(ref)
@@ -98,11 +204,34 @@ def resolve_model_ref(session: Session, ref: str) -> str:
         hits = list(session.scalars(select(Model.digest).where(Model.digest.like(f"sha256:{prefix}%")).limit(2)))
         if len(hits) == 1:
             return hits[0]
+    if name is not None and ":" not in ref and _name_tags(session, name):
+        raise NotFoundError(f"{name} has no tag latest (a bare name means {name}:latest here)",
+                            hint=_tags_hint(session, name))
+    raise NotFoundError(f"no model {ref!r} in the registry", hint=_tags_hint(session, name))
+
+
+def resolve_model_refs(session: Session, ref: str) -> list[str]:
+    """For listings (ls, coverage): a bare NAME is every model one of its tags points at;
+    NAME:TAG, a digest or a unique prefix is that one model."""
+    if ":" not in ref and not _hex_prefix(ref):
+        from farm.core.names import check_name
+
+        check_name(ref)
+        digests = sorted({d for (d,) in session.execute(select(Tag.model_digest).where(Tag.name == ref))})
+        if digests:
+            return digests
+    return [resolve_model_ref(session, ref)]
+
+
+def _name_tags(session: Session, name: str) -> list[str]:
+    return [f"{name}:{t}" for t in session.scalars(select(Tag.tag).where(Tag.name == name).order_by(Tag.tag).limit(20))]
+
+
+def _tags_hint(session: Session, name: str | None) -> str:
+    if name is not None and (own := _name_tags(session, name)):
+        return "its tags: " + ", ".join(own)
     tags = [f"{n}:{t}" for n, t in session.execute(select(Tag.name, Tag.tag).order_by(Tag.name, Tag.tag).limit(20))]
-    raise NotFoundError(
-        f"no model {ref!r} in the registry",
-        hint=("known tags: " + ", ".join(tags)) if tags else "build one first: farm build MODEL.onnx --name NAME",
-    )
+    return ("known tags: " + ", ".join(tags)) if tags else "build one first: farm build MODEL.onnx --name NAME"
 
 
 def _hex_prefix(ref: str) -> bool:
@@ -113,6 +242,16 @@ def _hex_prefix(ref: str) -> bool:
 def tags_of(session: Session, digest: str) -> list[str]:
     return [f"{n}:{t}" for n, t in session.execute(
         select(Tag.name, Tag.tag).where(Tag.model_digest == digest).order_by(Tag.name, Tag.tag))]
+
+
+def tags_by_digest(session: Session, digests: list[str]) -> dict[str, list[str]]:
+    """model digest -> its NAME:TAGs (sorted), in one query."""
+    out: dict[str, list[str]] = {d: [] for d in digests}
+    if digests:
+        for d, n, t in session.execute(select(Tag.model_digest, Tag.name, Tag.tag)
+                                       .where(Tag.model_digest.in_(set(digests))).order_by(Tag.name, Tag.tag)):
+            out[d].append(f"{n}:{t}")
+    return out
 
 
 # ---- builds (state transitions live in farm.pipeline.states) ----------------------------------------
@@ -172,10 +311,14 @@ def find_artifact(session: Session, ref: str) -> Artifact:
     return hits[0]
 
 
-def list_artifacts(session: Session, *, model_digest: str | None = None, backend: str | None = None,
+def list_artifacts(session: Session, *, model_digest: str | list[str] | None = None, backend: str | None = None,
                    target: str | None = None, limit: int = 200) -> list[Artifact]:
-    q = select(Artifact).order_by(Artifact.created_at.desc(), Artifact.id.desc()).limit(limit)
-    if model_digest:
+    """Newest first; each with its build's options loaded (ls shows the non-default ones)."""
+    q = (select(Artifact).options(selectinload(Artifact.build).load_only(Build.options))
+         .order_by(Artifact.created_at.desc(), Artifact.id.desc()).limit(limit))
+    if isinstance(model_digest, list):
+        q = q.where(Artifact.model_digest.in_(model_digest))
+    elif model_digest:
         q = q.where(Artifact.model_digest == model_digest)
     if backend:
         q = q.where(Artifact.backend == backend)
@@ -240,6 +383,15 @@ def verdicts_for(session: Session, artifact_ids: list[int], runtime_backend: str
         CompatVerdict.artifact_id.in_(artifact_ids), CompatVerdict.runtime_backend == runtime_backend,
         CompatVerdict.source == "probe"))
     return {(r.artifact_id, r.runtime_version): r for r in rows}
+
+
+def verdicts_of(session: Session, artifact_id: int) -> list[Any]:
+    """Every piece of compatibility evidence recorded for one artifact, by runtime version."""
+    from farm.core.keys import parse_version
+    from registry.models import CompatVerdict
+
+    rows = list(session.scalars(select(CompatVerdict).where(CompatVerdict.artifact_id == artifact_id)))
+    return sorted(rows, key=lambda r: (r.runtime_backend, parse_version(r.runtime_version), r.source))
 
 
 # ---- cluster: workers, queued builds, releases ------------------------------------------------------

@@ -8,23 +8,39 @@ what would make them match.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from datetime import datetime
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from farm.core.catalog import Target, load_catalog
 from farm.core.errors import NoMatchError
 from farm.core.keys import options_digest, parse_version
 from farm.core.options import normalize
-from registry.models import Artifact, Build
+from farm.core.times import human, iso
+from registry.lite import Rows, rows_of
+from registry.reads import Candidate, artifact_files
+from registry.reads import candidates as _candidates
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    # The rules and the ranking read attributes only: a Candidate, or an ORM Artifact (tests).
+    Artifact = Any
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """Whether an artifact loads on a device, and what says so: a ``rule`` (versions, SoC) or a
+    ``probe`` (it was loaded under exactly this runtime version, at ``recorded_at``)."""
+
     loads: bool
     source: str  # rule | probe
     reason: str
+    recorded_at: datetime | None = None
+
+    def explain(self) -> str:
+        """``picked by probe: loaded under QNN 2.51.0 on 2026-11-22 07:07 UTC``"""
+        return f"picked by {self.source}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -45,7 +61,7 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
         return Verdict(False, "rule", why)
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
-    return Verdict(True, "rule", f"same SoC, QNN {artifact.toolchain} <= runtime {device.runtime}")
+    return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
 
 
 def trt_rule(artifact: Artifact, device: Device) -> Verdict:
@@ -74,26 +90,28 @@ def trt_rule(artifact: Artifact, device: Device) -> Verdict:
 
 
 RULES = {"qnn": qnn_rule, "trt": trt_rule}
+RUNTIME_NAMES = {"qnn": "QNN", "trt": "TensorRT"}
 
 
 def verdict(artifact: Artifact, device: Device) -> Verdict:
     return RULES[device.backend](artifact, device)
 
 
+@lru_cache(maxsize=256)
 def _default_options_digest(backend: str, target: Target) -> str:
     return options_digest(normalize(backend, {}, target))
 
 
-def candidates(session: Session, model_digest: str, backend: str, target: str | None = None) -> list[Artifact]:
-    """Active artifacts of a model for a backend (one target's only, when given). Files are not
-    loaded (only the winner's are needed); of the build only its options (TRT rules read them),
-    never its log."""
-    q = (select(Artifact)
-         .options(selectinload(Artifact.build).load_only(Build.options))
-         .where(Artifact.model_digest == model_digest, Artifact.backend == backend, Artifact.status == "active"))
-    if target is not None:
-        q = q.where(Artifact.target == target)
-    return list(session.scalars(q))
+def candidates(session: Session | Rows, model_digest: str, device: Device, target: str | None = None
+               ) -> list[Candidate]:
+    """Active artifacts of a model for the device's backend (one target's only, when given), each
+    with its build's options (TRT rules read them) and the probe verdict for the device's
+    runtime: one statement (``registry.reads.candidates``). Files are read for the winner only."""
+    return _candidates(rows_of(session), model_digest, device.backend, device.runtime, target)
+
+
+def _probes(arts: list[Candidate], device: Device) -> dict[tuple[int, str], Any]:
+    return {(a.id, device.runtime): a.probe for a in arts if a.probe is not None}
 
 
 def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any] | None = None,
@@ -108,9 +126,11 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
         probe = probes.get((a.id, device.runtime))
         if probe is not None and a.target == device.target.name:
             what = "loaded" if probe.verdict == "loads" else "failed to load"
+            when = f" on {human(probe.recorded_at)}" if probe.recorded_at else ""
             v = Verdict(probe.verdict == "loads", "probe",
-                        f"probe: {what} under {device.backend.upper()} {device.runtime}"
-                        + (f" ({probe.detail})" if probe.detail and probe.verdict == "fails" else ""))
+                        f"{what} under {RUNTIME_NAMES[device.backend]} {device.runtime}{when}"
+                        + (f" ({probe.detail})" if probe.detail and probe.verdict == "fails" else ""),
+                        probe.recorded_at)
         judged.append((a, v))
     good = [(a, v) for a, v in judged if v.loads]
     bad = [(a, v) for a, v in judged if not v.loads]
@@ -125,19 +145,23 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
     return good, bad
 
 
-def resolve(session: Session, model_digest: str, device: Device, *, model_label: str = "") -> tuple[Artifact, Verdict]:
-    from registry.index import verdicts_for
-
+def resolve(session: Session | Rows, model_digest: str, device: Device, *, model_label: str = ""
+            ) -> tuple[Candidate, Verdict]:
+    """The artifact ``device`` should load, with the verdict that chose it; NoMatchError naming
+    the nearest candidates otherwise. ``session``: a SQLAlchemy session (the service) or a bare
+    connection (``registry.lite``, the CLI); the same statements run on either. A hit is two
+    statements: the candidates with their probe verdicts, then the winner's files."""
+    rows = rows_of(session)
     if device.backend == "qnn":
         # The QNN rule never serves another SoC: look at this one first, the rest only to explain a miss.
-        arts = candidates(session, model_digest, device.backend, device.target.name)
-        good, _ = rank(arts, device, verdicts_for(session, [a.id for a in arts], device.backend))
+        arts = candidates(rows, model_digest, device, device.target.name)
+        good, _ = rank(arts, device, _probes(arts, device))
         if good:
-            return _with_files(good[0])
-    arts = candidates(session, model_digest, device.backend)
-    good, bad = rank(arts, device, verdicts_for(session, [a.id for a in arts], device.backend))
+            return _with_files(rows, good[0])
+    arts = candidates(rows, model_digest, device)
+    good, bad = rank(arts, device, _probes(arts, device))
     if good:
-        return _with_files(good[0])
+        return _with_files(rows, good[0])
     label = model_label or model_digest
     nearest = [{"artifact": a.digest, "target": a.target, "toolchain": a.toolchain, "reason": v.reason}
                for a, v in bad[:5]]
@@ -147,14 +171,15 @@ def resolve(session: Session, model_digest: str, device: Device, *, model_label:
     else:
         msg = (f"none of the {len(arts)} {device.backend} artifact(s) of {label} loads on "
                f"{device.target.ref} with runtime {device.runtime}")
-        lines = [f"{a.short_id} {a.target} {device.backend.upper()} {a.toolchain}: {v.reason}" for a, v in bad[:5]]
+        lines = [f"{a.short_id} {a.target} {device.backend.upper()} {a.toolchain}: "
+                 f"{'probe: ' if v.source == 'probe' else ''}{v.reason}" for a, v in bad[:5]]
         needed = _what_is_needed(bad, device)
         hint = "nearest: " + "; ".join(lines) + (f". {needed}" if needed else "")
     raise NoMatchError(msg, hint=hint, details={"nearest": nearest})
 
 
-def _with_files(choice: tuple[Artifact, Verdict]) -> tuple[Artifact, Verdict]:
-    choice[0].files  # noqa: B018  (load the winner's files while the session is open)
+def _with_files(rows: Rows, choice: tuple[Candidate, Verdict]) -> tuple[Candidate, Verdict]:
+    choice[0].files = artifact_files(rows, choice[0].id)
     return choice
 
 
@@ -172,5 +197,8 @@ def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
 
 
 def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
-    return {"artifact": artifact.digest, "target": artifact.target, "toolchain": artifact.toolchain,
-            "verdict": "loads" if v.loads else "fails", "source": v.source, "reason": v.reason}
+    """The answer as JSON: which artifact, and what picked it (``source`` rule or probe, the
+    ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null)."""
+    return {"artifact": artifact.digest, "backend": artifact.backend, "target": artifact.target,
+            "toolchain": artifact.toolchain, "verdict": "loads" if v.loads else "fails", "source": v.source,
+            "reason": v.reason, "probed_at": iso(v.recorded_at)}

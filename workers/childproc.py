@@ -197,6 +197,7 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
 
     job: dict[str, Any] | None = None  # id, pid, pidfd
     buf = b""
+    me = os.getpid()
 
     def kill(j: dict[str, Any]) -> None:
         for fn in (os.killpg, os.kill):  # the group (the SDK may fork helpers), else the job alone
@@ -242,21 +243,24 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
                 if job is not None:
                     send({"event": "error", "id": msg["id"], "error": "a job is already running"})
                     continue
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # EAGAIN/ENOMEM: the owner reports it and replaces this host
+                    send({"event": "error", "id": msg["id"], "error": f"fork failed: {exc}"})
+                    continue
                 if pid == 0:
-                    _job(msg, commands, proto)  # never returns
+                    _job(msg, commands, proto, me)  # never returns
                 pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
                 job = {"id": msg["id"], "pid": pid, "pidfd": pidfd}
                 send({"event": "started", "id": msg["id"], "pid": pid})
 
 
-def _job(msg: dict[str, Any], commands: Commands, proto: int) -> None:
+def _job(msg: dict[str, Any], commands: Commands, proto: int, host: int) -> None:
     """The forked job: its own session (its group is killed as one), tied to the host by
     PDEATHSIG (``install_guards``; the host is tied to its owner the same way), in the job's
     work dir, output to the job's log, capped in memory and time. Exits with os._exit."""
     rc = 70
     try:
-        host = os.getppid()
         os.setsid()
         os.close(proto)
         signal.signal(signal.SIGINT, signal.SIG_DFL)

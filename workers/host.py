@@ -86,6 +86,9 @@ class CompileHost:
             msg = self._read(time.monotonic() + timeout)
         except _HostGone:
             msg = None
+        except BaseException:  # Ctrl-C, SIGTERM while it starts: it must not be left behind
+            self.close(kill=True)
+            raise
         if msg is None or msg.get("event") != "ready":
             self.close(kill=True)
             why = (msg or {}).get("error") or (f"it exited with code {self.proc.returncode}" if msg is None
@@ -302,8 +305,13 @@ class HostPool:
         with self._lock:
             missing = max(n - len(self._idle), 0)
         fresh = [CompileHost(self.module, python=self.python, env=self.env) for _ in range(missing)]
-        for h in fresh:
-            h.wait_ready()
+        try:
+            for h in fresh:
+                h.wait_ready()
+        except BaseException:
+            for h in fresh:
+                h.close(kill=True)
+            raise
         with self._lock:
             self.started += len(fresh)
             self._idle.extend(fresh)

@@ -37,7 +37,7 @@ STATUS = {
     "storage-unavailable": 503, "signature-invalid": 409, "unsigned": 409, "blob-not-found": 404,
     "digest-mismatch": 502, "storage-error": 503, "resource-limit": 400, "toolchain-error": 502, "worker-lost": 503,
     "timeout": 504, "interrupted": 503, "install-conflict": 409, "lease-lost": 409, "missing-extra": 501,
-    "bad-config": 500, "internal-error": 500,
+    "bad-config": 500, "internal-error": 500, "tag-conflict": 409,
 }
 
 
@@ -61,6 +61,8 @@ class ModelOut(BaseModel):
     size: int
     files: list[dict[str, Any]]
     tag: str | None = None
+    tag_moved: dict[str, str] | None = Field(
+        default=None, description='{"tag", "from", "to"} when force_tag moved NAME:TAG from another model')
 
 
 class ReleaseIn(BaseModel):
@@ -96,8 +98,10 @@ class ReleaseOut(BaseModel):
 
 
 class TagIn(BaseModel):
-    digest: str = Field(max_length=71)
-    force: bool = False
+    digest: str = Field(max_length=300, description="an artifact id (tags its model), a model digest or prefix, "
+                                                    "or another NAME:TAG")
+    force: bool = Field(default=False, description="move the tag if it points at another model "
+                                                   "(else 409 tag-conflict)")
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -183,9 +187,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     @app.post("/v1/models", response_model=ModelOut, tags=["submit"], dependencies=[submit])
     async def upload_model(request: Request, name: Annotated[str | None, Query(max_length=255)] = None,
-                           tag: Annotated[str | None, Query(max_length=128)] = None) -> ModelOut:
+                           tag: Annotated[str | None, Query(max_length=128)] = None,
+                           force_tag: bool = False) -> ModelOut:
         """Stream a bundle in (a .onnx, or a tar/zip with external data); the digest is computed
-        on the way. The same content twice is a no-op answering the same digest."""
+        on the way. The same content twice is a no-op answering the same digest. NAME:TAG
+        pointing at another model moves only with ``force_tag=true`` (else 409 tag-conflict)."""
         name_, tag_ = plan.check_name_tag(name, tag)
         limit = settings.max_upload_mb * 1024 * 1024
         work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
@@ -202,7 +208,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             if declared is not None and declared.isdigit() and int(declared) != size:
                 raise E.InvalidModelError(f"the upload was cut short ({size} of {declared} bytes)")
             return await _run(_accept_upload, settings, reg, raw, request.headers.get("content-type", ""),
-                              work / "bundle", limit, name_, tag_)
+                              work / "bundle", limit, name_, tag_, force_tag)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -276,36 +282,34 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     @app.get("/v1/tags/{name:path}/{tag}", tags=["admin"], dependencies=[admin])
     def get_tag(name: str, tag: str) -> dict[str, Any]:
+        """Where NAME:TAG points (``digest`` null once deleted) and every change of it."""
         return _tag_view(reg, name, tag)
 
     @app.put("/v1/tags/{name:path}/{tag}", tags=["admin"], dependencies=[admin])
     def put_tag(name: str, tag: str, body: TagIn) -> dict[str, Any]:
+        """Point NAME:TAG at a model (the same registry call as `farm tag`). Moving it from
+        another model needs ``force: true``, else 409 ``tag-conflict`` and nothing changes;
+        ``tag_moved`` says what moved."""
         from farm.core.names import check_name, check_tag
-        from registry.index import resolve_model_ref, set_tag
+        from registry.index import set_tag, tag_source, tag_view
 
         check_name(name)
         check_tag(tag)
         with reg.db.session() as s:
-            digest = resolve_model_ref(s, body.digest)
-            set_tag(s, name, tag, digest)
-        return _tag_view(reg, name, tag)
+            digest, _artifact = tag_source(s, body.digest)
+            move = set_tag(s, name, tag, digest, force=body.force)
+            return {**tag_view(s, name, tag), "tag_moved": move.as_move()}
 
     @app.delete("/v1/tags/{name:path}/{tag}", tags=["admin"], dependencies=[admin])
     def delete_tag(name: str, tag: str) -> dict[str, Any]:
-        from sqlalchemy import delete, select
-
         from farm.core.names import check_name, check_tag
-        from registry.models import Tag, TagEvent
+        from registry.index import delete_tag as untag
 
         check_name(name)
         check_tag(tag)
         with reg.db.session() as s:
-            row = s.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
-            if row is None:
-                raise E.NotFoundError(f"no tag {name}:{tag}")
-            s.add(TagEvent(name=name, tag=tag, model_digest=row.model_digest, previous_digest=row.model_digest))
-            s.execute(delete(Tag).where(Tag.id == row.id))
-        return {"deleted": f"{name}:{tag}"}
+            digest = untag(s, name, tag)
+        return {"deleted": f"{name}:{tag}", "digest": digest}
 
     # -- ops -----------------------------------------------------------------------------------
 
@@ -423,7 +427,7 @@ def _uploads_dir(settings: Settings) -> Path:
 
 
 def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: str, bundle_dir: Path, limit: int,
-                   name: str | None, tag: str | None) -> ModelOut:
+                   name: str | None, tag: str | None, force_tag: bool = False) -> ModelOut:
     from farm.api.uploads import unpack
     from farm.core.bundle import inspect_model
 
@@ -432,8 +436,10 @@ def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: s
     bundle = inspect_model(model_path)
     files = plan.store_snapshot(reg, bundle)
     with reg.db.session() as s:
-        plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, "upload")
-    return ModelOut(digest=bundle.digest, size=bundle.size, files=files, tag=f"{name}:{tag}" if name else None)
+        moved = plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, "upload",
+                                     force_tag=force_tag)
+    return ModelOut(digest=bundle.digest, size=bundle.size, files=files, tag=f"{name}:{tag}" if name else None,
+                    tag_moved=moved)
 
 
 def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> dict[tuple[str, str], list[str]]:
@@ -461,7 +467,9 @@ def _resolve(reg: Registry, base_url: str, model: str, soc: str | None, qnn: str
              trt: str | None, platform: str, with_manifest: bool = True) -> dict[str, Any]:
     from farm.core.catalog import load_catalog
     from farm.core.names import check_name
-    from registry.index import resolve_model_ref, signatures_of
+    from registry.index import resolve_model_ref
+    from registry.lite import SessionRows
+    from registry.reads import model_ref_hit, signatures
     from registry.resolve import Device, describe
     from registry.resolve import resolve as resolve_artifact
 
@@ -477,11 +485,14 @@ def _resolve(reg: Registry, base_url: str, model: str, soc: str | None, qnn: str
         plan.check_versions([qnn])
         device = Device("qnn", load_catalog().get(soc, backend="qnn"), qnn)
     with reg.db.session() as s:
-        digest = resolve_model_ref(s, model)
-        artifact, verdict = resolve_artifact(s, digest, device, model_label=model)
+        # Plain SQL, no ORM objects: four statements for a hit (registry.reads); a reference that
+        # names nothing goes to resolve_model_ref, which explains the miss.
+        rows = SessionRows(s)
+        digest = model_ref_hit(rows, model) or resolve_model_ref(s, model)
+        artifact, verdict = resolve_artifact(rows, digest, device, model_label=model)
         files = [{"name": f.name, "digest": f.digest, "size": f.size} for f in artifact.files
                  if f.role in ("ctx-model", "context")]
-        sigs = [{"public_key": p, "signature": g} for p, g in signatures_of(s, artifact.digest)]
+        sigs = [{"public_key": p, "signature": g} for p, g in signatures(rows, artifact.digest)]
         art_digest = artifact.digest
         manifest_size = next((f.size for f in artifact.files if f.role == "manifest"), 0)
         ctx_model = artifact.ctx_model
@@ -558,32 +569,21 @@ def _ranged(reg: Registry, digest: str, size: int, range_: str | None, etag: str
 
 
 def _tag_view(reg: Registry, name: str, tag: str) -> dict[str, Any]:
-    from sqlalchemy import select
-
     from farm.core.names import check_name, check_tag
-    from registry.models import Tag, TagEvent
+    from registry.index import tag_view
 
     check_name(name)
     check_tag(tag)
     with reg.db.session() as s:
-        row = s.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
-        history = [{"digest": e.model_digest, "previous": e.previous_digest, "at": e.at.isoformat()}
-                   for e in s.scalars(select(TagEvent).where(TagEvent.name == name, TagEvent.tag == tag)
-                                      .order_by(TagEvent.id))]
-    if row is None and not history:
-        raise E.NotFoundError(f"no tag {name}:{tag}")
-    return {"name": name, "tag": tag, "digest": row.model_digest if row else None, "history": history}
+        return tag_view(s, name, tag)
 
 
 def _coverage(reg: Registry, models: list[str] | None, backend: str | None) -> dict[str, Any]:
+    """The JSON of `farm coverage --json` (farm/cli/schemas/coverage.json): one row per model digest."""
     from registry.coverage import coverage
 
     with reg.db.session() as s:
-        cov = coverage(s, backend=backend, models=models or None)
-    return {"toolchains": cov.toolchains, "models": cov.models,
-            "cells": [{"model": m, "target": t, "toolchain": tc, "state": c.state, "builds": c.builds,
-                       "codes": sorted(set(c.codes)), "probe_verified": c.verified}
-                      for (m, t, tc), c in sorted(cov.cells.items())]}
+        return coverage(s, backend=backend, models=models or None).to_dict()
 
 
 class _EmbeddedRunner:

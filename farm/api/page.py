@@ -1,5 +1,6 @@
-"""The coverage page, rendered on the server (no JavaScript build chain): models x targets x SDK
-versions, each cell built, failed (with its code), missing, building or broken; filters by
+"""The coverage page, rendered on the server (no JavaScript build chain): models (one table per
+model digest, captioned with its tags) x targets x SDK versions, each cell built, failed (with
+its code), missing, building or broken, with the probe verdicts as its tooltip; filters by
 model, SoC and SDK through the query string."""
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def render(cov: dict[str, Any], *, soc: str | None = None, sdk: str | None = Non
            f"<style>{STYLE}</style></head><body><h1>ctxfarm coverage</h1>",
            "<form method='get'><label>model <input name='model'></label> <label>SoC <input name='soc'></label> "
            "<label>SDK <input name='sdk'></label> <button>filter</button></form>"]
-    for model in sorted(cov["models"]):
-        out.append(f"<table data-model='{e(model)}'><caption>{e(model)}</caption><tr><th>target</th>")
+    for m in cov["models"]:
+        model = m["digest"]
+        caption = (", ".join(m["tags"]) + " \u00b7 " if m["tags"] else "") + model[:19]
+        out.append(f"<table data-model='{e(model)}'><caption>{e(caption)}</caption><tr><th>target</th>")
         out.extend(f"<th>{e(b)} {e(v)}</th>" for b, v in columns)
         out.append("</tr>")
         for t in targets:
@@ -43,7 +46,9 @@ def render(cov: dict[str, Any], *, soc: str | None = None, sdk: str | None = Non
                 label = state + (f" ({', '.join(c['codes'])})" if c and c["codes"] and state == "failed" else "")
                 if c and c.get("probe_verified"):
                     label += " \u2713 probe-verified"
-                out.append(f"<td class='{e(state)}' data-target='{e(t)}' data-sdk='{e(v)}'>{e(label)}</td>")
+                probes = "; ".join(f"{p['verdict']} under {b.upper()} {p['runtime']}" for p in (c or {}).get("verdicts", []))
+                title = f" title='{e(probes)}'" if probes else ""
+                out.append(f"<td class='{e(state)}' data-target='{e(t)}' data-sdk='{e(v)}'{title}>{e(label)}</td>")
             out.append("</tr>")
         out.append("</table>")
     out.append("</body></html>")

@@ -18,6 +18,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                    help="target to build for, e.g. qnn:SM8650 (repeatable; see `farm targets`)")
     p.add_argument("--name", help="model name; NAME:TAG then points at this model's digest")
     p.add_argument("--tag", help="tag for --name (default: latest)")
+    p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="build option (repeatable), e.g. precision=fp16, require_full_offload=true")
     p.add_argument("--require-full-offload", action="store_true",
@@ -43,7 +44,8 @@ class ProgressLine:
         elif event == "waiting":
             self._say(f"  waiting for build {info['build_id']} ({target}) held by another process ...", end=not self.tty)
         elif event == "finished":
-            took = time.perf_counter() - self.started.get(target, time.perf_counter())
+            took = (time.perf_counter() - self.started[target] if target in self.started
+                    else info.get("wall_seconds") or 0.0)
             self._say(f"  {info['state']:9s} {target} in {took:.1f} s", end=True)
 
     def _say(self, text: str, *, end: bool) -> None:
@@ -55,14 +57,24 @@ class ProgressLine:
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
-    from farm.pipeline.plan import build
+    from farm.pipeline.cached import answer
 
     options = list(args.option)
     if args.require_full_offload:
         options.append("require_full_offload=true")
     start = time.perf_counter()
-    report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
-                   progress=ProgressLine(), retry_failed=args.retry_failed)
+    progress = ProgressLine()
+    # Answered whole by the index (nothing to write or compile): no SQLAlchemy, no onnx imported.
+    report = answer(settings, args.model, args.target, options, name=args.name, tag=args.tag, progress=progress,
+                    retry_failed=args.retry_failed)
+    if report is None:
+        from farm.pipeline.plan import build
+
+        report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
+                       progress=progress, retry_failed=args.retry_failed, force_tag=args.force_tag)
+    if report.tag_moved:
+        print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
+              file=sys.stderr)
     elapsed = time.perf_counter() - start
     if args.json:
         print(json.dumps({"model": report.model_digest, "name": report.name, "tag": report.tag,

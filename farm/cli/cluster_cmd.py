@@ -22,6 +22,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE")
         p.add_argument("--name")
         p.add_argument("--tag")
+        p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
         p.add_argument("--allow-queue", action="store_true",
                        help="accept toolchains no live worker serves (builds wait in their queue)")
         p.add_argument("--wait", action="store_true", help="show progress; exit 1 if any build fails")
@@ -79,7 +80,9 @@ def _remote(name: str, args: argparse.Namespace) -> int:
             raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
         st = client.json("GET", f"/v1/releases/{args.release}")
     else:
-        model = client.upload(Path(args.model), name=args.name, tag=args.tag)
+        model = client.upload(Path(args.model), name=args.name, tag=args.tag, force_tag=args.force_tag)
+        if moved := model.get("tag_moved"):
+            print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
         st = client.json("POST", "/v1/releases", {
             "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
             "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed})
@@ -121,7 +124,9 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         sdks += list(m.get("sdks", []))
         options += [f"{k}={v}" for k, v in m.get("options", {}).items()]
     st = submit_release(settings, args.model, targets, sdks, options, name=args.name, tag=args.tag,
-                        allow_queue=args.allow_queue, retry_failed=args.retry_failed)
+                        allow_queue=args.allow_queue, retry_failed=args.retry_failed, force_tag=args.force_tag)
+    if st.tag_moved:
+        print(f"moved {st.tag_moved['tag']}: {st.tag_moved['from']} -> {st.tag_moved['to']}", file=sys.stderr)
     if not args.json:
         print(f"release {st.release_id} ({st.model}): {len(st.builds)} build(s) {st.counts()}", file=sys.stderr)
     if args.wait:

@@ -13,7 +13,7 @@ from farm.core.settings import Settings
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "load-check":
-        p.add_argument("ctx_model", help="a *_ctx.onnx")
+        p.add_argument("ctx_model", help="a *_ctx.onnx, or the DIR that farm fetch --out DIR filled")
         p.add_argument("--target", "-t", required=True, help="the device, e.g. qnn:SM8650")
         p.add_argument("--json", action="store_true")
         return
@@ -47,7 +47,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
 def _device(args: argparse.Namespace) -> Any:
     from farm.core.catalog import load_catalog
     from farm.core.names import check_name
-    from farm.pipeline.plan import check_versions
+    from farm.pipeline.submission import check_versions
     from registry.resolve import Device
 
     if args.gpu or args.trt:
@@ -77,6 +77,43 @@ def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
     return artifact, verdict, digest
 
 
+def _resolve_lite(settings: Settings, args: argparse.Namespace) -> bool:
+    """``farm resolve`` on a bare connection to the index (``registry.lite``: no SQLAlchemy
+    import), running the same resolve. False, having printed nothing, where only the full path
+    answers: an index it cannot open (fresh, another schema, unreachable) or a reference that
+    names no model (``resolve_model_ref`` explains the miss)."""
+    from registry.lite import open_index
+    from registry.reads import model_ref_hit
+    from registry.resolve import resolve
+
+    if not args.model:
+        raise UsageError("which model? give --model NAME:TAG (or a digest)")
+    device = _device(args)
+    index = open_index(settings.database_url)
+    if index is None:
+        return False
+    with index:
+        digest = model_ref_hit(index, args.model)
+        if digest is None:
+            return False
+        artifact, verdict = resolve(index, digest, device, model_label=args.model)
+    info = _resolved_info(artifact, verdict)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_resolved(info)
+    return True
+
+
+def _resolved_info(artifact: Any, verdict: Any) -> dict[str, Any]:
+    from registry.resolve import describe
+
+    info = describe(artifact, verdict)
+    info["files"] = [{"name": f.name, "digest": f.digest, "size": f.size}
+                     for f in artifact.files if f.role in ("ctx-model", "context")]
+    return info
+
+
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "load-check":
         return _load_check(args)
@@ -87,8 +124,12 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                                                     gpu=args.gpu, trt=args.trt,
                                                     platform=args.platform if args.gpu else None,
                                                     manifest="true" if args.json else "false")
-        print(json.dumps(info, indent=2) if args.json else
-              f"{info['artifact'][7:19]}  {info['target']}  {info['toolchain']}  ({info['source']}: {info['reason']})")
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            _print_resolved(info)
+        return 0
+    if name == "resolve" and not args.presign and _resolve_lite(settings, args):
         return 0
     from registry.index import Registry, find_artifact
 
@@ -96,11 +137,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     try:
         if name == "resolve":
             artifact, verdict, _ = _resolve(reg, args)
-            from registry.resolve import describe
-
-            info = describe(artifact, verdict)
-            info["files"] = [{"name": f.name, "digest": f.digest, "size": f.size}
-                             for f in artifact.files if f.role in ("ctx-model", "context")]
+            info = _resolved_info(artifact, verdict)
             if args.presign:
                 presign = getattr(reg.store, "presign", None)
                 if presign is None:
@@ -111,23 +148,24 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
-                print(f"{artifact.short_id}  {artifact.backend}:{artifact.target}  "
-                      f"{'QNN' if artifact.backend == 'qnn' else 'TensorRT'} {artifact.toolchain}  "
-                      f"({verdict.source}: {verdict.reason})")
-                for f in info["files"]:
-                    print(f"  {f['name']}  {f['size']} B  {f['digest']}")
+                _print_resolved(info)
             return 0
         # fetch
         from registry.index import signatures_of
         from registry.install import Expected, fetch_artifact, receipt
 
+        picked: dict[str, Any] | None = None
         if args.artifact:
             with reg.db.session() as s:
                 artifact = find_artifact(s, args.artifact)
                 s.expunge_all()
             expected = None
         else:
-            artifact, _, model_digest = _resolve(reg, args)
+            from registry.resolve import describe
+
+            artifact, verdict, model_digest = _resolve(reg, args)
+            picked = {k: v for k, v in describe(artifact, verdict).items()
+                      if k in ("verdict", "source", "reason", "probed_at")}
             # The manifest must be for the model that was asked for: a re-pointed index row can't
             # hand out another model's artifact, signed or not.
             expected = Expected(model_digest, artifact.backend, artifact.target, artifact.toolchain)
@@ -137,38 +175,97 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                                 trusted=list(settings.trusted_keys),
                                 require_signature=args.require_signature or settings.require_signature,
                                 allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
-        extra: dict[str, Any] = {}
+        from farm.cli import human_size
+
+        doc = {**receipt(result, {}), "model": artifact.model_digest, "backend": artifact.backend,
+               "target": artifact.target, "toolchain": artifact.toolchain, "picked": picked}
+        signed = f", signed by {result.signed_by}" if result.signed_by else ""
+        lines = [f"fetched {artifact.short_id} ({human_size(result.bytes)}, digests verified{signed}) "
+                 f"-> {result.ctx_model}"] + ([f"  {_picked_text(picked)}"] if picked is not None else [])
         if args.load_check:
             from farm.core.catalog import load_catalog
-            from workers.runner import get_runner
+            from farm.core.errors import FarmError
 
             target = load_catalog().get(f"{artifact.backend}:{artifact.target}")
-            extra["load"] = get_runner(artifact.backend).load_check(result.ctx_model, target)
-        if args.json:
-            print(json.dumps(receipt(result, extra), indent=2))
-        else:
-            signed = f", signed by {result.signed_by}" if result.signed_by else ""
-            print(f"fetched {artifact.short_id} ({result.bytes} B, digests verified{signed}) -> {result.ctx_model}")
-            if "load" in extra:
-                load = extra["load"]
-                ran = (f"ran once in {load['run_seconds'] * 1000:.1f} ms, outputs {load['outputs']}"
-                       if "run_seconds" in load else f"running it failed: {load.get('run')} ({load.get('crashed')})")
-                print(f"loaded with {artifact.backend} in {load['load_seconds'] * 1000:.1f} ms, {ran}")
+            try:
+                doc["load"] = checked_load(result.ctx_model, target)
+            except FarmError as exc:
+                # The files are in place (digests verified); the load check failed: say both.
+                if args.json:
+                    exc.details = {**exc.details, "fetched": doc}
+                else:
+                    print("\n".join(lines))
+                raise
+            lines += load_lines(doc["load"])
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
         return 0
     finally:
         reg.close()
 
 
-def _load_check(args: argparse.Namespace) -> int:
-    from farm.core.catalog import parse_target
+def _picked_text(info: dict[str, Any]) -> str:
+    """``picked by probe: loaded under QNN 2.51.0 on 2026-11-22 07:07 UTC`` (or ``by rule: …``)."""
+    return f"picked by {info['source']}: {info['reason']}"
+
+
+def _print_resolved(info: dict[str, Any]) -> None:
+    from farm.cli import human_size
+
+    runtime = {"qnn": "QNN", "trt": "TensorRT"}.get(info.get("backend", ""), "")
+    print(f"{info['artifact'][7:19]}  {info.get('backend', '')}:{info['target']}  {runtime} {info['toolchain']}")
+    print(f"  {_picked_text(info)}")
+    for f in info["files"]:
+        print(f"  {f['name']}  {human_size(f['size'])}  {f['digest']}" + (f"  {f['url']}" if f.get("url") else ""))
+    if info.get("manifest_url") and "url" in (info["files"][0] if info["files"] else {}):
+        print(f"  manifest  {info['manifest_url']}")
+
+
+def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:
+    """Load a context model for ``target`` with the local runtime and run it once; every way it
+    would not work on the device is an error (not-found, not-a-context, target-mismatch,
+    runtime-too-old, runtime-crashed, toolchain-error), never a zero exit."""
+    from farm.core.errors import RuntimeCrashedError
     from workers.runner import get_runner
 
+    runner = get_runner(target.backend)
+    check = getattr(runner, "check_load", None)
+    if check is not None:
+        return dict(check(ctx_model, target))
+    # A runner without its own check: the file checks every backend shares, then its load.
+    from workers.epcontext import open_context
+
+    open_context(ctx_model)
+    result = dict(runner.load_check(ctx_model, target))
+    if result.get("crashed"):
+        raise RuntimeCrashedError(f"{ctx_model.name} loaded, then running it crashed the runtime: "
+                                  f"{result['crashed']}", details=result)
+    return {"ok": True, "ctx_model": str(ctx_model), "target": target.ref, **result}
+
+
+def load_lines(load: dict[str, Any]) -> list[str]:
+    """``loaded … in 93.3 ms on the QNN HTP simulator (x86_64), QNN 2.51.0; ran once in …`` and
+    what the file says about itself."""
+    runtime, context = load.get("runtime") or {}, load.get("context") or {}
+    on = f" on the {runtime['device']}, QNN {runtime['sdk']}" if runtime.get("device") else ""
+    ran = (f"; ran once in {load['run_seconds'] * 1000:.1f} ms, outputs {load['outputs']}"
+           if "run_seconds" in load else "")
+    lines = [f"loaded {load['ctx_model']} for {load['target']} in {load['load_seconds'] * 1000:.1f} ms{on}{ran}"]
+    if context:
+        said = [f"built with QNN {context['sdk']}" if context.get("sdk") else "",
+                f"for {context['soc']} (HTP {context['htp_arch']})" if context.get("soc") else "",
+                ", ".join(context.get("files") or []) or ("embedded" if context.get("embedded") else "")]
+        lines.append("  context: " + ", ".join(b for b in said if b))
+    lines += [f"  note: {n}" for n in load.get("notes") or []]
+    return lines
+
+
+def _load_check(args: argparse.Namespace) -> int:
+    from farm.core.catalog import parse_target
+
     target = parse_target(args.target)
-    result = get_runner(target.backend).load_check(Path(args.ctx_model), target)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        ran = (f"one run {result['run_seconds'] * 1000:.1f} ms; outputs {result['outputs']}"
-               if "run_seconds" in result else f"running it failed: {result.get('run')} ({result.get('crashed')})")
-        print(f"loaded {args.ctx_model} on {target.ref} in {result['load_seconds'] * 1000:.1f} ms; {ran}")
+    ctx_model = Path(args.ctx_model)
+    if ctx_model.is_dir() and (ctx_model / "model_ctx.onnx").is_file():
+        ctx_model = ctx_model / "model_ctx.onnx"  # the DIR that `farm fetch --out DIR` filled
+    result = checked_load(ctx_model, target)
+    print(json.dumps(result, indent=2) if args.json else "\n".join(load_lines(result)))
     return 0

@@ -8,6 +8,7 @@ import re
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from farm.cli import human_size, table
 from farm.core.errors import UsageError
@@ -17,9 +18,12 @@ from farm.core.settings import Settings
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "coverage":
         p.add_argument("--backend", choices=["qnn", "trt"])
-        p.add_argument("--model", "-m", action="append", default=[], help="only these NAME:TAG (repeatable)")
+        p.add_argument("--model", "-m", action="append", default=[],
+                       help="only these models: NAME (every tag of it), NAME:TAG or a digest (repeatable)")
         p.add_argument("--missing", action="store_true",
                        help="list what each model lacks for the newest toolchain the farm knows")
+        p.add_argument("--verdicts", action="store_true",
+                       help="the probe evidence: one row per (model, target, built with), a column per runtime")
         p.add_argument("--target", "-t", action="append", default=[],
                        help="with --missing: the wanted targets (default: those each model was built for)")
         p.add_argument("--json", action="store_true")
@@ -60,11 +64,9 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
         cov = Client(args.server, args.token).json("GET", "/v1/coverage", model=args.model or None,
                                                    backend=args.backend)
-        if args.json:
-            print(json.dumps(cov, indent=2))
-        else:
-            table(cov["cells"], ["model", "target", "toolchain", "state", "builds", "codes"])
-        return 0
+        if args.missing:
+            raise UsageError("--missing is not available with --server", hint="run it where the index is")
+        return _print_coverage(cov, args)
     from registry.index import Registry
 
     reg = Registry.open(settings)
@@ -78,7 +80,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         reg.close()
 
 
-def _coverage(reg, args) -> int:  # type: ignore[no-untyped-def]
+def _coverage(reg: Any, args: argparse.Namespace) -> int:
     from registry.coverage import coverage
 
     with reg.db.session() as s:
@@ -93,33 +95,82 @@ def _coverage(reg, args) -> int:  # type: ignore[no-untyped-def]
         if args.json:
             print(json.dumps(rows, indent=2))
         elif rows:
-            table(rows, ["model", "target", "toolchain", "state"])
+            table([{**r, "model": r["model"][7:19], "tags": ", ".join(r["tags"])} for r in rows],
+                  ["model", "tags", "target", "toolchain", "state"])
         else:
             print("nothing missing for the newest toolchains: " +
                   ", ".join(f"{b} {v[-1]}" for b, v in sorted(cov.toolchains.items())))
         return 1 if rows else 0
+    return _print_coverage(cov.to_dict(), args)
+
+
+def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
+    """Local or through the service, the same JSON (schemas/coverage.json) and the same tables."""
     if args.json:
-        print(json.dumps({"toolchains": cov.toolchains,
-                          "cells": [{"model": m, "target": t, "toolchain": tc, "state": c.state, "builds": c.builds,
-                                     "codes": sorted(set(c.codes))} for (m, t, tc), c in sorted(cov.cells.items())]},
-                         indent=2))
+        print(json.dumps(cov, indent=2))
         return 0
-    columns = [(b, v) for b, versions in sorted(cov.toolchains.items()) for v in versions]
-    pairs = sorted({(m, t) for (m, t, _tc) in cov.cells})
-    rows = []
-    for model, target in pairs:
-        row = {"model": model, "target": target}
-        backend = target.split(":", 1)[0]
-        for b, v in columns:
-            if b == backend:
-                cell = cov.cells.get((model, target, v))
-                row[f"{b} {v}"] = cell.label() if cell else "missing"
-        rows.append(row)
-    if not rows:
+    if not cov["cells"]:
         print("no builds yet")
         return 0
-    table(rows, ["model", "target", *[f"{b} {v}" for b, v in columns]])
+    names = {"qnn": "QNN", "trt": "TensorRT"}
+    if args.verdicts:
+        return _print_verdicts(cov, names)
+    columns = [(b, v) for b, versions in sorted(cov["toolchains"].items()) for v in versions]
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in cov["cells"]:
+        row = rows.setdefault((c["model"], c["target"]), {"model": c["model"][7:19], "tags": ", ".join(c["tags"]),
+                                                          "target": c["target"]})
+        label = f"failed({','.join(c['codes'])})" if c["state"] == "failed" else c["state"]
+        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label + (" \u2713" if c["probe_verified"] else "")
+    for (_m, target), row in rows.items():
+        for b, v in columns:
+            if target.startswith(b + ":"):
+                row.setdefault(f"{b} {v}", "missing")
+    headers = [f"{b} {v}" for b, v in columns]
+    _table_with_headers(list(rows.values()), ["model", "tags", "target", *headers],
+                        {h: f"{names.get(h.split()[0], h.split()[0])} {h.split()[1]}" for h in headers})
+    print("\u2713: a probe loaded a built artifact of the cell (farm coverage --verdicts shows every verdict)")
     return 0
+
+
+def _print_verdicts(cov: dict[str, Any], names: dict[str, str]) -> int:
+    """Built with (rows) x runtime (columns): what probes measured; empty where nothing was probed."""
+    runtimes: dict[str, set[str]] = {}
+    for b, versions in {**cov["toolchains"]}.items():
+        runtimes.setdefault(b, set()).update(versions)
+    for b, versions in cov.get("runtimes", {}).items():
+        runtimes.setdefault(b, set()).update(versions)
+    from farm.core.keys import parse_version
+
+    columns = [(b, v) for b in sorted(runtimes) for v in sorted(runtimes[b], key=parse_version)]
+    rows = []
+    for c in cov["cells"]:
+        backend = c["target"].split(":", 1)[0]
+        row: dict[str, Any] = {"model": c["model"][7:19], "tags": ", ".join(c["tags"]), "target": c["target"],
+                               "built_with": f"{c['toolchain']} ({c['state']})" if c["state"] != "built"
+                               else c["toolchain"]}
+        for v in c["verdicts"]:
+            mark = v["verdict"] if v["verdict"] != "mixed" else f"mixed {v['loads']}/{v['loads'] + v['fails']}"
+            row[f"{v['runtime_backend']} {v['runtime']}"] = mark
+        for b, v in columns:
+            if b == backend:
+                row.setdefault(f"{b} {v}", "-")
+        rows.append(row)
+    headers = [f"{b} {v}" for b, v in columns]
+    _table_with_headers(rows, ["model", "tags", "target", "built_with", *headers],
+                        {h: f"{names.get(h.split()[0], h.split()[0])} {h.split()[1]}" for h in headers}
+                        | {"built_with": "built with"})
+    print("loads / fails: a probe loaded the artifact under that runtime, or failed to; -: not probed")
+    return 0
+
+
+def _table_with_headers(rows: list[dict[str, Any]], columns: list[str], titles: dict[str, str]) -> None:
+    """``table`` upper-cases column keys; these keys carry versions, so titles are given."""
+    cells = [[titles.get(c, c).upper() for c in columns]] + [["" if r.get(c) is None else str(r[c]) for c in columns]
+                                                            for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
@@ -129,7 +180,7 @@ def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
         with reg.db.session() as s:
             rep = verify(s, reg.store, full=not args.quick, repair=args.repair)
         if args.json:
-            print(json.dumps(to_dict(rep), indent=2))
+            print(json.dumps({"ok": rep.ok, "full": not args.quick, **to_dict(rep)}, indent=2))
         else:
             print(f"checked {rep.artifacts} artifact(s), {rep.blobs} good blob(s), {human_size(rep.bytes)}"
                   f"{' (sizes only)' if args.quick else ''}")
@@ -149,7 +200,8 @@ def _registry(reg, args) -> int:  # type: ignore[no-untyped-def]
     with reg.db.session() as s:
         grep_ = gc(s, reg.store, grace=parse_duration(args.grace), dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(to_dict(grep_), indent=2))
+        print(json.dumps({"dry_run": bool(args.dry_run), "grace_seconds": parse_duration(args.grace).total_seconds(),
+                          **to_dict(grep_)}, indent=2))
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"scanned {grep_.scanned} blob(s), {grep_.referenced} referenced; {verb} {len(grep_.deleted)} "
@@ -172,10 +224,16 @@ def _keys_local(args) -> int:  # type: ignore[no-untyped-def]
         if path.exists():
             raise UsageError(f"{path} exists; not overwriting a key")
         pub = create_key(path)
+        if args.json:
+            print(json.dumps({"private_key": str(path), "public_key": pub, "key_id": key_id(pub)}, indent=2))
+            return 0
         print(f"private key {path} (keep it secret; FARM_SIGNING_KEY={path})")
         print(f"public key  {pub}  (id {key_id(pub)}; give it to devices: FARM_TRUSTED_KEYS={pub})")
         return 0
     signer = load_signer(path)
+    if args.json:
+        print(json.dumps({"public_key": signer.public_b64, "key_id": signer.key_id}, indent=2))
+        return 0
     print(signer.public_b64)
     return 0
 
@@ -192,5 +250,9 @@ def _sign(reg, args, settings: Settings) -> int:  # type: ignore[no-untyped-def]
     with reg.db.session() as s:
         art = find_artifact(s, args.arg)
         add_signature(s, art.digest, signer.public_b64, signer.sign(art.digest))
-        print(f"signed {art.digest} with key {signer.key_id}")
+        if args.json:
+            print(json.dumps({"artifact": art.digest, "key_id": signer.key_id, "public_key": signer.public_b64},
+                             indent=2))
+        else:
+            print(f"signed {art.digest} with key {signer.key_id}")
     return 0

@@ -63,6 +63,33 @@ ONNX_NAME = "model.onnx"  # the fixed name of the .onnx in every snapshot and jo
 MAX_EXTERNAL_FILES = 4096
 
 
+def match_recorded(path: Path, onnx_digest: str, onnx_size: int,
+                   recorded: list[tuple[str, list[dict[str, Any]]]]) -> ModelBundle | None:
+    """The bundle at ``path`` when it is one the index already recorded, else None (inspect it).
+
+    ``recorded``: (bundle digest, snapshot listing) of every model whose .onnx has
+    ``onnx_digest``, the sha256 of the bytes at ``path``. The same .onnx bytes name the same
+    external-data locations, offsets and lengths, all validated by ``inspect_model`` when the
+    model was first recorded, so the .onnx is not parsed again. What is checked again, here:
+    each recorded data file is a regular file that stays inside the model's directory after
+    symlinks (``inside``) and hashes to its recorded digest. A data file changed, missing or
+    moved outside makes no match, and the caller inspects the bundle in full."""
+    for digest, files in recorded:
+        external = []
+        for f in files[1:]:
+            try:
+                p = inside(path.parent, str(f["path"]))
+                if not p.is_file() or sha256_file(p)[0] != f["digest"]:
+                    break
+            except (UnsafePathError, OSError):
+                break
+            external.append(BundleFile(f["path"], f["digest"], int(f["size"])))
+        else:
+            return ModelBundle(path=path.absolute(), digest=digest, onnx=BundleFile("", onnx_digest, onnx_size),
+                               external=tuple(external))
+    return None
+
+
 def inspect_model(path: str | os.PathLike[str]) -> ModelBundle:
     """Validate an ONNX model bundle and compute its digest. Raises InvalidModelError.
 

@@ -10,6 +10,10 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     ├── UnsupportedOpsError      unsupported-ops    full offload required, ops left on CPU
     ├── NoWorkerError            no-worker          no toolchain installed / serving
     ├── ToolchainError           toolchain-error    the EP/SDK failed to compile or load
+    ├── NotAContextError         not-a-context      load-check: a plain model, no EPContext node
+    ├── TargetMismatchError      target-mismatch    load-check: built for another SoC (or by another EP)
+    ├── RuntimeTooOldError       runtime-too-old    load-check: built with a newer SDK than the runtime
+    ├── RuntimeCrashedError      runtime-crashed    load-check: the runtime died loading or running it
     ├── CompileTimeoutError      timeout            compile exceeded its time limit
     ├── WorkerLostError          worker-lost        the compiling process died
     ├── StorageError             storage-error      blob store unusable
@@ -17,6 +21,7 @@ The CLI maps them to exit codes in one place (``farm.cli``).
     │   ├── StorageUnavailable   storage-unavailable  store unreachable / refused credentials
     │   └── DigestMismatchError  digest-mismatch    content does not match its digest
     ├── NotFoundError            not-found          unknown artifact / model / build / tag
+    ├── TagConflictError         tag-conflict       moving NAME:TAG to another model without --force
     ├── NoMatchError             no-match           resolve found nothing loadable
     ├── SignatureError           signature-invalid  signature missing a trusted key or not verifying
     │   └── UnsignedError        unsigned           no signature at all while one is required
@@ -70,143 +75,201 @@ class FarmError(Exception):
 
 class InvalidModelError(FarmError):
     code = "invalid-model"
+    summary = "not ONNX, truncated, external data refused (see Security)"
     default_hint = "ctxfarm builds ONNX ModelProto files (.onnx), external data as relative files beside them"
 
 
 class UnknownTargetError(FarmError):
     code = "unknown-target"
+    summary = "a target or SoC not in the catalog (the hint lists the known ones)"
     default_hint = "`farm targets` lists the known targets"
 
 
 class BadOptionsError(FarmError):
     code = "bad-options"
+    summary = "unknown build option, bad value or combination"
     default_hint = "see the options of each backend in the README (farm build --option key=value)"
 
 
 class UnsupportedOpsError(FarmError):
     code = "unsupported-ops"
+    summary = "full offload required and ops stay on the CPU (names them)"
     default_hint = "drop require_full_offload=true to ship a partially offloaded model"
 
 
 class NoWorkerError(FarmError):
     code = "no-worker"
+    summary = "no toolchain here / no live worker serves it, or the broker is unreachable"
     default_hint = "install the backend's toolchain (pip install 'ctxfarm[qnn]') or start a worker for it"
 
 
 class ToolchainError(FarmError):
     code = "toolchain-error"
+    summary = "the EP/SDK failed to compile or load (the build log holds its message)"
     default_hint = "the build log (farm show / farm status) holds the SDK's own message"
+
+
+class NotAContextError(FarmError):
+    code = "not-a-context"
+    summary = "`load-check`: a plain ONNX model (no EPContext node), not a compiled context"
+    default_hint = "build it first (farm build MODEL -t TARGET), then check the model_ctx.onnx that farm fetch writes"
+
+
+class TargetMismatchError(FarmError):
+    code = "target-mismatch"
+    summary = "`load-check`: the context was built for another SoC (or by another EP) than `--target`"
+    default_hint = "fetch the build for this device (farm fetch --model NAME:TAG --soc SOC --qnn VERSION)"
+
+
+class RuntimeTooOldError(FarmError):
+    code = "runtime-too-old"
+    summary = "`load-check`: the context was built with a newer SDK than the local runtime"
+    default_hint = "fetch a build made with the runtime's SDK or an older one (farm resolve picks it)"
+
+
+class RuntimeCrashedError(FarmError):
+    code = "runtime-crashed"
+    summary = "`load-check`: the runtime died (a signal) loading or running the context"
+    default_hint = "only a run on the device itself can tell whether the context works there"
 
 
 class CompileTimeoutError(FarmError):
     code = "timeout"
+    summary = "`submit --wait --timeout` ran out (the release keeps running)"
     default_hint = "raise FARM_COMPILE_TIMEOUT if the model legitimately needs longer"
 
 
 class WorkerLostError(FarmError):
     code = "worker-lost"
+    summary = "the compiling process died on every attempt (`FARM_MAX_ATTEMPTS`)"
     default_hint = "the compiling process died; the build log holds its last words"
 
 
 class StorageError(FarmError):
     code = "storage-error"
+    summary = "the blob store is unusable (path, permissions, space)"
     default_hint = "check FARM_STORE_URL and that the store is reachable and writable"
 
 
 class BlobNotFound(StorageError):
     code = "blob-not-found"
+    summary = "a blob the index names is missing from the store"
 
 
 class StorageUnavailable(StorageError):
     code = "storage-unavailable"
+    summary = "the blob store did not answer or refused the credentials"
     default_hint = "the blob store did not answer: check FARM_STORE_URL, the endpoint and credentials"
 
 
 class DigestMismatchError(StorageError):
     code = "digest-mismatch"
+    summary = "content that does not match its digest"
     default_hint = "the stored content was altered or corrupted: run `farm registry verify`"
 
 
 class NotFoundError(FarmError):
     code = "not-found"
+    summary = "unknown artifact, model, tag, build or release"
     default_hint = "`farm ls` lists artifacts; model refs are NAME:TAG, NAME or a digest"
+
+
+class TagConflictError(FarmError):
+    code = "tag-conflict"
+    summary = "moving NAME:TAG to another model without `--force`"
+    default_hint = "tags move only on purpose: add --force (farm tag) or --force-tag (build, submit)"
 
 
 class NoMatchError(FarmError):
     code = "no-match"
+    summary = "resolve found nothing this device can load (explains why, nearest candidates)"
     exit_code = 3
 
 
 class SignatureError(FarmError):
     code = "signature-invalid"
+    summary = "no trusted signature verifies, or the manifest is not for what was asked"
     default_hint = "the artifact is not signed by a key in FARM_TRUSTED_KEYS; do not install it"
 
 
 class UnsignedError(SignatureError):
     code = "unsigned"
+    summary = "no signature at all while trusted keys are set"
     default_hint = "sign it (farm keys sign ARTIFACT with FARM_SIGNING_KEY) or drop FARM_REQUIRE_SIGNATURE"
 
 
 class ConfigError(FarmError):
     code = "bad-config"
+    summary = "a bad `FARM_*` setting (names the variable)"
     default_hint = "see the FARM_* settings in the README"
 
 
 class MissingExtraError(FarmError):
     code = "missing-extra"
+    summary = "an optional dependency is not installed (the hint has the pip command)"
 
 
 class UsageError(FarmError):
     code = "usage"
+    summary = "a bad argument: missing or unknown flag, bad version, id or digest"
     exit_code = 2
     default_hint = "`farm COMMAND --help` lists the arguments"
 
 
 class BadNameError(UsageError):
     code = "bad-name"
+    summary = "a model name or tag outside the name grammar"
     default_hint = ("names are lowercase alphanumerics separated by '.', '_' or '-', with optional '/' "
                     "namespaces (e.g. vision/super-res); tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 class ResourceLimitError(FarmError):
     code = "resource-limit"
+    summary = "the compile went past `FARM_COMPILE_MEMORY_MB` or `FARM_COMPILE_TIMEOUT` (cached; `--retry-failed`)"
     default_hint = ("the compile went past FARM_COMPILE_MEMORY_MB or FARM_COMPILE_TIMEOUT; raise the cap if the "
                     "model legitimately needs more, then rebuild with --retry-failed")
 
 
 class LeaseLostError(FarmError):
     code = "lease-lost"
+    summary = "internal: a late executor whose build was taken over stops and changes nothing"
     default_hint = "another executor took this build over after our lease lapsed; nothing was changed"
 
 
 class SchemaMismatchError(FarmError):
     code = "schema-mismatch"
+    summary = "index schema older/newer than this ctxfarm: run `farm db upgrade`"
     default_hint = "run `farm db upgrade` with the newest ctxfarm that uses this database"
 
 
 class DatabaseError(FarmError):
     code = "database-error"
+    summary = "the index database is unreachable, refused us, or is not a database"
     default_hint = "check FARM_DATABASE_URL: the index database is unreachable, refused us, or is not a database"
 
 
 class ManifestError(FarmError):
     code = "bad-manifest"
+    summary = "a manifest that is malformed or lists unsafe file names"
     default_hint = "the artifact's manifest is malformed or unsafe; do not install it (farm registry verify)"
 
 
 class InstallConflictError(FarmError):
     code = "install-conflict"
+    summary = "`--out` exists and is not a directory (nothing moved)"
     default_hint = "pick an --out/--dest that is a directory (or does not exist yet)"
 
 
 class InterruptedBuildError(FarmError):
     code = "interrupted"
+    summary = "SIGTERM/SIGINT: the lease was released, the attempt recorded"
     exit_code = 130
     default_hint = "the lease was released and the attempt recorded; run the command again to continue"
 
 
 class InternalError(FarmError):
     code = "internal-error"
+    summary = "a bug in ctxfarm (`FARM_DEBUG=1` adds the traceback)"
     exit_code = 70
     default_hint = "this is a ctxfarm bug: rerun with FARM_DEBUG=1 for the traceback and report it"
 
@@ -248,21 +311,25 @@ def error_for_code(code: str, message: str, *, hint: str | None = None) -> FarmE
 
 class UnauthorizedError(FarmError):
     code = "unauthorized"
+    summary = "HTTP: no, unknown or revoked token"
     default_hint = "send Authorization: Bearer <token> (an admin makes one: farm token create --scope read NAME)"
 
 
 class ForbiddenError(FarmError):
     code = "forbidden"
+    summary = "HTTP: the token's scope does not allow it"
     default_hint = "this token's scope does not allow it (scopes: read < submit < admin)"
 
 
 class TooLargeError(UsageError):
     code = "too-large"
+    summary = "HTTP: an upload over `FARM_MAX_UPLOAD_MB`"
     default_hint = "the upload is over FARM_MAX_UPLOAD_MB"
 
 
 class ServerError(FarmError):
     code = "server-error"
+    summary = "HTTP client: the service is unreachable, broken, or answered a code this ctxfarm does not know"
     default_hint = "check FARM_SERVER / --server and that the service is up"
 
 

@@ -2,6 +2,11 @@
 
 Normalized options have every default filled in, so "unset" and "explicit default" give the
 same options digest, hence the same build key.
+
+Each QNN option is here for a measured effect on what is built (tests/integration/
+test_qnn_options.py compiles with and without each one): graph_optimization, vtcm_mb and
+embed_mode change the context bytes; require_full_offload changes none of them, it fails a build
+that would leave nodes on the CPU. There is no QNN ``precision``: see QNN_PRECISION.
 """
 
 from __future__ import annotations
@@ -62,8 +67,6 @@ class OptionSpec:
 QNN_OPTIONS: dict[str, OptionSpec] = {
     s.name: s
     for s in (
-        OptionSpec("precision", "choice", "fp32", "HTP float precision; fp16 runs float models in fp16 (needs a SoC)",
-                   choices=("fp32", "fp16")),
         OptionSpec("graph_optimization", "int", 0,
                    "HTP graph finalization optimization mode (0 default, 3 = longest prepare, best graph)",
                    min=0, max=3),
@@ -74,6 +77,12 @@ QNN_OPTIONS: dict[str, OptionSpec] = {
         OptionSpec("vtcm_mb", "int", 0, "HTP VTCM size in MB to use (0 = SoC default)", min=0, max=64),
     )
 }
+
+# Why QNN has no precision option (measured on QNN 2.47.0, 2.49.40 and 2.51.0: the EP's
+# enable_htp_fp16_precision set to 0, to 1 or left unset compiles byte-identical contexts).
+QNN_PRECISION = ("HTP runs float models in fp16 and quantized (QDQ) models in their integer types, whatever "
+                 "is asked: enable_htp_fp16_precision 0, 1 or unset compile byte-identical contexts (measured, "
+                 "QNN 2.47.0 to 2.51.0)")
 
 TRT_OPTIONS: dict[str, OptionSpec] = {
     s.name: s
@@ -105,7 +114,8 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
-            raise BadOptionsError(f"option {pair!r} is not of the form key=value", hint="e.g. --option precision=fp16")
+            raise BadOptionsError(f"option {pair!r} is not of the form key=value",
+                                  hint="e.g. --option graph_optimization=3")
         if key in out and out[key] != value:
             raise BadOptionsError(f"option {key} given twice with different values", hint="give each option once")
         out[key] = value
@@ -116,6 +126,10 @@ def normalize(backend: str, raw: Mapping[str, Any], target: Target | None = None
     """Fill defaults, coerce types, check combinations. Raises BadOptionsError."""
     schema = SCHEMAS[backend]
     freeform = TRT_FREEFORM if backend == "trt" else ()
+    if backend == "qnn" and "precision" in raw:
+        raise BadOptionsError(f"precision={raw['precision']} is not a QNN build option: {QNN_PRECISION}",
+                              hint="drop --option precision; to run in int8/int16 on HTP, quantize the model to QDQ "
+                                   "before building (onnxruntime.quantization)")
     unknown = sorted(k for k in raw if k not in schema and k not in freeform)
     if unknown:
         known = ", ".join([*schema, *freeform])
@@ -133,12 +147,6 @@ def normalize(backend: str, raw: Mapping[str, Any], target: Target | None = None
 
 def _check_combinations(backend: str, opts: dict[str, Any], target: Target | None) -> None:
     if backend == "qnn":
-        # The QNN EP refuses enable_htp_fp16_precision without soc_model (measured): catch it here.
-        if opts["precision"] == "fp16" and (target is None or target.soc_model is None):
-            raise BadOptionsError(
-                "precision=fp16 needs a SoC target with a QNN soc_model id",
-                hint="build for a catalog SoC, e.g. --target qnn:SM8650",
-            )
         return
     if opts["precision"] == "int8" and not opts["calibration_table"]:
         raise BadOptionsError(

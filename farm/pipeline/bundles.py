@@ -100,7 +100,12 @@ class BundleCache:
             _touch(entry / LISTING)
             return dest / files[0]["path"], True
         self.misses += 1
-        self._place(store, entry, files)
+        try:
+            self._place(store, entry, files)
+        except OSError as exc:  # a full or read-only cache dir costs the cache, never the build
+            log.warning("bundle cache at %s unusable (%s): fetching into the job dir", self.root, exc)
+            shutil.rmtree(dest, ignore_errors=True)
+            return download_bundle(store, files, dest), False
         if not self._link(entry, files, dest):
             # Evicted or replaced under us (a near-full cache shared by busy executors): fetch
             # this job's copy straight from the store.
@@ -146,8 +151,6 @@ class BundleCache:
                 (staging / LISTING).write_text(json.dumps(files, sort_keys=True))
         except _PlacedMeanwhile:
             pass
-        except OSError as exc:
-            raise StorageError(f"bundle cache at {self.root}: {exc}") from None
 
     def _evict(self, keep: Path) -> None:
         """Remove least recently used entries until the cache fits (never ``keep``)."""

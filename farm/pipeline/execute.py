@@ -61,7 +61,8 @@ def backoff(attempt: int) -> float:
 class Result:
     """What ``execute`` did: ``succeeded``, ``failed``, ``retry`` (requeued; ``countdown`` s),
     ``done`` (already final), ``busy`` (another executor holds it), ``exhausted`` (attempt cap:
-    failed/worker-lost) or ``lost`` (our lease was taken over; we changed nothing)."""
+    failed/worker-lost), ``lost`` (our lease was taken over; we changed nothing) or
+    ``publishing`` (compiled; publication goes on in the background, ``execute``'s ``then``)."""
 
     outcome: str
     build_id: int

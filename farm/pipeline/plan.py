@@ -12,7 +12,6 @@ key dedupes against everything built or queued). Then:
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.bundle import ModelBundle
-from farm.core.catalog import Target, parse_target
+from farm.core.catalog import Target
 from farm.core.errors import (
     CompileTimeoutError,
     FarmError,
@@ -29,16 +28,22 @@ from farm.core.errors import (
     UsageError,
 )
 from farm.core.keys import build_key, options_digest, sha256_file
-from farm.core.names import DEFAULT_TAG, check_name, check_tag
 from farm.core.options import normalize, parse_pairs
 from farm.core.settings import Settings
 from farm.pipeline import states
+
+# Validation and the report types live where the CLI's fast path can import them without
+# SQLAlchemy; re-exported here, where every other caller finds them.
+from farm.pipeline.submission import (  # noqa: F401
+    VERSION_RE,
+    BuildOutcome,
+    BuildReport,
+    Progress,
+    check_name_tag,
+    check_versions,
+    parse_targets,
+)
 from registry.index import Registry
-
-Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
-
-# 2.51.0, 10.14.1.48, and TensorRT toolchains with their platform: 10.14.1.48+linux-x86-64
-VERSION_RE = re.compile(r"\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?")
 
 
 def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
@@ -46,42 +51,11 @@ def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
 
 
 @dataclass
-class BuildOutcome:
-    target: str
-    toolchain: str
-    state: str  # built | cached | failed
-    build_id: int
-    artifact: str | None = None  # manifest digest
-    compile_seconds: float | None = None
-    wall_seconds: float | None = None
-    size: int | None = None
-    nodes_ep: int | None = None
-    nodes_cpu: int | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    cached_failure: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class BuildReport:
-    model_digest: str
-    name: str
-    tag: str | None
-    outcomes: list[BuildOutcome] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(o.state != "failed" for o in self.outcomes)
-
-
-@dataclass
 class ReleaseStatus:
     release_id: int
     model: str
     builds: list[dict[str, Any]] = field(default_factory=list)
+    tag_moved: dict[str, str] | None = None  # {"tag", "from", "to"} when --force-tag moved NAME:TAG
 
     @property
     def done(self) -> bool:
@@ -98,39 +72,10 @@ class ReleaseStatus:
         return out
 
 
-# ---- validation shared by every front door ----------------------------------------------------------
-
-def check_name_tag(name: str | None, tag: str | None) -> tuple[str | None, str | None]:
-    if tag is not None and name is None:
-        raise UsageError("--tag needs --name", hint="e.g. --name vision/super-res --tag stable")
-    if name is None:
-        return None, None
-    return check_name(name), check_tag(DEFAULT_TAG if tag is None else tag)
-
-
-def check_versions(versions: Sequence[str]) -> list[str]:
-    for v in versions:
-        if not isinstance(v, str) or not VERSION_RE.fullmatch(v):
-            raise UsageError(f"{str(v)[:40]!r} is not a toolchain version like 2.51.0")
-    return list(dict.fromkeys(versions))
-
-
-def parse_targets(target_refs: Sequence[str]) -> list[Target]:
-    if not target_refs:
-        raise UsageError("no target given", hint="add --target qnn:SM8650 (see `farm targets`)")
-    targets: list[Target] = []
-    for ref in target_refs:
-        t = parse_target(ref)
-        if t not in targets:
-            targets.append(t)
-    return targets
-
-
 def load_bundle(registry: Registry, model_path: Path) -> ModelBundle:
     """The bundle for ``model_path``. A model already in the index is recognized by its bytes
     (sha256 of the .onnx and of each recorded data file) without parsing it again."""
-    from farm.core.bundle import BundleFile, inspect_model
-    from farm.core.names import UnsafePathError, inside
+    from farm.core.bundle import inspect_model, match_recorded
     from registry.index import find_model_by_onnx
 
     try:
@@ -141,19 +86,9 @@ def load_bundle(registry: Registry, model_path: Path) -> ModelBundle:
     if is_file:
         with registry.db.session() as s:
             known = [(m.digest, m.files) for m in find_model_by_onnx(s, onnx_digest)]
-        for digest, files in known:
-            external = []
-            for f in files[1:]:
-                try:
-                    p = inside(model_path.parent, str(f["path"]))
-                    if not p.is_file() or sha256_file(p)[0] != f["digest"]:
-                        break
-                except (UnsafePathError, OSError):
-                    break
-                external.append(BundleFile(f["path"], f["digest"], int(f["size"])))
-            else:
-                return ModelBundle(path=model_path.absolute(), digest=digest,
-                                   onnx=BundleFile("", onnx_digest, onnx_size), external=tuple(external))
+        bundle = match_recorded(model_path, onnx_digest, onnx_size, known)
+        if bundle is not None:
+            return bundle
     return inspect_model(model_path)
 
 
@@ -181,8 +116,11 @@ def store_snapshot(registry: Registry, bundle: ModelBundle) -> list[dict[str, An
 
 
 def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: list[dict[str, Any]] | None,
-                    name: str | None, tag: str | None, display: str) -> None:
-    """The model row for a stored snapshot (``files``; None: already recorded) and its tag."""
+                    name: str | None, tag: str | None, display: str, *,
+                    force_tag: bool = False) -> dict[str, str] | None:
+    """The model row for a stored snapshot (``files``; None: already recorded) and its tag.
+    Moving the tag to another model needs ``force_tag`` (else tag-conflict, nothing written);
+    returns ``{"tag", "from", "to"}`` when the tag moved."""
     from registry.index import record_model, set_tag
 
     if files is not None:
@@ -191,7 +129,8 @@ def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: lis
         if not all(f.get("stored") for f in m.files) or [f["path"] for f in m.files] != [f["path"] for f in files]:
             m.files = files  # recorded by an older ctxfarm, before snapshots were stored
     if name and tag:
-        set_tag(s, name, tag, digest)
+        return set_tag(s, name, tag, digest, force=force_tag).as_move()
+    return None
 
 
 def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
@@ -204,8 +143,9 @@ def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> s
 
 def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
           *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
-          registry: Registry | None = None, retry_failed: bool = False) -> BuildReport:
-    """Embedded: queue every (target, local toolchain) and run the executor on each, here."""
+          registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False) -> BuildReport:
+    """Embedded: queue every (target, local toolchain) and run the executor on each, here.
+    ``force_tag``: NAME:TAG may move from another model to this one (else tag-conflict)."""
     from farm.pipeline.execute import Executor, interruptible
     from workers.runner import get_runner
 
@@ -227,12 +167,13 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
         files = store_snapshot(reg, bundle)
         planned: list[tuple[Target, states.BuildSpec, int]] = []
         with reg.db.session() as s:
-            record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, bundle.stem)
+            moved_from = record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag,
+                                         bundle.stem, force_tag=force_tag)
             for t in targets:
                 spec = _spec(bundle.digest, t, executors[t.backend].toolchain.version, options[t])
                 build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
                 planned.append((t, spec, build_id))
-        report = BuildReport(bundle.digest, name or bundle.stem, tag)
+        report = BuildReport(bundle.digest, name or bundle.stem, tag, tag_moved=moved_from)
         with interruptible():
             report.outcomes.extend(_run_all(settings, reg, executors, planned, progress))
         return report
@@ -391,14 +332,14 @@ def _matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, 
 def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
-                   retry_failed: bool = False) -> ReleaseStatus:
+                   retry_failed: bool = False, force_tag: bool = False) -> ReleaseStatus:
     """Cluster, from a model file: validate, then ``queue_release``."""
     name, tag = check_name_tag(name, tag)
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
         request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                       retry_failed)
+                                       retry_failed, force_tag)
         served = served_toolchains(settings, reg)
         request.check_served(served)
         bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
@@ -422,15 +363,17 @@ class ReleaseRequest:
     tag: str | None = None
     allow_queue: bool = False
     retry_failed: bool = False
+    force_tag: bool = False  # NAME:TAG may move from another model to this one
 
     @classmethod
     def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
               name: str | None = None, tag: str | None = None, allow_queue: bool = False,
-              retry_failed: bool = False) -> ReleaseRequest:
+              retry_failed: bool = False, force_tag: bool = False) -> ReleaseRequest:
         name, tag = check_name_tag(name, tag)
         targets = parse_targets(target_refs)
         return cls(targets, check_versions(sdks), dict(raw_options),
-                   {t: normalize(t.backend, raw_options, t) for t in targets}, name, tag, allow_queue, retry_failed)
+                   {t: normalize(t.backend, raw_options, t) for t in targets}, name, tag, allow_queue, retry_failed,
+                   force_tag)
 
     def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
         return _matrix(self.targets, self.sdks, served)
@@ -476,7 +419,8 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     files = store() if store is not None else None
     to_send: list[tuple[int, str]] = []
     with reg.db.session() as s:
-        record_snapshot(s, model_digest, onnx_digest, size, files, request.name, request.tag, display)
+        moved_from = record_snapshot(s, model_digest, onnx_digest, size, files, request.name, request.tag, display,
+                                     force_tag=request.force_tag)
         release = Release(model_digest=model_digest, label=label, matrix=release_matrix)
         s.add(release)
         s.flush()
@@ -494,7 +438,9 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     for build_id, queue in to_send:
         send(app, COMPILE_TASK, [build_id], queue)
     with reg.db.session() as s:
-        return _status(s, release_id, release_builds(s, release_id))
+        st = _status(s, release_id, release_builds(s, release_id))
+    st.tag_moved = moved_from
+    return st
 
 
 def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseRequest, label: str,
@@ -529,15 +475,17 @@ def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseR
         files = s.scalar(select(Model.files).where(Model.digest == model_digest))
         if not files or not all(f.get("stored") for f in files):
             return None, False  # recorded by an older ctxfarm, before snapshots were stored
+    moved_from = None
     if request.name and request.tag:
         from registry.index import set_tag
 
-        set_tag(s, request.name, request.tag, model_digest)
+        move = set_tag(s, request.name, request.tag, model_digest, force=request.force_tag)
+        moved_from = move.as_move()
     release_id = s.scalar(insert(Release).values(model_digest=model_digest, label=label, matrix=release_matrix,
                                                  created_at=states.now()).returning(Release.id))
     s.execute(insert(ReleaseBuild), [{"release_id": release_id, "build_id": rows[k][0].id}
                                      for k in dict.fromkeys(keys)])
-    st = ReleaseStatus(int(release_id), label)
+    st = ReleaseStatus(int(release_id), label, tag_moved=moved_from)
     for b, a in sorted((rows[k] for k in dict.fromkeys(keys)), key=lambda r: (r[0].target, r[0].toolchain)):
         st.builds.append(build_view(b, a if b.state == states.BuildState.SUCCEEDED else None))
     return st, False

@@ -154,8 +154,10 @@ def enqueue(session: Session, spec: BuildSpec, queue: str | None, *, retry_faile
 
 def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int) -> Claim:
     """Take a queued build, or one whose holder's lease ran out (it died), for one attempt."""
-    row = get_build(session, build_id)
-    session.refresh(row)
+    # One SELECT that also overwrites a stale copy in the session (what get + refresh did in two).
+    row = session.get(Build, build_id, populate_existing=True)
+    if row is None:
+        raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
     if row.state in FINAL:
         return Claim("done", row.id)
     t = now()

@@ -246,7 +246,30 @@ def test_tags_with_history(service: dict[str, Any], tmp_path: Path) -> None:
     assert put["name"] == "team/net" and put["digest"] == other
     assert c.delete("/v1/tags/team/net/beta", headers=auth(admin)).status_code == 200
     gone = c.get("/v1/tags/team/net/beta", headers=auth(admin)).json()
-    assert gone["digest"] is None and len(gone["history"]) == 2
+    assert gone["digest"] is None and [e["action"] for e in gone["history"]] == ["created", "deleted"]
+
+
+def test_tag_moves_need_force(service: dict[str, Any], tmp_path: Path) -> None:
+    c, admin = service["client"], service["tokens"]["admin"]
+    one = c.post("/v1/models?name=team/mover&tag=rc", content=small_onnx(tmp_path, 11),
+                 headers=auth(admin)).json()["digest"]
+    two = c.post("/v1/models", content=small_onnx(tmp_path, 12), headers=auth(admin)).json()["digest"]
+    # An upload naming a tag that points at another model: 409, the tag stays.
+    refused = c.post("/v1/models?name=team/mover&tag=rc", content=small_onnx(tmp_path, 12), headers=auth(admin))
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "tag-conflict"
+    assert c.get("/v1/tags/team/mover/rc", headers=auth(admin)).json()["digest"] == one
+    forced = c.post("/v1/models?name=team/mover&tag=rc&force_tag=true", content=small_onnx(tmp_path, 12),
+                    headers=auth(admin)).json()
+    assert forced["tag_moved"] == {"tag": "team/mover:rc", "from": one, "to": two}
+    # PUT: the same registry call as `farm tag`.
+    no = c.put("/v1/tags/team/mover/rc", json={"digest": one}, headers=auth(admin))
+    assert no.status_code == 409 and no.json()["error"]["code"] == "tag-conflict"
+    yes = c.put("/v1/tags/team/mover/rc", json={"digest": one, "force": True}, headers=auth(admin)).json()
+    assert yes["digest"] == one and yes["tag_moved"] == {"tag": "team/mover:rc", "from": two, "to": one}
+    assert [e["action"] for e in yes["history"]] == ["created", "moved", "moved"]
+    by_artifact = c.put("/v1/tags/team/mover/art", json={"digest": service["artifact"][7:19]},
+                        headers=auth(admin)).json()
+    assert by_artifact["digest"] == c.get("/v1/tags/sq/stable", headers=auth(admin)).json()["digest"]
 
 
 def test_metrics_and_readiness(service: dict[str, Any]) -> None:

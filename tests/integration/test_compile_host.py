@@ -147,3 +147,36 @@ def test_sigkill_of_a_parallel_farm_build_kills_hosts_and_jobs(settings: Setting
     proc.wait()
     assert wait_for(lambda: not any(alive(p) for p in jobs + hosts), 5), "a compile job or host outlived farm build"
     assert [r[0] for r in rows(settings)] == ["running", "running"]  # until their leases lapse
+
+
+def test_a_lease_taken_over_mid_compile_stops_the_job(settings: Settings, tmp_path: Path) -> None:
+    """The executor's lease renewal finds the lease taken (a reconciler gave the build to another
+    executor): the running job is killed, nothing is published, and once the taker's lease
+    lapses the same ``farm build`` claims the build again and finishes it."""
+    import dataclasses
+    import threading
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from farm.pipeline import states
+
+    quick = dataclasses.replace(settings, lease_seconds=0.9)
+    outcome: list[object] = []
+    t = threading.Thread(target=lambda: outcome.append(build(quick, light("vgg19"), ["qnn:SM8650"]).outcomes[0]))
+    t.start()
+    (job,) = wait_for(lambda: compile_children(os.getpid()), 120)
+    work_dir = Path(os.readlink(f"/proc/{job}/cwd"))
+    reg = Registry.open(quick)
+    try:
+        with reg.db.session() as s:
+            s.execute(update(Build).values(lease_owner="another-executor",
+                                           lease_expires_at=states.now() + timedelta(seconds=2)))
+    finally:
+        reg.close()
+    assert wait_for(lambda: not alive(job), 5), "the job outlived the lost lease"
+    assert wait_for(lambda: not work_dir.exists(), 5), "the lost attempt's temp dir was left behind"
+    t.join(300)
+    (o,) = outcome
+    assert o.state == "built"  # type: ignore[attr-defined]
+    assert rows(quick) == [("succeeded", 2, None)]

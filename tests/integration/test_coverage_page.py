@@ -46,10 +46,11 @@ def test_coverage_page_in_headless_chromium(tmp_path: Path, farm_env: dict[str, 
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, out / "coverage.png")
-    cells = re.findall(r"<td class=\"(\w+)\" data-target=\"([^\"]+)\" data-sdk=\"([^\"]+)\">([^<]*)</td>", dom)
+    cells = re.findall(r"<td class=\"(\w+)\" data-target=\"([^\"]+)\" data-sdk=\"([^\"]+)\"[^>]*>([^<]*)</td>", dom)
     by = {(t, state) for state, t, _sdk, _label in cells}
     assert ("qnn:SM8650", "built") in by and ("qnn:SM8750", "built") in by
     assert any(state == "failed" and "unsupported-ops" in label for state, _t, _s, label in cells)
     assert any(state == "missing" for state, *_ in cells), "partial:v1 has no SM8750 build: a missing cell"
     assert "sq:stable" in dom and "partial:v1" in dom
     assert "probe-verified" in dom, "the executor's self-probe is evidence the page shows"
+    assert "title=\"loads under QNN 2.51.0\"" in dom, "each cell's probe verdicts are its tooltip"

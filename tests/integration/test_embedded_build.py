@@ -229,7 +229,7 @@ def test_show_and_ls(settings: Settings, farm_env: dict[str, str]) -> None:
     assert man["epcontext"][0]["source"] == "QNNExecutionProvider" and man["epcontext"][0]["embed_mode"] == 0
     assert {f["role"] for f in shown["files"]} == {"ctx-model", "context", "log", "manifest"}
     listed = json.loads(farm(farm_env, "ls", "--model", "sq:latest", "--json").stdout)
-    assert [r["artifact"] for r in listed] == [art[7:19]]
+    assert [(r["id"], r["artifact"]) for r in listed] == [(art[7:19], art)]
     missing = farm(farm_env, "show", "abcdef012345", check=False)
     assert missing.returncode == 1 and "error[not-found]" in missing.stderr
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.settings import Settings
+from farm.pipeline import states
 from farm.pipeline.events import Subscription
 from farm.pipeline.execute import Executor
 from farm.pipeline.plan import ReleaseStatus, submit_release, wait_release
 from farm.services import start_redis
 from registry.index import Registry
-from registry.models import Build
 from tests.common.onnx_models import light
 
 HOUR = 3600.0
@@ -54,7 +54,7 @@ def test_wait_release_is_woken_by_the_build_event_not_by_polling(tmp_path: Path)
         assert result["wakeups"] >= 1
 
         with reg.db.session() as s:
-            phases: list[dict[str, Any]] = [dict(s.get(Build, b["build"]).phases or {}) for b in st.builds]
+            phases: list[dict[str, Any]] = [dict(states.get_build(s, b["build"]).phases or {}) for b in st.builds]
         # One model, two builds, one executor: the bundle came from the store once.
         assert [p["bundle_cache"] for p in phases] == ["miss", "hit"]
         for p in phases:

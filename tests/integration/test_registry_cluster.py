@@ -223,15 +223,16 @@ def test_coverage_matrix_and_missing(cluster_settings: Settings, cluster_env: di
     build(cluster_settings, partly_unsupported(tmp_path / "p.onnx"), ["qnn:SM8650"], ["require_full_offload=true"],
           name="partial", tag="stable")
     cov = json.loads(farm(cluster_env, "coverage", "--json").stdout)
-    cells = {(c["model"], c["target"], c["toolchain"]): c["state"] for c in cov["cells"]}
+    cells = {(",".join(c["tags"]), c["target"], c["toolchain"]): c["state"] for c in cov["cells"]}
     assert cells == {("sq:stable", "qnn:SM8650", "2.51.0"): "built", ("sq:stable", "qnn:SM8550", "2.51.0"): "built",
                      ("partial:stable", "qnn:SM8650", "2.51.0"): "failed"}
+    assert {c["model"] for c in cov["cells"]} == {m["digest"] for m in cov["models"]} and len(cov["models"]) == 2
     text = farm(cluster_env, "coverage").stdout
     assert "failed(unsupported-ops)" in text and "QNN 2.51.0" in text.upper()
     missing = farm(cluster_env, "coverage", "--missing", "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--json",
                    check=False)
     assert missing.returncode == 1
-    rows = {(r["model"], r["target"]): r["state"] for r in json.loads(missing.stdout)}
+    rows = {(",".join(r["tags"]), r["target"]): r["state"] for r in json.loads(missing.stdout)}
     assert rows == {("sq:stable", "qnn:SM8750"): "missing", ("partial:stable", "qnn:SM8650"): "failed(unsupported-ops)",
                     ("partial:stable", "qnn:SM8750"): "missing"}
 

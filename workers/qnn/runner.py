@@ -1,22 +1,32 @@
 """QnnRunner: compiles EPContext models for the QNN HTP backend in a job process forked from a
 warm compile host (workers.host), or in a fresh child process.
 
-This module imports no onnxruntime: the toolchain is read from package metadata, and the
-compile/load happens in ``workers.qnn.child``.
+This module imports no onnxruntime: the toolchain is read from the packages' build info files,
+and the compile/load happens in ``workers.qnn.child``.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.metadata as md
 import importlib.util
+import platform
+import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from farm.core.catalog import Target
-from farm.core.errors import MissingExtraError, ToolchainError
+from farm.core.errors import (
+    FarmError,
+    MissingExtraError,
+    RuntimeCrashedError,
+    RuntimeTooOldError,
+    TargetMismatchError,
+    ToolchainError,
+    WorkerLostError,
+)
+from farm.core.keys import parse_version
+from workers.epcontext import ContextModel, open_context
 from workers.runner import CTX_MODEL_NAME, CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_QNN_CONTEXT = "application/vnd.qualcomm.qnn.context-binary.v1"
@@ -25,49 +35,98 @@ CHILD = "workers.qnn.child"
 
 @lru_cache(maxsize=1)
 def detect_toolchain() -> Toolchain:
-    """QNN SDK version and package versions of this environment, without importing them."""
-    try:
-        ep_version = md.version("onnxruntime-qnn")
-    except md.PackageNotFoundError:
+    """QNN SDK version and package versions of this environment, without importing them.
+
+    Read from the ``build_and_package_info.py`` each onnxruntime wheel writes at build time
+    (``package_name``, ``__version__``, and ``qnn_version`` for onnxruntime-qnn), not through
+    importlib.metadata, whose import alone costs every ``farm build`` about 20 ms."""
+    qnn = _build_info("onnxruntime_qnn", "build_and_package_info.py")
+    if qnn.get("package_name") != "onnxruntime-qnn" or not qnn.get("__version__"):
         raise MissingExtraError(
             "onnxruntime-qnn is not installed in this environment: no QNN toolchain to compile with",
             hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.31.1 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
-        ) from None
-    ort_version = _dist_version("onnxruntime")
-    spec = importlib.util.find_spec("onnxruntime_qnn")
-    sdk = ""
-    if spec and spec.submodule_search_locations:
-        info = Path(next(iter(spec.submodule_search_locations))) / "build_and_package_info.py"
-        if info.exists():
-            for node in ast.parse(info.read_text()).body:
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "qnn_version" for t in node.targets
-                ):
-                    sdk = str(ast.literal_eval(node.value))
+        )
+    ort = _build_info("onnxruntime", "capi/build_and_package_info.py")
+    # onnxruntime-qnn needs the CPU onnxruntime: onnxruntime-gpu is the same module, another package.
+    if ort.get("package_name") != "onnxruntime" or not ort.get("__version__"):
+        raise MissingExtraError("onnxruntime is not installed", hint="pip install 'ctxfarm[qnn]'")
+    sdk = qnn.get("qnn_version", "")
     if not sdk:
-        raise ToolchainError(f"cannot read the QNN SDK version from onnxruntime-qnn {ep_version}")
-    return Toolchain("qnn", sdk, ort_version, "onnxruntime-qnn", ep_version)
+        raise ToolchainError(f"cannot read the QNN SDK version from onnxruntime-qnn {qnn['__version__']}")
+    return Toolchain("qnn", sdk, ort["__version__"], "onnxruntime-qnn", qnn["__version__"])
 
 
-def _dist_version(name: str) -> str:
+_ASSIGN = re.compile(r"^([A-Za-z_]\w*)\s*=\s*(['\"])([^'\"]*)\2\s*$", re.MULTILINE)
+
+
+def _build_info(package: str, rel: str) -> dict[str, str]:
+    """The string constants of ``rel`` inside ``package`` (found, not imported); {} if absent."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return {}
     try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        raise MissingExtraError(
-            f"{name} is not installed", hint="pip install 'ctxfarm[qnn]'"
-        ) from None
+        text = (Path(next(iter(spec.submodule_search_locations))) / rel).read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    return {m.group(1): m.group(3) for m in _ASSIGN.finditer(text)}
 
 
 def provider_options(target: Target, options: dict[str, Any]) -> dict[str, str]:
-    """Map normalized farm options to QNN EP provider options (backend_path added by the child)."""
+    """Map normalized farm options to QNN EP provider options (backend_path added by the child).
+
+    No ``enable_htp_fp16_precision``: the EP's default is on, and 0, 1 or unset compile
+    byte-identical contexts (measured, QNN 2.47.0, 2.49.40, 2.51.0; see farm.core.options)."""
     out: dict[str, str] = {"htp_graph_finalization_optimization_mode": str(options.get("graph_optimization", 0))}
     if target.soc_model is not None:
         out["soc_model"] = str(target.soc_model)
-    if options.get("precision") == "fp16":
-        out["enable_htp_fp16_precision"] = "1"
     if options.get("vtcm_mb"):
         out["vtcm_mb"] = str(options["vtcm_mb"])
     return out
+
+
+QNN_SOURCE = "QNNExecutionProvider"
+COMPAT_KEY = "ep_compatibility_info.QNNExecutionProvider"
+# The HTP compiler's configuration, kept in every context binary (QNN 2.47.0, 2.49.40 and 2.51.0
+# alike, ~20 KB in): ``...;soc_type=SM8650;arch=75;...``, with the catalog's SoC names.
+_SOC_TYPE = re.compile(rb"soc_type=([A-Za-z0-9_]{2,32});arch=(\d{1,3});")
+
+
+def context_facts(ctx: ContextModel) -> dict[str, Any]:
+    """What a QNN context model says about itself, read without loading it: the SDK that built it
+    (``ep_sdk_version``, e.g. ``v2.51.0.260929181845``), and the SoC and HTP arch from the context
+    binary itself; else the soc_model ids of the EP's compatibility string (``v2:<backend>:<sdk>:
+    <api>:<htp archs>:<soc models>:<vtcm>:...``; QNN 2.47.0 writes a v1 string without SoCs)."""
+    facts: dict[str, Any] = {"sources": ctx.sources, "files": ctx.files, "embedded": not ctx.files,
+                             "ep_sdk_version": None, "sdk": None, "soc": None, "htp_arch": None,
+                             "soc_models": [], "compatibility": ctx.metadata.get(COMPAT_KEY)}
+    ep_sdk = next((str(n["ep_sdk_version"]) for n in ctx.nodes if n.get("ep_sdk_version")), "")
+    compat = (facts["compatibility"] or "").split(":")
+    if ep_sdk:
+        facts["ep_sdk_version"] = ep_sdk
+        m = re.match(r"v?(\d+\.\d+\.\d+)", ep_sdk)
+        facts["sdk"] = m.group(1) if m else None
+    if compat[0] == "v2" and len(compat) > 5:
+        facts["sdk"] = facts["sdk"] or compat[2]
+        facts["soc_models"] = [int(x) for x in re.findall(r"\d+", compat[5]) if int(x) > 0]
+    elif len(compat) > 1 and not facts["sdk"]:
+        facts["sdk"] = compat[1]
+    socs = sorted({(m.group(1).decode(), m.group(2).decode()) for m in _SOC_TYPE.finditer(ctx.context_head())})
+    if socs:
+        facts["soc"] = ",".join(name for name, _ in socs)
+        facts["htp_arch"] = ",".join(f"v{arch}" for _, arch in socs)
+    return facts
+
+
+def runtime_facts(toolchain: Toolchain) -> dict[str, Any]:
+    """This machine's QNN runtime. On x86_64 the HTP backend is Qualcomm's simulator: it loads and
+    runs contexts, but it is no device (not a phone's timings, and it has crashed running contexts
+    that load fine)."""
+    machine = platform.machine().lower()
+    simulator = machine in ("x86_64", "amd64")
+    return {"backend": "qnn", "sdk": toolchain.version, "ep_package": toolchain.ep_package,
+            "ep_version": toolchain.ep_version, "onnxruntime": toolchain.ort_version, "machine": machine,
+            "simulator": simulator,
+            "device": f"QNN HTP simulator ({machine})" if simulator else f"QNN HTP ({machine})"}
 
 
 class QnnRunner:
@@ -117,11 +176,110 @@ class QnnRunner:
         return out
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:
+        """Load the context in a child (the verdict) and run it once: the measurement a probe
+        records. A crash while running comes back as ``crashed`` beside the load time; a crash
+        while loading is ``runtime-crashed``. ``check_load`` is the device-side check."""
         import tempfile
 
-        self.toolchain()
+        toolchain = self.toolchain()
         request = {"ctx_model": str(ctx_model.resolve()), "provider_options": provider_options(target, {})}
         with tempfile.TemporaryDirectory(prefix="ctxfarm-load-") as tmp:
-            result, wall, _log = run_child(CHILD, "load", request, Path(tmp), timeout=timeout)
+            try:
+                result, wall, _log = run_child(CHILD, "load", request, Path(tmp), timeout=timeout)
+            except WorkerLostError as exc:
+                raise RuntimeCrashedError(
+                    f"loading {ctx_model.name} crashed the QNN {toolchain.version} runtime: {exc.message}",
+                    hint=CRASH_HINT[runtime_facts(toolchain)["simulator"]], details=exc.details) from None
+            except ToolchainError as exc:
+                raise ToolchainError(
+                    f"QNN {toolchain.version} (onnxruntime-qnn {toolchain.ep_version}) could not load "
+                    f"{ctx_model.name}: {exc.message}",
+                    hint="the message is the QNN SDK's own; `farm load-check` compares the file's SoC and SDK "
+                         "with this runtime before loading", details=exc.details) from None
+        result.pop("partial", None)
+        result.pop("ok", None)
         result["wall_seconds"] = wall
         return result
+
+    def check_load(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:
+        """``farm load-check``: what the file says about itself against ``target`` and this runtime
+        (its SoC, the SDK that built it), then a real load and one run. Every reason the context
+        would not work on the device is an error of its own: not-found (the model or its .bin),
+        not-a-context, target-mismatch, runtime-too-old, runtime-crashed, toolchain-error."""
+        toolchain = self.toolchain()
+        ctx = open_context(ctx_model)
+        context = context_facts(ctx)
+        runtime = runtime_facts(toolchain)
+        report: dict[str, Any] = {"ok": False, "ctx_model": str(ctx_model), "target": target.ref,
+                                  "context": context, "runtime": runtime, "notes": []}
+        notes: list[str] = report["notes"]
+        if QNN_SOURCE not in context["sources"]:
+            raise TargetMismatchError(
+                f"{ctx_model.name} holds a context written by {', '.join(context['sources']) or 'an unnamed EP'}, "
+                f"not by the QNN EP: it cannot load on {target.ref}",
+                hint="check it against a target of the backend that built it", details=report)
+        built_for = context["soc"] or ",".join(_soc_names(context["soc_models"]))
+        if built_for and target.name not in built_for.split(","):
+            arch = f" (HTP {context['htp_arch']})" if context["htp_arch"] else ""
+            sim = (f"; the {runtime['device']} would load it anyway, a device with {target.name} would not"
+                   if runtime["simulator"] else "")
+            raise TargetMismatchError(
+                f"{ctx_model.name} was built for {built_for}{arch}, not for {target.name} "
+                f"(HTP {target.htp_arch}){sim}",
+                hint=f"fetch the build for this device: farm fetch --model NAME:TAG --soc {target.name} "
+                     f"--qnn {toolchain.version} --out DIR", details=report)
+        if not built_for:
+            notes.append("the context records no SoC: it was not checked against the target")
+        built = context["sdk"]
+        if built and parse_version(built) > parse_version(toolchain.version):
+            raise RuntimeTooOldError(
+                f"{ctx_model.name} was built with QNN {built} (ep_sdk_version {context['ep_sdk_version']}), "
+                f"newer than this runtime's QNN {toolchain.version} (onnxruntime-qnn {toolchain.ep_version}): "
+                "a QNN runtime loads contexts built with its own SDK or an older one, never a newer one "
+                "(measured: QNN_CONTEXT_ERROR_INVALID_ARGUMENT)",
+                hint=f"fetch a build made with QNN <= {toolchain.version} (farm resolve --model NAME:TAG "
+                     f"--soc {target.name} --qnn {toolchain.version} picks one), or install an onnxruntime-qnn "
+                     f"with QNN >= {built}", details=report)
+        if built and parse_version(built) < parse_version(toolchain.version):
+            notes.append(f"built with QNN {built}, older than this runtime's {toolchain.version}: "
+                         "newer runtimes load older contexts (measured)")
+        if not built:
+            notes.append("the context records no SDK version: it was not checked against the runtime")
+        try:
+            loaded = self.load_check(ctx_model, target, timeout=timeout)
+        except FarmError as exc:
+            exc.details = {**report, **({"log": exc.details["log"][-8000:]} if "log" in exc.details else {})}
+            if isinstance(exc, ToolchainError):
+                checked = ", ".join(f"{k} {v}" for k, v in (("SoC", built_for), ("SDK", built)) if v)
+                exc.hint = (f"the message is the QNN SDK's own; the file's {checked} matched this runtime, so the "
+                            "context itself was refused: fetch it again (farm fetch verifies digests) or rebuild it"
+                            if checked else "the message is the QNN SDK's own")
+            raise
+        report.update(loaded)
+        if loaded.get("crashed"):
+            raise RuntimeCrashedError(
+                f"{ctx_model.name} loaded in {loaded['load_seconds'] * 1000:.1f} ms on the {runtime['device']}, "
+                f"then running it crashed the runtime: {loaded['crashed']}",
+                hint=CRASH_HINT[runtime["simulator"]], details=report)
+        if runtime["simulator"]:
+            notes.append(f"ran on the {runtime['device']}, not on a device with {target.name}: the timings "
+                         "are the simulator's")
+        report["ok"] = True
+        return report
+
+
+CRASH_HINT = {
+    True: "the x86_64 HTP simulator crashes on some contexts that load (measured: light_inception_v1 for "
+          "SM8650, QNN 2.51.0): only a run on the device itself can clear this one",
+    False: "the QNN runtime died on this context: keep its log and the versions above for a bug report",
+}
+
+
+def _soc_names(ids: list[int]) -> list[str]:
+    """Catalog names of QNN soc_model ids (an id the catalog lacks stays a number)."""
+    if not ids:
+        return []
+    from farm.core.catalog import load_catalog
+
+    names = {t.soc_model: t.name for t in load_catalog().of_backend("qnn")}
+    return [names.get(i, f"soc_model {i}") for i in ids]

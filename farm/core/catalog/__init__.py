@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 
 from farm.core.errors import UnknownTargetError
 
@@ -94,8 +94,9 @@ def _load(text: str) -> Catalog:
 
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
-    """The catalog shipped with the package (parsed once per process)."""
-    text = resources.files(__name__).joinpath("targets.toml").read_text(encoding="utf-8")
+    """The catalog shipped with the package (parsed once per process). Read beside this module,
+    not through importlib.resources, whose import costs the CLI ~5 ms (the package is never zipped)."""
+    text = (Path(__file__).parent / "targets.toml").read_text(encoding="utf-8")
     return _load(text)
 
 

@@ -26,6 +26,7 @@ STABLE_CODES = {
     "StorageUnavailable": "storage-unavailable",
     "DigestMismatchError": "digest-mismatch",
     "NotFoundError": "not-found",
+    "TagConflictError": "tag-conflict",
     "NoMatchError": "no-match",
     "SignatureError": "signature-invalid",
     "UnsignedError": "unsigned",

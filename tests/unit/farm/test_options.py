@@ -14,8 +14,8 @@ SHAPES = {"profile_min_shapes": "x:1x3", "profile_opt_shapes": "x:4x3", "profile
 
 
 def test_qnn_defaults_filled():
-    assert normalize("qnn", {}, SM8650) == {"precision": "fp32", "graph_optimization": 0,
-                                            "require_full_offload": False, "embed_mode": 0, "vtcm_mb": 0}
+    assert normalize("qnn", {}, SM8650) == {"graph_optimization": 0, "require_full_offload": False,
+                                            "embed_mode": 0, "vtcm_mb": 0}
 
 
 def test_trt_defaults_filled():
@@ -45,8 +45,9 @@ def test_bool_coercion(raw, expected):
 
 
 def test_int_and_choice_coercion():
-    opts = normalize("qnn", {"graph_optimization": " 3 ", "vtcm_mb": 8, "precision": "FP16"}, SM8650)
-    assert opts["graph_optimization"] == 3 and opts["vtcm_mb"] == 8 and opts["precision"] == "fp16"
+    opts = normalize("qnn", {"graph_optimization": " 3 ", "vtcm_mb": 8}, SM8650)
+    assert opts["graph_optimization"] == 3 and opts["vtcm_mb"] == 8
+    assert normalize("trt", {"precision": "FP16"}, SM_90)["precision"] == "fp16"
 
 
 def test_unknown_option_lists_known():
@@ -71,7 +72,6 @@ def test_trt_only_option_is_unknown_for_qnn():
     ({"graph_optimization": "high"}, "not an integer"),
     ({"graph_optimization": "1.5"}, "not an integer"),
     ({"require_full_offload": "maybe"}, "not a boolean"),
-    ({"precision": "int8"}, "not allowed"),
 ])
 def test_bad_values(raw, match):
     with pytest.raises(BadOptionsError, match=match) as info:
@@ -104,14 +104,18 @@ def test_parse_pairs_malformed(pairs):
     assert info.value.code == "bad-options"
 
 
-def test_fp16_needs_a_soc_model():
+@pytest.mark.parametrize("value", ["fp16", "fp32", "int8"])
+def test_qnn_precision_is_refused_with_what_htp_runs(value):
+    """enable_htp_fp16_precision 0, 1 or unset compile byte-identical contexts (measured): a QNN
+    precision option would only make duplicate artifacts, so it is refused with what HTP does."""
     no_soc = Target(backend="qnn", name="GENERIC", soc_model=None, htp_arch="v73")
-    with pytest.raises(BadOptionsError, match="fp16"):
-        normalize("qnn", {"precision": "fp16"}, no_soc)
-    with pytest.raises(BadOptionsError, match="fp16"):
-        normalize("qnn", {"precision": "fp16"}, None)
-    assert normalize("qnn", {"precision": "fp32"}, no_soc)["precision"] == "fp32"
-    assert normalize("qnn", {"precision": "fp16"}, SM8650)["precision"] == "fp16"
+    for target in (SM8650, no_soc, None):
+        with pytest.raises(BadOptionsError) as info:
+            normalize("qnn", {"precision": value}, target)
+        assert info.value.code == "bad-options"
+        assert "float models in fp16" in info.value.message and "QDQ" in info.value.message
+        assert "quantize" in (info.value.hint or "")
+    assert "precision" not in QNN_OPTIONS
 
 
 def test_trt_int8_needs_calibration_table():

@@ -166,3 +166,13 @@ def test_unsafe_names_and_unstored_snapshots_are_refused(tmp_path: Path) -> None
     with pytest.raises(StorageError, match="never stored"):
         cache.fetch(store, digest, [{**files[0], "stored": False}], tmp_path / "job")
     assert not (tmp_path / "escape").exists()
+
+
+def test_an_unusable_cache_dir_costs_the_cache_not_the_build(tmp_path: Path) -> None:
+    store = CountingStore()
+    digest, files = bundle(store, "a")
+    (tmp_path / "not-a-dir").write_text("a file where the cache should go")
+    cache = BundleCache(tmp_path / "not-a-dir" / "bundles", 10**9)
+    onnx, hit = cache.fetch(store, digest, files, tmp_path / "job")
+    assert not hit and onnx.is_file()
+    assert contents(tmp_path / "job", files) == [f["digest"] for f in files]

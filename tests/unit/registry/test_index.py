@@ -3,15 +3,19 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from farm.core.errors import NotFoundError
+from farm.core.errors import NotFoundError, TagConflictError
 from registry.index import (
     counts,
+    delete_tag,
     find_artifact,
     get_build,
     list_artifacts,
     record_model,
     resolve_model_ref,
+    resolve_model_refs,
     set_tag,
+    tag_source,
+    tag_view,
     tags_of,
 )
 from registry.models import Build, Tag, TagEvent
@@ -49,22 +53,87 @@ def events(db):
                 for e in s.scalars(select(TagEvent).order_by(TagEvent.id))]
 
 
-def test_set_tag_records_history_only_when_it_moves(db, model):
+def test_set_tag_records_history_only_when_it_changes(db, model):
     with db.session() as s:
         other = add_model(s, "m2", name="resnet").digest
     with db.session() as s:
-        assert set_tag(s, "resnet", "latest", model) is True
+        first = set_tag(s, "resnet", "latest", model)
+        assert (first.changed, first.moved, first.previous) == (True, False, None)
     with db.session() as s:
-        assert set_tag(s, "resnet", "latest", model) is False
+        again = set_tag(s, "resnet", "latest", model)
+        assert (again.changed, again.moved) == (False, False)
     assert events(db) == [("resnet", "latest", model, None)]
     with db.session() as s:
-        assert set_tag(s, "resnet", "latest", other) is True
+        move = set_tag(s, "resnet", "latest", other, force=True)
+        assert move.moved and move.as_move() == {"tag": "resnet:latest", "from": model, "to": other}
     assert events(db) == [("resnet", "latest", model, None), ("resnet", "latest", other, model)]
     with db.session() as s:
         rows = s.scalars(select(Tag)).all()
         assert [(t.name, t.tag, t.model_digest) for t in rows] == [("resnet", "latest", other)]
         assert tags_of(s, other) == ["resnet:latest"]
         assert tags_of(s, model) == []
+
+
+def test_moving_a_tag_needs_force_and_a_refusal_writes_nothing(db, model):
+    with db.session() as s:
+        other = add_model(s, "m2", name="resnet").digest
+        set_tag(s, "resnet", "stable", model)
+    with pytest.raises(TagConflictError) as info, db.session() as s:
+        set_tag(s, "resnet", "stable", other)
+    assert info.value.code == "tag-conflict" and "--force" in (info.value.hint or "")
+    assert info.value.details == {"tag": "resnet:stable", "current": model, "requested": other}
+    assert events(db) == [("resnet", "stable", model, None)]
+    with db.session() as s:
+        assert tags_of(s, model) == ["resnet:stable"]
+
+
+def test_delete_tag_and_history(db, model):
+    with db.session() as s:
+        other = add_model(s, "m2", name="resnet").digest
+        set_tag(s, "resnet", "stable", model)
+        set_tag(s, "resnet", "stable", other, force=True)
+    with db.session() as s:
+        assert delete_tag(s, "resnet", "stable") == other
+    with db.session() as s:
+        view = tag_view(s, "resnet", "stable")
+        with pytest.raises(NotFoundError):
+            delete_tag(s, "resnet", "stable")
+        with pytest.raises(NotFoundError):
+            tag_view(s, "resnet", "never")
+    assert view["digest"] is None
+    assert [(e["action"], e["digest"], e["previous"]) for e in view["history"]] == [
+        ("created", model, None), ("moved", other, model), ("deleted", other, None)]
+    assert all(e["at"].endswith("Z") for e in view["history"])
+
+
+def test_tag_source_takes_an_artifact_a_digest_or_a_ref(db, model):
+    with db.session() as s:
+        art = add_artifact(s, model, target="SM8650").digest
+        set_tag(s, "resnet", "latest", model)
+    with db.session() as s:
+        assert tag_source(s, art[7:19]) == (model, art)
+        assert tag_source(s, art) == (model, art)
+        assert tag_source(s, model) == (model, None)
+        assert tag_source(s, model[7:15]) == (model, None)
+        assert tag_source(s, "resnet") == (model, None)
+        with pytest.raises(NotFoundError):
+            tag_source(s, "abcdef0123")
+
+
+def test_bare_names_list_every_tag_and_resolve_latest(db, model):
+    with db.session() as s:
+        v2 = add_model(s, "m2", name="resnet").digest
+        set_tag(s, "resnet", "stable", model)
+        set_tag(s, "resnet", "v2", v2)
+    with db.session() as s:
+        assert resolve_model_refs(s, "resnet") == sorted([model, v2])
+        assert resolve_model_refs(s, "resnet:v2") == [v2]
+        with pytest.raises(NotFoundError) as info:
+            resolve_model_ref(s, "resnet")  # a single answer: NAME means NAME:latest
+        assert "has no tag latest" in info.value.message
+        assert info.value.hint == "its tags: resnet:stable, resnet:v2"
+        with pytest.raises(NotFoundError):
+            resolve_model_refs(s, "bert")
 
 
 def test_resolve_model_ref(db, model):

@@ -1,0 +1,75 @@
+"""Tags: farm tag NAME:TAG SOURCE [--force] | farm tag --history NAME:TAG | farm untag NAME:TAG.
+
+A tag points at a model digest; devices resolve by tag, so moving one changes what they load:
+a move needs --force and says what moved. SOURCE is an artifact id (its model), a model digest
+or prefix, or another NAME:TAG / NAME."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from farm.core.settings import Settings
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", metavar="NAME:TAG", help="the tag (a bare NAME means NAME:latest)")
+    if name == "tag":
+        p.add_argument("source", nargs="?", metavar="ARTIFACT|DIGEST",
+                       help="an artifact id (tags its model), a model digest or prefix, or another NAME:TAG")
+        p.add_argument("--force", "-f", action="store_true", help="move the tag if it points at another model")
+        p.add_argument("--history", action="store_true", help="print every change of the tag, oldest first")
+    p.add_argument("--json", action="store_true")
+
+
+def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    from farm.core.errors import UsageError
+    from farm.core.names import split_ref
+    from registry.index import Registry, delete_tag, set_tag, tag_source, tag_view
+
+    tag_name, tag = split_ref(args.ref)
+    if name == "tag" and not args.history and not args.source:
+        raise UsageError("what should the tag point at? farm tag NAME:TAG ARTIFACT|DIGEST",
+                         hint="or farm tag --history NAME:TAG")
+    if name == "tag" and args.history and args.source:
+        raise UsageError("--history takes only NAME:TAG")
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            if name == "untag":
+                digest = delete_tag(s, tag_name, tag)
+                out: dict[str, Any] = {"ref": f"{tag_name}:{tag}", "name": tag_name, "tag": tag, "deleted": True,
+                                       "digest": digest}
+            elif args.history:
+                out = tag_view(s, tag_name, tag)
+            else:
+                digest, artifact = tag_source(s, args.source)
+                move = set_tag(s, tag_name, tag, digest, force=args.force)
+                out = {**tag_view(s, tag_name, tag), "previous": move.previous if move.moved else None,
+                       "moved": move.moved, "changed": move.changed, "artifact": artifact}
+    finally:
+        reg.close()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    if name == "untag":
+        print(f"untagged {out['ref']} (was {out['digest']})")
+    elif args.history:
+        _print_history(out)
+    elif out["moved"]:
+        print(f"moved {out['ref']}: {out['previous']} -> {out['digest']}")
+    elif out["changed"]:
+        print(f"tagged {out['ref']} -> {out['digest']}")
+    else:
+        print(f"{out['ref']} already points at {out['digest']} (unchanged)")
+    return 0
+
+
+def _print_history(view: dict[str, Any]) -> None:
+    from farm.cli import table
+
+    now = view["digest"] or "nothing (deleted)"
+    print(f"{view['ref']} -> {now}")
+    table([{"when": e["at"], "action": e["action"], "digest": e["digest"], "previous": e["previous"] or ""}
+           for e in view["history"]], ["when", "action", "digest", "previous"])

@@ -1,0 +1,116 @@
+"""A cached embedded build answered from the index alone: the CLI's fast path for ``farm build``.
+
+``answer`` returns the report ``plan.build`` would return when ``plan.build`` would write
+nothing and compile nothing, and None in every other case; the caller then runs ``plan.build``
+(one pipeline: this path never queues, claims, uploads or records anything). It imports no
+SQLAlchemy, no onnx and no onnxruntime, and reads the index over a bare connection
+(``registry.lite``) in one read-only transaction.
+
+What it checks, in order; the first "no" gives None:
+
+1. The request, with plan.build's own validation (``farm.pipeline.submission``, options
+   ``normalize``): a bad name, target or option raises the very same error here.
+2. Each backend's toolchain is installed here (``get_runner(...).toolchain()``, package metadata
+   only); its version goes into the build keys, as plan.build's executors do.
+3. The index opens: an existing SQLite file or a reachable server, schema at this ctxfarm's
+   head (one-row read of alembic_version). A fresh FARM_HOME, an older or newer schema go to the
+   full path, which creates, upgrades or raises ``schema-mismatch``.
+4. The model is one the index recorded: the sha256 of the .onnx bytes matches ``models.onnx_digest``
+   and every recorded external-data file is a regular file inside the model's directory (after
+   symlinks) whose sha256 matches its recorded digest (``farm.core.bundle.match_recorded``). The
+   .onnx is not parsed: the same bytes name the same external-data locations and ranges, which
+   were validated when the model was first recorded. A modified model or data file, same name or
+   not, has another digest and takes the full path (inspection, snapshot, compile).
+5. The recorded snapshot is marked stored (every file uploaded by digest). The store itself is
+   not asked: a cached answer needs no model blob, and any build that needs work takes the full
+   path, which stats (and re-uploads) the snapshot.
+6. ``--name``: NAME:TAG already points at this model (a new or moved tag is a write).
+7. Every build key exists and ``states.enqueue`` would reopen none of them: succeeded with an
+   artifact that is not marked broken, or failed with a deterministic code and no
+   ``--retry-failed``. Queued and running builds take the full path (it waits or runs them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import DETERMINISTIC_FAILURES, FarmError
+from farm.core.keys import build_key, options_digest, sha256_file
+from farm.core.options import normalize, parse_pairs
+from farm.core.settings import Settings
+from farm.pipeline.submission import BuildOutcome, BuildReport, Progress, check_name_tag, parse_targets
+
+
+def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
+    return None
+
+
+def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
+           *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
+           retry_failed: bool = False) -> BuildReport | None:
+    """The report of a fully cached ``plan.build(...)`` with these arguments, or None (see the
+    module docstring). Raises what plan.build's validation raises, nothing else of its own."""
+    from farm.core.bundle import match_recorded
+    from registry.lite import open_index
+    from registry.reads import builds_by_key, models_by_onnx, tag_digest
+    from workers.runner import get_runner
+
+    start = time.perf_counter()
+    name, tag = check_name_tag(name, tag)
+    targets = parse_targets(target_refs)
+    raw = parse_pairs(option_pairs)
+    options = {t: normalize(t.backend, raw, t) for t in targets}
+    toolchains: dict[str, str] = {}
+    for t in targets:
+        if t.backend not in toolchains:
+            try:
+                toolchains[t.backend] = get_runner(t.backend).toolchain().version
+            except FarmError:
+                return None  # the full path says which toolchain is missing (no-worker)
+    model_path = Path(model)
+    try:
+        if not model_path.is_file():
+            return None
+        onnx_digest, onnx_size = sha256_file(model_path)
+    except OSError:
+        return None
+    index = open_index(settings.database_url)
+    if index is None:
+        return None
+    with index:
+        recorded = models_by_onnx(index, onnx_digest)
+        bundle = match_recorded(model_path, onnx_digest, onnx_size, recorded)
+        if bundle is None:
+            return None
+        listing = dict(recorded)[bundle.digest]
+        if not listing or not all(f.get("stored") for f in listing):
+            return None
+        if name and tag and tag_digest(index, name, tag) != bundle.digest:
+            return None
+        keys = {t: build_key(bundle.digest, t.backend, t.name, toolchains[t.backend], options_digest(options[t]))
+                for t in targets}
+        rows = builds_by_key(index, list(keys.values()))
+    outcomes = []
+    for t in targets:
+        b = rows.get(keys[t])
+        if b is None:
+            return None
+        if b.state == "succeeded":
+            if b.artifact is None or b.artifact_status == "broken":
+                return None
+            outcomes.append(BuildOutcome(t.ref, b.toolchain, "cached", b.id, artifact=b.artifact,
+                                         compile_seconds=b.compile_seconds, size=b.size, nodes_ep=b.nodes_ep,
+                                         nodes_cpu=b.nodes_cpu))
+        elif b.state == "failed" and not retry_failed and b.error_code in DETERMINISTIC_FAILURES:
+            outcomes.append(BuildOutcome(t.ref, b.toolchain, "failed", b.id, error_code=b.error_code,
+                                         error_message=b.error_message, cached_failure=True))
+        else:
+            return None
+    took = time.perf_counter() - start
+    for o in outcomes:
+        o.wall_seconds = took
+        progress("finished", o.target, o.to_dict())
+    return BuildReport(bundle.digest, name or bundle.stem, tag, outcomes)

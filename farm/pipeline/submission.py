@@ -1,0 +1,83 @@
+"""What a submission asks for, validated, and what an embedded build reports back.
+
+Kept apart from ``farm.pipeline.plan`` (which imports SQLAlchemy and the ORM models) so that the
+CLI's fast paths (``farm.pipeline.cached``, ``farm resolve``) validate their input with the very
+same functions, and fail with the very same errors, without paying for those imports.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.core.catalog import Target, parse_target
+from farm.core.errors import UsageError
+from farm.core.names import DEFAULT_TAG, check_name, check_tag
+
+Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
+
+# 2.51.0, 10.14.1.48, and TensorRT toolchains with their platform: 10.14.1.48+linux-x86-64
+VERSION_RE = re.compile(r"\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?")
+
+
+@dataclass
+class BuildOutcome:
+    target: str
+    toolchain: str
+    state: str  # built | cached | failed
+    build_id: int
+    artifact: str | None = None  # manifest digest
+    compile_seconds: float | None = None
+    wall_seconds: float | None = None
+    size: int | None = None
+    nodes_ep: int | None = None
+    nodes_cpu: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    cached_failure: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BuildReport:
+    model_digest: str
+    name: str
+    tag: str | None
+    outcomes: list[BuildOutcome] = field(default_factory=list)
+    tag_moved: dict[str, str] | None = None  # {"tag", "from", "to"} when --force-tag moved NAME:TAG
+
+    @property
+    def ok(self) -> bool:
+        return all(o.state != "failed" for o in self.outcomes)
+
+
+# ---- validation shared by every front door ----------------------------------------------------------
+
+def check_name_tag(name: str | None, tag: str | None) -> tuple[str | None, str | None]:
+    if tag is not None and name is None:
+        raise UsageError("--tag needs --name", hint="e.g. --name vision/super-res --tag stable")
+    if name is None:
+        return None, None
+    return check_name(name), check_tag(DEFAULT_TAG if tag is None else tag)
+
+
+def check_versions(versions: Sequence[str]) -> list[str]:
+    for v in versions:
+        if not isinstance(v, str) or not VERSION_RE.fullmatch(v):
+            raise UsageError(f"{str(v)[:40]!r} is not a toolchain version like 2.51.0")
+    return list(dict.fromkeys(versions))
+
+
+def parse_targets(target_refs: Sequence[str]) -> list[Target]:
+    if not target_refs:
+        raise UsageError("no target given", hint="add --target qnn:SM8650 (see `farm targets`)")
+    targets: list[Target] = []
+    for ref in target_refs:
+        t = parse_target(ref)
+        if t not in targets:
+            targets.append(t)
+    return targets

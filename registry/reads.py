@@ -1,0 +1,173 @@
+"""The index's hot reads in plain SQL: resolve's candidates and the winner's files, a model by
+reference, a model by its .onnx bytes, builds by key.
+
+Each runs on any ``registry.lite.Rows``: the service's SQLAlchemy session (``SessionRows``) or
+the bare connection the CLI opens without importing SQLAlchemy (``registry.lite.open_index``).
+Rows come back as small frozen records, not ORM objects: no identity map, no lazy loads, one
+round trip per read. Column names here are the ones in ``registry.models`` (a unit test runs
+every read against a schema made by the migrations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from farm.core.errors import BadNameError
+from farm.core.keys import is_digest
+from farm.core.names import split_ref
+from registry.lite import Rows, as_datetime, as_json, in_params
+
+
+@dataclass(frozen=True)
+class FileRow:
+    """A file of an artifact (``artifact_files``)."""
+
+    name: str
+    role: str  # ctx-model | context | log | manifest
+    digest: str
+    size: int
+    media_type: str
+
+
+@dataclass(frozen=True)
+class BuildRef:
+    """What resolve's rules read of an artifact's build: its normalized options."""
+
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe's verdict for one artifact under one runtime version (``compat_verdicts``)."""
+
+    verdict: str  # loads | fails
+    detail: str | None
+    recorded_at: datetime | None
+
+
+@dataclass
+class Candidate:
+    """An active artifact as resolve ranks it; ``files`` are read for the winner only."""
+
+    id: int
+    digest: str
+    model_digest: str
+    backend: str
+    target: str
+    toolchain: str
+    options_digest: str
+    ctx_model: str
+    created_at: datetime | None
+    build: BuildRef
+    probe: Probe | None = None
+    status: str = "active"
+    files: list[FileRow] = field(default_factory=list)
+
+    @property
+    def short_id(self) -> str:
+        return self.digest.removeprefix("sha256:")[:12]
+
+
+def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target: str | None = None
+               ) -> list[Candidate]:
+    """Active artifacts of a model for a backend (one target's only, when given), each with its
+    build's options and the probe verdict recorded for exactly ``runtime``, in one statement
+    (indexes: artifacts (model_digest, backend, target, toolchain), compat_verdicts
+    (artifact_id); the UNIQUE verdict key makes the outer join one row per artifact)."""
+    sql = ("SELECT a.id, a.digest, a.target, a.toolchain, a.options_digest, a.ctx_model, a.created_at, b.options,"
+           " v.verdict, v.detail, v.recorded_at"
+           " FROM artifacts a JOIN builds b ON b.id = a.build_id"
+           " LEFT JOIN compat_verdicts v ON v.artifact_id = a.id AND v.runtime_backend = :backend"
+           " AND v.runtime_version = :runtime AND v.source = :probe"
+           " WHERE a.model_digest = :model AND a.backend = :backend AND a.status = :active")
+    params: dict[str, Any] = {"model": model_digest, "backend": backend, "runtime": runtime, "probe": "probe",
+                              "active": "active"}
+    if target is not None:
+        sql += " AND a.target = :target"
+        params["target"] = target
+    return [Candidate(id=r[0], digest=r[1], model_digest=model_digest, backend=backend, target=r[2],
+                      toolchain=r[3], options_digest=r[4], ctx_model=r[5], created_at=as_datetime(r[6]),
+                      build=BuildRef(as_json(r[7]) or {}),
+                      probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None)
+            for r in rows.rows(sql, params)]
+
+
+def artifact_files(rows: Rows, artifact_id: int) -> list[FileRow]:
+    return [FileRow(*r) for r in rows.rows(
+        "SELECT name, role, digest, size, media_type FROM artifact_files WHERE artifact_id = :id ORDER BY name",
+        {"id": artifact_id})]
+
+
+def signatures(rows: Rows, artifact_digest: str) -> list[tuple[str, str]]:
+    """(public key, signature) of an artifact, oldest first."""
+    return [(r[0], r[1]) for r in rows.rows(
+        "SELECT public_key, signature FROM signatures WHERE artifact_digest = :digest ORDER BY id",
+        {"digest": artifact_digest})]
+
+
+def model_ref_hit(rows: Rows, ref: str) -> str | None:
+    """The model digest ``ref`` names when it names one: a recorded full digest, a NAME:TAG (or
+    NAME = NAME:latest) that exists, a unique hex prefix of 6+ digits -- the same order as
+    ``registry.index.resolve_model_ref``. Anything else is None: that function explains misses
+    (bad names, unknown tags, the tags there are) and is the one to call then."""
+    if is_digest(ref):
+        return ref if rows.rows("SELECT 1 FROM models WHERE digest = :digest", {"digest": ref}) else None
+    if not ref.startswith("sha256:"):
+        try:
+            name, tag = split_ref(ref)
+        except BadNameError:
+            pass
+        else:
+            hit = rows.rows("SELECT model_digest FROM tags WHERE name = :name AND tag = :tag",
+                            {"name": name, "tag": tag})
+            if hit:
+                return str(hit[0][0])
+    prefix = ref.removeprefix("sha256:")
+    if 6 <= len(prefix) <= 64 and all(c in "0123456789abcdef" for c in prefix):
+        hits = rows.rows("SELECT digest FROM models WHERE digest LIKE :pattern LIMIT 2",
+                         {"pattern": f"sha256:{prefix}%"})
+        if len(hits) == 1:
+            return str(hits[0][0])
+    return None
+
+
+def models_by_onnx(rows: Rows, onnx_digest: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(bundle digest, snapshot listing) of every model whose .onnx has this digest."""
+    return [(r[0], as_json(r[1])) for r in rows.rows(
+        "SELECT digest, files FROM models WHERE onnx_digest = :onnx ORDER BY digest", {"onnx": onnx_digest})]
+
+
+def tag_digest(rows: Rows, name: str, tag: str) -> str | None:
+    hit = rows.rows("SELECT model_digest FROM tags WHERE name = :name AND tag = :tag", {"name": name, "tag": tag})
+    return str(hit[0][0]) if hit else None
+
+
+@dataclass(frozen=True)
+class BuildAnswer:
+    """A build row and its artifact (if any), as a cached answer needs them."""
+
+    id: int
+    toolchain: str
+    state: str
+    error_code: str | None
+    error_message: str | None
+    artifact: str | None  # manifest digest
+    artifact_status: str | None
+    compile_seconds: float | None
+    size: int | None
+    nodes_ep: int | None
+    nodes_cpu: int | None
+
+
+def builds_by_key(rows: Rows, keys: list[str]) -> dict[str, BuildAnswer]:
+    """Build key -> its row with its artifact's, for the keys that exist (UNIQUE build key)."""
+    if not keys:
+        return {}
+    placeholders, params = in_params("k", list(dict.fromkeys(keys)))
+    return {r[0]: BuildAnswer(*r[1:]) for r in rows.rows(
+        "SELECT b.build_key, b.id, b.toolchain, b.state, b.error_code, b.error_message, a.digest, a.status,"
+        " a.compile_seconds, a.size, a.nodes_ep, a.nodes_cpu"
+        f" FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id WHERE b.build_key IN ({placeholders})",
+        params)}

@@ -1,0 +1,112 @@
+"""The CLI's fast paths on the real stacks (SQLite + local dir; PostgreSQL + SeaweedFS) with real
+QNN compiles: a cached `farm build` and `farm resolve` answer from the index over a bare
+connection (psycopg2 on PostgreSQL, no SQLAlchemy, no onnx), a changed model is compiled again,
+and an index at another schema revision still says schema-mismatch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic import command
+
+from farm.core.settings import Settings
+from registry.db import Database, alembic_config
+from registry.lite import open_index
+from registry.resolve import Device, resolve
+from tests.common.onnx_models import conv_relu_add
+
+HEAVY = ("sqlalchemy", "alembic", "onnx", "onnxruntime", "onnxruntime_qnn", "numpy", "boto3", "botocore", "psycopg",
+         "importlib.metadata")
+
+
+def farm(env: dict[str, str], *args: str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "farm.cli", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL,
+                          check=False)
+
+
+def modules(stderr: str) -> set[str]:
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def heavy(found: set[str]) -> list[str]:
+    return sorted(m for m in found if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def test_cached_build_and_resolve_from_the_shell(cluster_settings: Settings, cluster_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    model = conv_relu_add(tmp_path / "net.onnx", seed=11, external=True)
+    args = ["build", str(model), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--name", "net", "--tag", "stable", "--json"]
+    first = farm(cluster_env, *args)
+    assert first.returncode == 0, first.stderr
+    built = json.loads(first.stdout)["builds"]
+    assert [b["state"] for b in built] == ["built", "built"]
+
+    again = farm(cluster_env, *args, importtime=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [(b["state"], b["artifact"]) for b in json.loads(again.stdout)["builds"]] == [
+        ("cached", b["artifact"]) for b in built]
+    found = modules(again.stderr)
+    assert "farm.pipeline.cached" in found and heavy(found) == []
+    postgres = cluster_settings.database_url.startswith("postgresql")
+    assert ("psycopg2" in found) == postgres and ("sqlite3" in found) == (not postgres)
+
+    res = farm(cluster_env, "resolve", "-m", "net:stable", "--soc", "SM8750", "--qnn", built[1]["toolchain"], "--json",
+               importtime=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["artifact"] == built[1]["artifact"]
+    assert heavy(modules(res.stderr)) == []
+
+    # The same file name, other weights (the external data file rewritten): compiled again.
+    conv_relu_add(tmp_path / "net.onnx", seed=12, external=True)
+    changed = farm(cluster_env, *args[:-3], "--json")
+    assert changed.returncode == 0, changed.stderr
+    rebuilt = json.loads(changed.stdout)["builds"]
+    assert [b["state"] for b in rebuilt] == ["built", "built"]
+    assert {b["artifact"] for b in rebuilt}.isdisjoint(b["artifact"] for b in built)
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+def test_both_postgres_drivers_read_the_same(pg_url: str, tmp_path: Path, driver: str) -> None:
+    from farm.core.catalog import parse_target
+    from farm.pipeline.plan import build
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": pg_url})
+    report = build(settings, conv_relu_add(tmp_path / "m.onnx", seed=13), ["qnn:SM8650"], name="m")
+    device = Device("qnn", parse_target("qnn:SM8650"), report.outcomes[0].toolchain)
+    index = open_index(pg_url, driver=driver)
+    assert index is not None
+    try:
+        art, verdict = resolve(index, report.model_digest, device)
+    finally:
+        index.close()
+    db = Database(pg_url)
+    try:
+        with db.session() as s:
+            expected, expected_verdict = resolve(s, report.model_digest, device)
+    finally:
+        db.dispose()
+    assert art == expected and verdict == expected_verdict and art.digest == report.outcomes[0].artifact
+
+
+def test_an_older_postgres_schema_is_schema_mismatch(pg_url: str, tmp_path: Path) -> None:
+    import os
+
+    db = Database(pg_url, check=False)
+    try:
+        command.downgrade(alembic_config(db.engine), "0004")
+    finally:
+        db.dispose()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), FARM_DATABASE_URL=pg_url)
+    assert open_index(pg_url) is None
+    for args in (["resolve", "-m", "m:stable", "--soc", "SM8650", "--qnn", "2.51.0"],
+                 ["build", str(conv_relu_add(tmp_path / "m.onnx")), "-t", "qnn:SM8650"]):
+        proc = farm(env, *args)
+        assert proc.returncode != 0 and "error[schema-mismatch]" in proc.stderr and "farm db upgrade" in proc.stderr, (
+            args, proc.stderr)

@@ -1,0 +1,176 @@
+"""The CLI's fast path for a cached ``farm build`` (farm.pipeline.cached.answer): it answers
+exactly what plan.build answers when plan.build would write and compile nothing, and steps aside
+(None) in every other case. plan.build runs the real pipeline here with an instant runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text, update
+
+from farm.core.errors import BadOptionsError, FarmError, UnknownTargetError, UsageError
+from farm.core.settings import Settings
+from farm.pipeline import plan
+from farm.pipeline.cached import answer
+from registry.index import Registry
+from registry.models import Artifact, Build, Model
+from tests.common.fake_runner import InstantRunner
+from tests.common.onnx_models import matmul_add, save, save_external
+
+TARGETS = ["qnn:SM8650", "qnn:SM8750"]
+
+
+@pytest.fixture(autouse=True)
+def instant_runner(monkeypatch: pytest.MonkeyPatch) -> InstantRunner:
+    runner = InstantRunner()
+    monkeypatch.setattr("workers.runner.get_runner", lambda backend: runner)
+    return runner
+
+
+def build(settings: Settings, model: Path, **kw: object) -> plan.BuildReport:
+    return plan.build(settings, model, TARGETS, **kw)  # type: ignore[arg-type]
+
+
+def same_answer(fast: plan.BuildReport | None, full: plan.BuildReport) -> None:
+    assert fast is not None
+    assert (fast.model_digest, fast.name, fast.tag) == (full.model_digest, full.name, full.tag)
+    strip = [{k: v for k, v in o.to_dict().items() if k != "wall_seconds"} for o in fast.outcomes]
+    assert strip == [{k: v for k, v in o.to_dict().items() if k != "wall_seconds"} for o in full.outcomes]
+
+
+def sql(settings: Settings, statement, **params: object) -> None:  # type: ignore[no-untyped-def]
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            s.execute(statement if not isinstance(statement, str) else text(statement), params)
+    finally:
+        reg.close()
+
+
+def test_answers_what_plan_build_answers(settings: Settings, tmp_path: Path, instant_runner: InstantRunner) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    assert answer(settings, model, TARGETS) is None  # fresh FARM_HOME: nothing to answer from
+    first = build(settings, model, name="vision/m", tag="stable")
+    assert [o.state for o in first.outcomes] == ["built", "built"] and instant_runner.compiles == 2
+    seen: list[tuple[str, str, str]] = []
+    fast = answer(settings, model, TARGETS, name="vision/m", tag="stable",
+                  progress=lambda e, t, info: seen.append((e, t, info["state"])))
+    assert [o.state for o in fast.outcomes] == ["cached", "cached"]  # type: ignore[union-attr]
+    assert seen == [("finished", t, "cached") for t in TARGETS]
+    same_answer(fast, build(settings, model, name="vision/m", tag="stable"))
+    same_answer(answer(settings, model, TARGETS), build(settings, model))  # no --name: the file's stem
+    assert instant_runner.compiles == 2
+
+
+@pytest.mark.parametrize(("refs", "tag", "options", "error"), [
+    (TARGETS, "x", [], UsageError),  # --tag without --name
+    (["qnn:SM0000"], None, [], UnknownTargetError),
+    (TARGETS, None, ["precision=fp64"], BadOptionsError),
+])
+def test_validation_errors_are_plan_builds(settings: Settings, tmp_path: Path, refs: list[str], tag: str | None,
+                                           options: list[str], error: type[FarmError]) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    with pytest.raises(error) as fast:
+        answer(settings, model, refs, options, tag=tag)
+    with pytest.raises(error) as full:
+        plan.build(settings, model, refs, options, tag=tag)
+    assert (fast.value.code, fast.value.message) == (full.value.code, full.value.message)
+
+
+def test_modified_model_with_the_same_name_is_not_cached(settings: Settings, tmp_path: Path,
+                                                          instant_runner: InstantRunner) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    build(settings, model)
+    save(matmul_add(seed=2), model)  # same path, other weights
+    assert answer(settings, model, TARGETS) is None
+    assert [o.state for o in build(settings, model).outcomes] == ["built", "built"]
+    assert instant_runner.compiles == 4
+
+
+def test_external_data_is_hashed_again(settings: Settings, tmp_path: Path) -> None:
+    model = save_external(matmul_add(seed=1, size=64), tmp_path / "m.onnx", location="w.data")
+    build(settings, model)
+    same_answer(answer(settings, model, TARGETS), build(settings, model))
+    data = tmp_path / "w.data"
+    original = data.read_bytes()
+    data.write_bytes(original[:-4] + b"\x00\x00\x80\x3f")  # same size, one weight changed
+    assert answer(settings, model, TARGETS) is None
+    data.unlink()
+    assert answer(settings, model, TARGETS) is None
+    # A data file that leads out of the model's directory is refused, even with the right bytes.
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.data"
+    outside.write_bytes(original)
+    os.symlink(outside, data)
+    assert answer(settings, model, TARGETS) is None
+    data.unlink()
+    data.write_bytes(original)
+    assert answer(settings, model, TARGETS) is not None
+
+
+def test_a_copy_elsewhere_is_the_same_model(settings: Settings, tmp_path: Path) -> None:
+    model = save_external(matmul_add(seed=1, size=64), tmp_path / "a" / "m.onnx", location="w.data")
+    first = build(settings, model)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    again = answer(settings, tmp_path / "b" / "m.onnx", TARGETS)
+    assert again is not None and again.model_digest == first.model_digest
+
+
+def test_steps_aside_whenever_plan_build_would_write(settings: Settings, tmp_path: Path) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    first = build(settings, model, name="m", tag="stable")
+    assert answer(settings, model, TARGETS, name="m", tag="stable") is not None
+    assert answer(settings, model, TARGETS, name="m", tag="beta") is None  # a new tag
+    assert answer(settings, model, TARGETS + ["qnn:SM8550"]) is None  # a new target
+    assert answer(settings, model, TARGETS, ["graph_optimization=3"]) is None  # other options: another key
+    sm8650 = first.outcomes[0].build_id
+    sql(settings, update(Artifact).where(Artifact.build_id == sm8650).values(status="broken"))
+    assert answer(settings, model, TARGETS) is None  # enqueue reopens a broken artifact's build
+    sql(settings, update(Artifact).where(Artifact.build_id == sm8650).values(status="active"))
+    sql(settings, update(Build).where(Build.id == sm8650).values(state="queued"))
+    assert answer(settings, model, TARGETS) is None  # in flight: plan.build runs or waits for it
+    sql(settings, update(Build).where(Build.id == sm8650).values(state="succeeded"))
+    assert answer(settings, model, TARGETS) is not None
+    digest = first.model_digest
+    sql(settings, update(Model).where(Model.digest == digest).values(
+        files=[{k: v for k, v in f.items() if k != "stored"} for f in _files(settings, digest)]))
+    assert answer(settings, model, TARGETS) is None  # snapshot not marked stored: plan.build uploads it
+
+
+def _files(settings: Settings, digest: str) -> list[dict[str, object]]:
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            m = s.get(Model, digest)
+            assert m is not None
+            return list(m.files)
+    finally:
+        reg.close()
+
+
+@pytest.mark.parametrize(("code", "retry", "cached"), [("invalid-model", False, True), ("invalid-model", True, False),
+                                                        ("worker-lost", False, False)])
+def test_failures_answered_like_enqueue(settings: Settings, tmp_path: Path, code: str, retry: bool,
+                                        cached: bool) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    first = build(settings, model)
+    sql(settings, update(Build).where(Build.id == first.outcomes[1].build_id).values(
+        state="failed", error_code=code, error_message="it failed"))
+    fast = answer(settings, model, TARGETS, retry_failed=retry)
+    if not cached:
+        assert fast is None
+        return
+    assert fast is not None and not fast.ok
+    assert (fast.outcomes[1].state, fast.outcomes[1].error_code, fast.outcomes[1].cached_failure) == (
+        "failed", code, True)
+    same_answer(fast, build(settings, model))
+
+
+@pytest.mark.parametrize("revision", ["0004", "9999"])
+def test_another_schema_takes_the_full_path(settings: Settings, tmp_path: Path, revision: str) -> None:
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    build(settings, model)
+    sql(settings, "UPDATE alembic_version SET version_num = :rev", rev=revision)
+    assert answer(settings, model, TARGETS) is None
