@@ -6,7 +6,8 @@ Builds a light model for two SoCs in a temp FARM_HOME (SQLite + local blob dir),
 - in process: the EP compile, the first build, a cached ``plan.build`` (the library's full
   path) and the CLI's fast path ``farm.pipeline.cached.answer``, p50 of ``--repeat``;
 - from the shell: each command is a subprocess of the real ``farm`` console script (the one
-  beside this interpreter), end to end, timed from the parent: wall and CPU (user+sys) per run,
+  beside this interpreter; PYTHONPATH points it at this checkout, which is what the editable
+  install points at anyway), end to end, timed from the parent: wall and CPU (user+sys) per run,
   median of ``--runs``, the commands interleaved run by run so a noisy neighbour hits them all
   alike. Interpreter start (``python -c pass``, the same interpreter) is measured in the same
   run: the "less start" column subtracts its median. ``python -m farm.cli`` is timed beside the
@@ -37,7 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, as the children get it
 
 from farm.core.settings import Settings  # noqa: E402
 from farm.pipeline.cached import answer  # noqa: E402
@@ -73,11 +74,14 @@ class Command:
         self.cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def child_env(extra: dict[str, str], tree: Path | None = None) -> dict[str, str]:
+    """The environment of a timed command: the ctxfarm of ``tree`` (default: this checkout, what
+    the editable install points at anyway) on PYTHONPATH, bytecode caching on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") and k != "PYTHONDONTWRITEBYTECODE"}
-    env.pop("PYTHONPATH", None)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+    env["PYTHONPATH"] = str(tree or ROOT)
     return {**env, **extra}
 
 
@@ -236,7 +240,7 @@ def report(args: argparse.Namespace, model: Path, inproc: list[tuple[str, float]
         rows.append({"command": c.label, "argv": c.argv[1:], "runs": len(walls), "median_ms": med * 1e3,
                      "p90_ms": p90 * 1e3, "min_ms": walls[0] * 1e3, "cpu_median_ms": cpu * 1e3,
                      "less_start_ms": less * 1e3})
-    out = Path(__file__).resolve().parent / "out"
+    out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "cache.json").write_text(json.dumps({"model": args.model, "targets": TARGETS,
                                                 "in_process": [{"measure": n, "seconds": s} for n, s in inproc],

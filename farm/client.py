@@ -30,6 +30,7 @@ from farm.core.errors import (
     DigestMismatchError,
     FarmError,
     ManifestError,
+    MissingExtraError,
     NoWorkerError,
     ServerError,
     SignatureError,
@@ -149,7 +150,8 @@ def _open(url: str, headers: dict[str, str]) -> Any:
 def _error_of(exc: urllib.error.HTTPError) -> FarmError:
     try:
         err = json.loads(exc.read()).get("error", {})
-        return error_for_code(err.get("code", "server-error"), err.get("message", str(exc)), hint=err.get("hint"))
+        return error_for_code(err.get("code", "server-error"), err.get("message", str(exc)), hint=err.get("hint"),
+                              fallback=ServerError)
     except (ValueError, AttributeError):
         return ServerError(f"HTTP {exc.code} from the service: {exc.reason}")
 
@@ -226,8 +228,8 @@ def _check_signatures(artifact: str, sigs: list[dict[str, str]], trusted: list[s
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ModuleNotFoundError:
-        raise FarmError("checking signatures needs the cryptography package",
-                        hint="pip install 'ctxfarm[client,sign]'") from None
+        raise MissingExtraError("checking signatures needs the cryptography package",
+                                hint="pip install 'ctxfarm[client,sign]'") from None
     for s in sigs:
         if s.get("public_key") not in trusted:
             continue
@@ -251,7 +253,7 @@ def detect_qnn() -> str:
 
 
 def wait_release(client: Client, release_id: int, *, timeout: float | None = None, poll: float = 1.0,
-                 long_poll: float = 25.0) -> Any:
+                 long_poll: float = 25.0, on_change: Any = None) -> Any:
     """Until the release is done. Each request is a long poll (``?wait=``): the service answers
     when a build changes, so nothing sleeps between answers; ``poll`` paces only a service that
     answers at once without change (one that predates the long poll)."""
@@ -261,6 +263,8 @@ def wait_release(client: Client, release_id: int, *, timeout: float | None = Non
         wait = long_poll if deadline is None else max(min(long_poll, deadline - time.monotonic()), 0.0)
         asked = time.monotonic()
         st = client.json("GET", f"/v1/releases/{release_id}", wait=f"{wait:.1f}")
+        if on_change is not None:  # every answer: the caller shows what changed (farm submit --wait)
+            on_change(st)
         if st["done"]:
             return st
         if deadline is not None and time.monotonic() > deadline:

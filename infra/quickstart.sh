@@ -22,7 +22,7 @@ $FARM ls --model resnet50:stable --target qnn:SM8650 --json > "$OUT/ls.json"
 
 echo "== farm resolve / fetch, as a Snapdragon 8 Gen 3 device with the QNN 2.51.0 runtime"
 $FARM resolve --model resnet50:stable --soc snapdragon-8-gen-3 --qnn 2.51.0
-$FARM fetch --model resnet50:stable --soc SM8650 --qnn 2.51.0 --out "$OUT/device" --load-check --json > "$OUT/fetch.json"
+$FARM fetch --model resnet50:stable --soc SM8650 --qnn 2.51.0 --dest "$OUT/device" --load-check --json > "$OUT/fetch.json"
 ls -l "$OUT/device"
 
 .venv/bin/python - "$OUT/ls.json" "$OUT/fetch.json" <<'PY'
@@ -32,3 +32,4 @@ compile_s, load_s = listed[0]["compile_seconds"], fetch["load"]["load_seconds"]
 print(f"== light_resnet50 on qnn:SM8650: compile {compile_s:.2f} s vs load of the fetched context "
       f"{load_s * 1000:.1f} ms ({compile_s / load_s:.0f}x faster)")
 PY
+echo "== farm is $PWD/.venv/bin/farm: 'source .venv/bin/activate' (or export PATH=\"$PWD/.venv/bin:\$PATH\") puts it on PATH"

@@ -14,7 +14,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from farm.core.errors import BadNameError, NotFoundError, TagConflictError
+from farm.core.errors import BadNameError, NotFoundError, TagConflictError, UsageError
 from farm.core.keys import is_digest
 from farm.core.names import split_ref
 from farm.core.settings import Settings
@@ -110,7 +110,8 @@ def set_tag(session: Session, name: str, tag: str, digest: str, *, force: bool =
     if row is not None and not force:
         raise TagConflictError(
             f"{name}:{tag} points at model {row.model_digest}; not moving it to {digest}",
-            hint=f"move it on purpose: farm tag --force {name}:{tag} {digest[:19]} (farm build/submit: --force-tag)",
+            hint=f"to move it on purpose: add --force-tag (farm build, farm submit), or farm tag --force "
+                 f"{name}:{tag} {digest[:19]}",
             details={"tag": f"{name}:{tag}", "current": row.model_digest, "requested": digest})
     previous = row.model_digest if row else None
     if row is None:
@@ -188,6 +189,10 @@ def resolve_model_ref(session: Session, ref: str) -> str:
         if session.get(Model, ref) is None:
             raise NotFoundError(f"no model {ref} in the registry")
         return ref
+    if ref.startswith("sha256:") and not _hex_prefix(ref):
+        # A malformed digest is a bad argument (exit 2), not a model that is missing.
+        raise UsageError(f"{ref[:80]!r} is not a model digest",
+                         hint="sha256: then 6 to 64 lowercase hex digits (or NAME:TAG)")
     name = None
     if not ref.startswith("sha256:"):
         try:
@@ -300,7 +305,7 @@ def find_artifact(session: Session, ref: str) -> Artifact:
     """An artifact by manifest digest, or by a unique prefix of its hex (>= 6 chars)."""
     hexpart = ref.removeprefix("sha256:").lower()
     if len(hexpart) < 6 or any(c not in "0123456789abcdef" for c in hexpart):
-        raise NotFoundError(f"{ref!r} is not an artifact id", hint="use the id `farm ls` prints (6+ hex digits)")
+        raise UsageError(f"{ref[:80]!r} is not an artifact id", hint="use the id `farm ls` prints (6+ hex digits)")
     hits = list(session.scalars(
         select(Artifact).options(selectinload(Artifact.files), selectinload(Artifact.build))
         .where(Artifact.digest.like(f"sha256:{hexpart}%")).limit(2)))

@@ -157,7 +157,7 @@ def _connect(url: str, driver: str | None) -> LiteIndex | None:
             return None  # first use: the full path creates it under its lock
         # mode=rw: never create a file here; the busy timeout matches registry.db's.
         conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True, timeout=30.0,
-                               isolation_level=None, check_same_thread=False)
+                               isolation_level=None)
         try:
             conn.execute("BEGIN")  # deferred: the first read takes the snapshot (WAL)
         except BaseException:

@@ -53,7 +53,7 @@ class Device:
 def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
     """QNN: same SoC, and the runtime SDK is at least the SDK that built the context (measured)."""
     if artifact.target != device.target.name:
-        built = load_catalog().get(artifact.target, backend="qnn")
+        built = _qnn_target(artifact.target)
         if (built.htp_arch_number or 0) > (device.target.htp_arch_number or 0):
             why = f"built for {built.name} ({built.htp_arch}), a newer HTP arch than {device.target.htp_arch}"
         else:
@@ -62,6 +62,11 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
     return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
+
+
+@lru_cache(maxsize=256)
+def _qnn_target(name: str) -> Target:
+    return load_catalog().get(name, backend="qnn")
 
 
 def trt_rule(artifact: Artifact, device: Device) -> Verdict:

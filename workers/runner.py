@@ -1,8 +1,10 @@
 """The Runner protocol and the child-process harness every backend uses.
 
-A compile runs in a child process (``python -m workers.<backend>.child``) in a fresh temp dir:
-ORT refuses to overwrite an existing context file, a crashing SDK library must not take the
-caller down, and a hung compile must be killable. This module imports no onnxruntime.
+A compile runs in a child process (``python -m workers.<backend>.child``, ``run_child``) or in a
+job forked from a warm compile host (``workers.host``), in a fresh temp dir: ORT refuses to
+overwrite an existing context file, a crashing SDK library must not take the caller down, and a
+hung compile must be killable. Both read a finished child the same way (``child_outcome``).
+This module imports no onnxruntime.
 """
 
 from __future__ import annotations
@@ -172,7 +174,10 @@ def read_log(path: Path) -> str:
     data = path.read_bytes()
     if len(data) > LOG_LIMIT:
         data = b"[... log truncated ...]\n" + data[-LOG_LIMIT:]
-    return data.decode("utf-8", "replace")
+    from farm.core.text import strip_ansi
+
+    # onnxruntime colours its log lines even into a file: none reach a build log or JSON.
+    return strip_ansi(data.decode("utf-8", "replace"))
 
 
 def run_child(module: str, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float,

@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from farm.core.errors import FarmError, translate
+from farm.core.errors import FarmError, InternalError, codes, translate
 
 # name -> (module in farm.cli, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,30 +37,100 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("service_cmd", "run the HTTP service (FastAPI) for devices, pipelines and ops"),
     "token": ("service_cmd", "HTTP service tokens: create (shown once), list, revoke"),
     "install": ("service_cmd", "device: install an artifact from the HTTP service (URL + read token only)"),
+    "help": ("help_cmd", "the error codes (farm help errors) or a command's arguments (farm help COMMAND)"),
+}
+
+# Short flags mean one thing on every command (a test walks every parser): -t --target, -m --model,
+# -o --option KEY=VALUE (a build option, as ssh -o and mount -o), -d --dest DIR (where files go,
+# as pip download -d), -f --force, -h --help. --out is --dest's other name.
+# A short flag that used to mean something else on a command: (command, flag) -> what to use now.
+RETIRED_FLAGS: dict[tuple[str, str], str] = {
+    ("fetch", "-o"): "-d/--dest DIR (-o is --option KEY=VALUE on every command)",
 }
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors in the one vocabulary: ``error[usage]`` and exit 2."""
+    """argparse, with usage errors in the one vocabulary: ``error[usage]`` and exit 2, and a
+    "did you mean" for a typo'd command, flag or choice (difflib; argparse 3.11 has none)."""
+
+    argv: list[str] = []  # what main() parses: the flags a subcommand did not know are looked up in it
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command: str | None = None  # the subcommand this parser is for
+        self.subparsers: dict[str, Parser] = {}
 
     def error(self, message: str) -> NoReturn:
+        hint = "`farm COMMAND --help` lists the arguments"
+        choice = _INVALID_CHOICE.search(message)
+        if choice and self.command is None and message.startswith("argument COMMAND"):
+            word = _unquote(choice.group(1))
+            message = f"unknown command {word[:40]!r}" + suggest(word, list(COMMANDS))
+            hint = "`farm --help` lists the commands"
+        elif choice:
+            word = _unquote(choice.group(1))
+            choices = [_unquote(c) for c in choice.group(2).split(", ")]
+            if len(choices) > 12:  # a range (--limit 1..100000): its ends, not every number
+                message = message.replace(choice.group(0), f"invalid choice: {choice.group(1)} "
+                                                           f"(choose from {choices[0]} to {choices[-1]})")
+            else:
+                message += suggest(word, choices)
+        else:
+            message += self._flag_suggestions()
         self.print_usage(sys.stderr)
         print(f"error[usage]: {self.prog}: {message}", file=sys.stderr)
-        print("  hint: `farm COMMAND --help` lists the arguments", file=sys.stderr)
+        print(f"  hint: {hint}", file=sys.stderr)
+        if "--json" in self.argv:
+            print(json.dumps({"error": {"code": "usage", "message": f"{self.prog}: {message}", "hint": hint}}))
         sys.exit(2)
 
+    def _flag_suggestions(self) -> str:
+        """For each flag in argv this parser does not know: the one it most likely meant."""
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        out = []
+        for token in self.argv:
+            if token == "--":
+                break
+            flag = token.split("=", 1)[0]
+            if not flag.startswith("-") or flag[1:2].isdigit() or flag in self._option_string_actions:
+                continue
+            if (retired := RETIRED_FLAGS.get((self.command or "", flag))) is not None:
+                out.append(f"{flag} on {self.command} is now {retired}")
+            elif flag.startswith("--") and (hit := suggest(flag, known)):
+                out.append(hit.removeprefix("; "))
+        return "".join(f"; {s}" for s in dict.fromkeys(out))
 
-def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+
+_INVALID_CHOICE = re.compile(r"invalid choice: (.+?) \(choose from (.*)\)$")
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def suggest(word: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean build?"`` for the closest candidate, or ``""``."""
+    import difflib
+
+    hits = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {hits[0]}?" if hits else ""
+
+
+def build_parser(selected: str | None = None) -> Parser:
     """The parser; only ``selected``'s module is imported to declare its arguments."""
     parser = Parser(
         prog="farm",
         description="ctxfarm: build farm and registry for ONNX Runtime EP context binaries",
+        epilog="`farm help errors` lists the error codes; `farm COMMAND --help` a command's arguments.",
     )
     parser.add_argument("--version", action="version", version=f"ctxfarm {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
+        p.command = name
+        parser.subparsers[name] = p
         # Each command module declares its own arguments, imported only when that command runs.
         if name == selected:
             importlib.import_module(f"farm.cli.{module}").add_arguments(name, p)
@@ -82,8 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The one boundary: every exception that can reach it becomes a documented code, a message
     and a hint; a traceback only with FARM_DEBUG=1."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    Parser.argv = args_list
     parser = build_parser(args_list[0] if args_list else None)
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:  # the subcommand's own usage and a suggestion, not the top-level usage
+        parser.subparsers.get(getattr(args, "command", None) or "", parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
@@ -101,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             raise
         err = translate(exc)
+        if err.code not in codes():  # the README's table is the whole vocabulary
+            err = InternalError(f"undocumented error code {err.code!r}: {err.message}")
         if _debug() and not isinstance(exc, FarmError):
             import traceback
 

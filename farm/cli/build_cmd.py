@@ -9,7 +9,9 @@ import time
 from typing import Any
 
 from farm.cli import human_size, table
+from farm.cli.progress import BuildProgress
 from farm.core.settings import Settings
+from farm.core.text import strip_ansi
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -20,40 +22,12 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="tag for --name (default: latest)")
     p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="build option (repeatable), e.g. precision=fp16, require_full_offload=true")
+                   help="build option (repeatable), e.g. graph_optimization=3, require_full_offload=true")
     p.add_argument("--require-full-offload", action="store_true",
                    help="fail with unsupported-ops if any node would stay on the CPU")
     p.add_argument("--retry-failed", action="store_true",
                    help="compile again builds that failed (by default failures are answered from the index)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-class ProgressLine:
-    """One status line per target on stderr; rewritten in place on a terminal."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.started: dict[str, float] = {}
-
-    def __call__(self, event: str, target: str, info: dict[str, Any]) -> None:
-        if event == "compiling":
-            self.started[target] = time.perf_counter()
-            self._say(f"  compiling {target} with {info['toolchain']} (attempt {info['attempt']}) ...", end=not self.tty)
-        elif event == "retrying":
-            self._say(f"  retrying {target} in {info['in_seconds']:.0f} s (infrastructure failure) ...", end=True)
-        elif event == "waiting":
-            self._say(f"  waiting for build {info['build_id']} ({target}) held by another process ...", end=not self.tty)
-        elif event == "finished":
-            took = (time.perf_counter() - self.started[target] if target in self.started
-                    else info.get("wall_seconds") or 0.0)
-            self._say(f"  {info['state']:9s} {target} in {took:.1f} s", end=True)
-
-    def _say(self, text: str, *, end: bool) -> None:
-        if self.tty:
-            sys.stderr.write("\r\033[K" + text + ("\n" if end else ""))
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
@@ -63,22 +37,22 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if args.require_full_offload:
         options.append("require_full_offload=true")
     start = time.perf_counter()
-    progress = ProgressLine()
-    # Answered whole by the index (nothing to write or compile): no SQLAlchemy, no onnx imported.
-    report = answer(settings, args.model, args.target, options, name=args.name, tag=args.tag, progress=progress,
-                    retry_failed=args.retry_failed)
-    if report is None:
-        from farm.pipeline.plan import build
+    # A live table on a terminal; plain lines on state changes otherwise (and with --json).
+    with BuildProgress(live=False if args.json else None) as progress:
+        # Answered whole by the index (nothing to write or compile): no SQLAlchemy, no onnx imported.
+        report = answer(settings, args.model, args.target, options, name=args.name, tag=args.tag,
+                        progress=progress, retry_failed=args.retry_failed)
+        if report is None:
+            from farm.pipeline.plan import build
 
-        report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
-                       progress=progress, retry_failed=args.retry_failed, force_tag=args.force_tag)
+            report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
+                           progress=progress, retry_failed=args.retry_failed, force_tag=args.force_tag)
     if report.tag_moved:
         print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
               file=sys.stderr)
     elapsed = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"model": report.model_digest, "name": report.name, "tag": report.tag,
-                          "seconds": elapsed, "builds": [o.to_dict() for o in report.outcomes]}, indent=2))
+        print(json.dumps(build_json(report, elapsed), indent=2))
     else:
         label = f"{report.name}:{report.tag}" if report.tag else report.name
         print(f"model {label} {report.model_digest}")
@@ -96,6 +70,24 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         for o in report.outcomes:
             if o.state == "failed":
                 cached = " (answered from the index; same inputs fail the same way)" if o.cached_failure else ""
-                print(f"error[{o.error_code}] {o.target}: {o.error_message}{cached}", file=sys.stderr)
+                print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}{cached}",
+                      file=sys.stderr)
         print(f"{len(report.outcomes)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if report.ok else 1
+
+
+def build_json(report: Any, elapsed: float) -> dict[str, Any]:
+    """`farm build --json` (schema: farm/cli/schemas/build.json)."""
+    return {
+        "model": report.model_digest, "name": report.name, "tag": report.tag, "ok": report.ok,
+        "seconds": round(elapsed, 6), "tag_moved": report.tag_moved,
+        "builds": [{"target": o.target, "toolchain": o.toolchain, "state": o.state, "build_id": o.build_id,
+                    "artifact": o.artifact,
+                    "compile_seconds": None if o.compile_seconds is None else float(o.compile_seconds),
+                    "wall_seconds": None if o.wall_seconds is None else float(o.wall_seconds),
+                    "size_bytes": None if o.size is None else int(o.size), "nodes_ep": o.nodes_ep,
+                    "nodes_cpu": o.nodes_cpu, "error_code": o.error_code,
+                    "error_message": None if o.error_message is None else strip_ansi(o.error_message),
+                    "cached_failure": o.cached_failure}
+                   for o in report.outcomes],
+    }

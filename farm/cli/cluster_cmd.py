@@ -8,8 +8,10 @@ import sys
 from typing import Any
 
 from farm.cli import table
+from farm.cli.progress import ReleaseProgress
 from farm.cli.service_cmd import add_server_arguments
 from farm.core.settings import Settings
+from farm.core.text import strip_ansi
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
@@ -19,7 +21,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--sdk", action="append", default=[], metavar="VERSION",
                        help="toolchain version(s) to build with (repeatable); default: every one a live worker serves")
         p.add_argument("--matrix", help="TOML file with targets = [...], sdks = [...], options = {k = v}")
-        p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                       help="build option (repeatable), e.g. graph_optimization=3")
         p.add_argument("--name")
         p.add_argument("--tag")
         p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
@@ -39,7 +42,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "worker":
         p.add_argument("--backend", choices=["qnn", "trt"], default="qnn")
         p.add_argument("--concurrency", type=int, default=1)
-        p.add_argument("--loglevel", default="INFO")
+        p.add_argument("--log-level", "--loglevel", dest="loglevel", default="INFO",
+                       help="Celery's log level (INFO, DEBUG, WARNING, ...)")
     elif name == "workers":
         p.add_argument("--all", action="store_true", help="include stopped and dead workers")
         p.add_argument("--json", action="store_true")
@@ -62,7 +66,6 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 def _remote(name: str, args: argparse.Namespace) -> int:
     """submit/status through the HTTP service: no database, broker or store credentials."""
     from pathlib import Path
-    from types import SimpleNamespace
 
     from farm.client import Client, wait_release
     from farm.core.options import parse_pairs
@@ -71,39 +74,86 @@ def _remote(name: str, args: argparse.Namespace) -> int:
     if name == "status":
         if args.build is not None:
             info = client.json("GET", f"/v1/builds/{args.build}")
-            print(json.dumps(info, indent=2) if args.json else "\n".join(f"{k:14s} {v}" for k, v in info.items()
-                                                                          if k != "log" or args.log))
+            log = info.pop("log", None)
+            _show_build(info, log if args.log else None, args.json)
             return 0
         if args.release is None:
             from farm.core.errors import UsageError
 
             raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
         st = client.json("GET", f"/v1/releases/{args.release}")
-    else:
-        model = client.upload(Path(args.model), name=args.name, tag=args.tag, force_tag=args.force_tag)
-        if moved := model.get("tag_moved"):
-            print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
-        st = client.json("POST", "/v1/releases", {
-            "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
-            "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed})
-        if args.wait:
-            st = wait_release(client, st["release"], timeout=args.timeout)
-    if args.json:
-        print(json.dumps(st, indent=2))
-    else:
-        print(f"release {st['release']} ({st['model']})", file=sys.stderr)
-        _print_status(SimpleNamespace(builds=st["builds"]))
-    return 0 if st["ok"] or not st["done"] else 1
+        doc = release_json(st["release"], st["model"], st["builds"])
+        _show_release(doc, args.json)
+        return 0 if doc["ok"] or not doc["done"] else 1
+    model = client.upload(Path(args.model), name=args.name, tag=args.tag, force_tag=args.force_tag)
+    if moved := model.get("tag_moved"):
+        print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
+    st = client.json("POST", "/v1/releases", {
+        "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
+        "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed})
+    if not args.json:
+        print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
+    if args.wait:
+        with ReleaseProgress(live=False if args.json else None) as progress:
+            st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    doc = release_json(st["release"], st["model"], st["builds"], tag_moved=model.get("tag_moved"))
+    _show_release(doc, args.json, header=False)
+    if args.wait:
+        return 0 if doc["ok"] else 1
+    return 0
 
 
-def _print_status(st: Any, out: Any = sys.stdout) -> None:
+def release_json(release: int, model: str, builds: list[dict[str, Any]], *,
+                 tag_moved: dict[str, str] | None = None) -> dict[str, Any]:
+    """`farm submit --json` and `farm status RELEASE --json` (schemas: submit.json, status.json),
+    the same document whether the release was read from the index or through the service."""
+    rows = [build_json(b) for b in builds]
+    counts: dict[str, int] = {}
+    for b in rows:
+        counts[b["state"]] = counts.get(b["state"], 0) + 1
+    return {"release": int(release), "model": model, "done": all(b["state"] in FINAL for b in rows),
+            "ok": all(b["state"] == "succeeded" for b in rows), "counts": counts, "tag_moved": tag_moved,
+            "builds": rows}
+
+
+FINAL = ("succeeded", "failed")
+
+
+def build_json(b: dict[str, Any]) -> dict[str, Any]:
+    """One build as status shows it: typed, no escape sequences in the error message."""
+    state = getattr(b["state"], "value", b["state"])
+    return {"build": int(b["build"]), "target": b["target"], "toolchain": b["toolchain"], "state": str(state),
+            "note": b.get("note"), "attempts": int(b["attempts"]), "error_code": b.get("error_code"),
+            "error_message": None if b.get("error_message") is None else strip_ansi(b["error_message"]),
+            "artifact": b.get("artifact"),
+            "compile_seconds": None if b.get("compile_seconds") is None else float(b["compile_seconds"]),
+            "worker": b.get("worker")}
+
+
+def _counts_text(builds: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for b in builds:
+        state = str(getattr(b["state"], "value", b["state"]))
+        counts[state] = counts.get(state, 0) + 1
+    return f"{len(builds)} build(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) if builds else "no builds"
+
+
+def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    if header:
+        print(f"release {doc['release']} ({doc['model']}): {_counts_text(doc['builds'])}")
     rows = [{"build": b["build"], "target": b["target"], "toolchain": b["toolchain"],
              "state": b["state"] + (f" ({b['error_code']})" if b["error_code"] else "")
-             + (f": {b['note']}" if b.get("note") else ""),
+             + (f": {b['note']}" if b["note"] else ""),
              "attempts": b["attempts"], "artifact": (b["artifact"] or "")[7:19],
              "compile_s": f"{b['compile_seconds']:.2f}" if b["compile_seconds"] is not None else ""}
-            for b in st.builds]
-    table(rows, ["build", "target", "toolchain", "state", "attempts", "artifact", "compile_s"], out=out)
+            for b in doc["builds"]]
+    table(rows, ["build", "target", "toolchain", "state", "attempts", "artifact", "compile_s"])
+    for b in doc["builds"]:
+        if b["state"] == "failed":
+            print(f"error[{b['error_code']}] {b['target']} {b['toolchain']}: {b['error_message']}", file=sys.stderr)
 
 
 def _submit(args: argparse.Namespace, settings: Settings) -> int:
@@ -127,23 +177,17 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
                         allow_queue=args.allow_queue, retry_failed=args.retry_failed, force_tag=args.force_tag)
     if st.tag_moved:
         print(f"moved {st.tag_moved['tag']}: {st.tag_moved['from']} -> {st.tag_moved['to']}", file=sys.stderr)
+    tag_moved = st.tag_moved
     if not args.json:
-        print(f"release {st.release_id} ({st.model}): {len(st.builds)} build(s) {st.counts()}", file=sys.stderr)
+        print(f"release {st.release_id} ({st.model}): {_counts_text(st.builds)}", file=sys.stderr)
     if args.wait:
-        def show(s: Any) -> None:
-            if not args.json:
-                print(f"  release {s.release_id}: {s.counts()}", file=sys.stderr)
-
-        st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=show)
-    if args.json:
-        print(json.dumps({"release": st.release_id, "model": st.model, "builds": st.builds}, indent=2))
-    else:
-        _print_status(st)
-        for b in st.builds:
-            if b["state"] == "failed":
-                print(f"error[{b['error_code']}] {b['target']} {b['toolchain']}: {b['error_message']}", file=sys.stderr)
+        # A live table on a terminal; a plain line per build state change otherwise.
+        with ReleaseProgress(live=False if args.json else None) as progress:
+            st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
+    doc = release_json(st.release_id, st.model, st.builds, tag_moved=tag_moved)
+    _show_release(doc, args.json, header=False)
     if args.wait:
-        return 0 if st.ok else 1
+        return 0 if doc["ok"] else 1
     return 0
 
 
@@ -165,37 +209,66 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
                 text_log = b.log or ""
         finally:
             reg.close()
-        if args.json:
-            print(json.dumps(info | ({"log": text_log} if args.log else {}), indent=2, default=str))
-        else:
-            for k, v in info.items():
-                if k == "phases" and isinstance(v, dict):
-                    # Where the last attempt's time went (farm.pipeline.execute.Phases), in ms.
-                    print(f"{k:14s} " + ", ".join(f"{n} {t:g} ms" if isinstance(t, int | float) else f"{n} {t}"
-                                                  for n, t in v.items() if n != "uploads"))
-                    if v.get("uploads"):
-                        print(f"{'uploads':14s} " + ", ".join(f"{n} {t:g} ms" for n, t in v["uploads"].items()))
-                    continue
-                print(f"{k:14s} {v}")
-            if args.log:
-                print(text_log)
+        _show_build(info, text_log if args.log else None, args.json)
         return 0
     if args.release is None:
         raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
     from farm.pipeline.plan import release_status
 
     st = release_status(settings, args.release)
-    if args.json:
-        print(json.dumps({"release": st.release_id, "model": st.model, "builds": st.builds}, indent=2))
-    else:
-        print(f"release {st.release_id} ({st.model}): {st.counts()}")
-        _print_status(st)
-    return 0 if st.ok or not st.done else 1
+    doc = release_json(st.release_id, st.model, st.builds)
+    _show_release(doc, args.json)
+    return 0 if doc["ok"] or not doc["done"] else 1
+
+
+def _show_build(info: dict[str, Any], log: str | None, as_json: bool) -> None:
+    """`farm status --build ID`: a two-column table of what is known (nothing shown as None), or
+    the typed document (schema: status-build.json)."""
+    doc: dict[str, Any] = build_json(info)
+    doc.update({k: info[k] for k in ("key", "model", "options", "queue", "phases") if k in info})
+    if log is not None:
+        doc["log"] = strip_ansi(log)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    rows: list[dict[str, Any]] = []
+
+    def add(field: str, value: Any) -> None:
+        if value is not None and value != "" and value != {} and value != []:
+            rows.append({"field": field, "value": value})
+
+    add("build", doc["build"])
+    add("target", doc["target"])
+    add("toolchain", doc["toolchain"])
+    add("state", doc["state"] + (f" ({doc['note']})" if doc["note"] else ""))
+    add("attempts", doc["attempts"])
+    if doc["error_code"]:
+        add("error", f"[{doc['error_code']}] {doc['error_message'] or ''}".strip())
+    add("artifact", doc["artifact"])
+    if doc["compile_seconds"] is not None:
+        add("compile", f"{doc['compile_seconds']:.3f} s")
+    add("worker", doc["worker"])
+    add("model", doc.get("model"))
+    add("key", doc.get("key"))
+    add("queue", doc.get("queue"))
+    options = doc.get("options") or {}
+    add("options", " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(options.items())))
+    phases = doc.get("phases") or {}
+    # Where the last attempt's time went (farm.pipeline.execute.Phases), in ms.
+    add("phases", ", ".join(f"{n} {t:g} ms" if isinstance(t, int | float) else f"{n} {t}"
+                            for n, t in phases.items() if n != "uploads"))
+    if isinstance(phases.get("uploads"), dict):
+        add("uploads", ", ".join(f"{n} {t:g} ms" for n, t in phases["uploads"].items()))
+    for r in rows:
+        print(f"{r['field']:10s} {r['value']}")
+    if log is not None:
+        print(doc["log"], end="" if doc["log"].endswith("\n") else "\n")
 
 
 def _workers(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import UTC, datetime
 
+    from farm.core.times import human, iso
     from registry.index import Registry, all_workers
 
     reg = Registry.open(settings)
@@ -210,16 +283,19 @@ def _workers(args: argparse.Namespace, settings: Settings) -> int:
                 if state != "live" and not args.all:
                     continue
                 rows.append({"worker": w.name, "state": state, "backend": w.backend, "toolchain": w.toolchain,
-                             "onnxruntime": w.ort_version, "ep": f"{w.ep_package} {w.ep_version}",
-                             "host": w.host, "pid": w.pid, "jobs": w.jobs_done,
-                             "started": w.started_at.strftime("%Y-%m-%d %H:%M:%S"), "last_seen_s": round(age, 1),
-                             "queues": ",".join(w.queues)})
+                             "onnxruntime": w.ort_version, "ep_package": w.ep_package, "ep_version": w.ep_version,
+                             "host": w.host, "pid": int(w.pid), "jobs": int(w.jobs_done),
+                             "started_at": iso(w.started_at), "last_seen": iso(w.last_seen),
+                             "last_seen_seconds": round(age, 3), "stopped_at": iso(w.stopped_at),
+                             "queues": list(w.queues), "_started": human(w.started_at)})
     finally:
         reg.close()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], indent=2))
     elif rows:
-        table(rows, ["worker", "state", "backend", "toolchain", "onnxruntime", "ep", "jobs", "last_seen_s", "queues"])
+        table([{**r, "ep": f"{r['ep_package']} {r['ep_version']}", "started": r["_started"],
+                "last_seen": f"{r['last_seen_seconds']:.0f} s ago", "queues": " ".join(r["queues"])} for r in rows],
+              ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
     else:
         print("no live workers" + ("" if args.all else " (--all shows stopped and dead ones)"))
     return 0

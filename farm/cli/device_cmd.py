@@ -28,7 +28,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", default="linux-x86-64", help="with --trt: the device's OS-CPU (default linux-x86-64)")
     p.add_argument("--json", action="store_true")
     if name == "fetch":
-        p.add_argument("--out", "-o", required=True,
+        p.add_argument("--dest", "-d", "--out", dest="out", required=True, metavar="DIR",
                        help="directory that will hold exactly this artifact (swapped into place atomically)")
         p.add_argument("--load-check", action="store_true",
                        help="load the fetched context model with the local toolchain and time it")

@@ -61,14 +61,15 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             arts = list_artifacts(s, model_digest=models, backend=backend, target=target, limit=args.limit)
             tags = tags_by_digest(s, sorted({a.model_digest for a in arts}))
             rows = [ls_row(a, tags[a.model_digest]) for a in arts]
+            created = [human(a.created_at) for a in arts]
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
             table([{**r, "artifact": r["id"], "model": ", ".join(r["tags"]) or r["model"][:19],
                     "options": " ".join(f"{k}={_text(v)}" for k, v in r["options"].items()),
                     "compile_s": f"{r['compile_seconds']:.2f}", "size": human_size(r["size_bytes"]),
-                    "placement": f"{r['nodes_ep']} ctx / {r['nodes_cpu']} cpu",
-                    "created": human(a.created_at)} for r, a in zip(rows, arts, strict=True)],
+                    "placement": f"{r['nodes_ep']} ctx / {r['nodes_cpu']} cpu", "created": when}
+                   for r, when in zip(rows, created, strict=True)],
                   ["artifact", "model", "target", "toolchain", "options", "compile_s", "size", "placement", "status",
                    "created"])
         return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from farm.cli import table
 from farm.core.errors import UsageError
@@ -33,7 +34,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="device GPU, e.g. sm_89 (TensorRT)")
     p.add_argument("--trt", metavar="VERSION", help="TensorRT runtime version, all four parts")
     p.add_argument("--platform", default="linux-x86-64")
-    p.add_argument("--dest", required=True, help="directory that will hold exactly this artifact")
+    p.add_argument("--dest", "-d", "--out", dest="dest", required=True, metavar="DIR",
+                   help="directory that will hold exactly this artifact (swapped into place atomically)")
     p.add_argument("--require-signature", action="store_true")
     p.add_argument("--allow-unsigned", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -82,9 +84,10 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
             elif args.action == "revoke":
                 revoke_token(s, args.name)
             else:
-                rows = [{"name": t.name, "scope": t.scope, "created": t.created_at.isoformat(timespec="seconds"),
-                         "revoked": t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None}
-                        for t in list_tokens(s)]
+                from farm.core.times import iso
+
+                rows = [{"name": t.name, "scope": t.scope, "created_at": iso(t.created_at),
+                         "revoked_at": iso(t.revoked_at)} for t in list_tokens(s)]
     finally:
         reg.close()
     if args.action == "create":
@@ -94,11 +97,14 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
             print(f"token {args.name} ({args.scope}); shown once, store it now:", file=sys.stderr)
             print(token)
     elif args.action == "revoke":
-        print(f"revoked {args.name}")
+        print(json.dumps({"name": args.name, "revoked": True}) if args.json else f"revoked {args.name}")
     elif args.json:
         print(json.dumps(rows, indent=2))
     else:
-        table(rows, ["name", "scope", "created", "revoked"])
+        from farm.core.times import human
+
+        table([{**r, "created": human(_dt(r["created_at"])), "revoked": human(_dt(r["revoked_at"]))} for r in rows],
+              ["name", "scope", "created", "revoked"])
     return 0
 
 
@@ -114,8 +120,14 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                      allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
-                          "files": [str(p) for p in result.files], "bytes": result.bytes,
-                          "resumed_bytes": result.resumed_bytes, "signed_by": result.signed_by}, indent=2))
+                          "files": [str(p) for p in result.files], "bytes": int(result.bytes),
+                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by}, indent=2))
     else:
         print(str(result.ctx_model))
     return 0
+
+
+def _dt(text: str | None) -> Any:
+    from datetime import datetime
+
+    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -51,8 +51,10 @@ from typing import Any
 class FarmError(Exception):
     """Base of every error a user can cause or must act on."""
 
+    # Abstract: never raised itself (a test checks); every subclass has a documented code.
     code = "farm-error"
     exit_code = 1
+    summary = ""  # one line for the README table and `farm help errors`
     default_hint: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None):
@@ -82,12 +84,14 @@ class InvalidModelError(FarmError):
 class UnknownTargetError(FarmError):
     code = "unknown-target"
     summary = "a target or SoC not in the catalog (the hint lists the known ones)"
+    exit_code = 2  # a bad argument, like usage
     default_hint = "`farm targets` lists the known targets"
 
 
 class BadOptionsError(FarmError):
     code = "bad-options"
     summary = "unknown build option, bad value or combination"
+    exit_code = 2  # a bad argument, like usage (a build that fails with it in a worker: exit 1)
     default_hint = "see the options of each backend in the README (farm build --option key=value)"
 
 
@@ -176,7 +180,8 @@ class NotFoundError(FarmError):
 
 class TagConflictError(FarmError):
     code = "tag-conflict"
-    summary = "moving NAME:TAG to another model without `--force`"
+    summary = ("NAME:TAG points at another model: move it with `--force` (`farm tag`) or `--force-tag` "
+               "(build, submit)")
     default_hint = "tags move only on purpose: add --force (farm tag) or --force-tag (build, submit)"
 
 
@@ -256,8 +261,8 @@ class ManifestError(FarmError):
 
 class InstallConflictError(FarmError):
     code = "install-conflict"
-    summary = "`--out` exists and is not a directory (nothing moved)"
-    default_hint = "pick an --out/--dest that is a directory (or does not exist yet)"
+    summary = "`--dest` exists and is not a directory (nothing moved)"
+    default_hint = "pick a --dest that is a directory (or does not exist yet)"
 
 
 class InterruptedBuildError(FarmError):
@@ -298,15 +303,18 @@ def _subclasses(cls: type[FarmError]) -> list[type[FarmError]]:
     return out
 
 
-def error_for_code(code: str, message: str, *, hint: str | None = None) -> FarmError:
+def error_for_code(code: str, message: str, *, hint: str | None = None,
+                   fallback: type[FarmError] | None = None) -> FarmError:
     """Rebuild a typed error from its code (a failed build row, a child's result, an HTTP error
-    body); an unknown code stays a FarmError carrying that code."""
+    body). A code this ctxfarm does not document (a newer service's) becomes ``fallback``
+    (default InternalError) naming it: nothing undocumented reaches a user."""
     for cls in _subclasses(FarmError):
         if cls.code == code and cls.__module__ == __name__:
             return cls(message, hint=hint)
-    err = FarmError(message, hint=hint)
-    err.code = code
-    return err
+    cls = fallback or InternalError
+    return cls(f"[{str(code)[:60]}] {message}",
+               hint=f"this ctxfarm does not know the code {str(code)[:60]!r}: is the other side newer? "
+                    f"{hint or cls.default_hint or ''}".strip())
 
 
 class UnauthorizedError(FarmError):
@@ -366,3 +374,29 @@ def translate(exc: BaseException) -> FarmError:
     if isinstance(exc, (ValueError, OverflowError, UnicodeError)):
         return UsageError(f"bad input: {first}")
     return InternalError(f"{type(exc).__name__}: {first}")
+
+
+# ---- the one vocabulary ---------------------------------------------------------------------------
+
+def documented() -> list[type[FarmError]]:
+    """Every error class users can see, in the order they are defined here. The README's
+    "Errors" table and `farm help errors` are made from this list (a test compares them)."""
+    seen = {c for c in _subclasses(FarmError) if c.__module__ == __name__}
+    return [v for v in globals().values() if isinstance(v, type) and v in seen]
+
+
+def codes() -> frozenset[str]:
+    return frozenset(c.code for c in documented())
+
+
+def table_rows() -> list[dict[str, Any]]:
+    """One row per code: code, exit status, meaning, default hint."""
+    return [{"code": c.code, "exit": c.exit_code, "meaning": c.summary, "hint": c.default_hint}
+            for c in documented()]
+
+
+def markdown_table() -> str:
+    """The README's table (`farm help errors --markdown`)."""
+    lines = ["| code | exit | meaning |", "|---|---|---|"]
+    lines += [f"| `{r['code']}` | {r['exit']} | {r['meaning']} |" for r in table_rows()]
+    return "\n".join(lines) + "\n"

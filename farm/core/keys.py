@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -71,8 +72,10 @@ def build_key(model_digest: str, backend: str, target: str, toolchain: str, opts
     return hashlib.sha256(b"ctxfarm-build-v1\n" + payload).hexdigest()
 
 
+@lru_cache(maxsize=4096)
 def parse_version(v: str) -> tuple[int, ...]:
-    """'2.49.40' -> (2, 49, 40); non-numeric parts compare as 0."""
+    """'2.49.40' -> (2, 49, 40); non-numeric parts compare as 0. Cached: resolve ranks every
+    candidate by it, and a registry holds few distinct versions."""
     out = []
     for part in v.split("."):
         m = re.match(r"\d+", part)

@@ -47,6 +47,20 @@ def test_a_warm_host_writes_the_bytes_a_fresh_child_writes(tmp_path: Path) -> No
     assert pool_for(CHILD).idle_pids(), "the warm runner left no host to reuse"
 
 
+def test_the_bytes_do_not_depend_on_the_directory_the_bundle_sits_in(tmp_path: Path) -> None:
+    """onnxruntime hashes the model path into the EPContext partition name (measured: the same
+    model from /a and /b gave other bytes), and every job fetches its bundle into another
+    directory: the child compiles from the model's own directory, so only content counts, with
+    external data too."""
+    bins = []
+    for where in ("first/deep/dir", "second"):
+        (tmp_path / where).mkdir(parents=True)
+        model = conv_relu_add(tmp_path / where / "model.onnx", external=True)
+        assert len(list(model.parent.iterdir())) == 2, "the model must carry external data"
+        bins.append(compile_bins(QnnRunner(), model, "qnn:SM8650", tmp_path / f"work-{len(bins)}"))
+    assert bins[0] == bins[1]
+
+
 def test_an_sdk_segfault_in_a_job_leaves_the_host_serving(tmp_path: Path) -> None:
     """light_inception_v1 for SM8650 loads on the x86_64 HTP simulator and segfaults when run
     (measured): run it in a job of the warm host, then compile in the same host."""

@@ -27,7 +27,7 @@ def test_two_socs_give_two_artifacts_and_rebuild_is_cached(settings: Settings, f
     assert {b["state"] for b in first.values()} == {"built"}
     assert first["qnn:SM8650"]["artifact"] != first["qnn:SM8750"]["artifact"]
     assert all(b["nodes_ep"] >= 1 and b["nodes_cpu"] == 0 for b in first.values())
-    assert all(b["compile_seconds"] > 0 and b["size"] > 100_000 for b in first.values())
+    assert all(b["compile_seconds"] > 0 and b["size_bytes"] > 100_000 for b in first.values())
 
     reg = Registry.open(settings)
     try:

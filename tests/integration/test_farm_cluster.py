@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from farm.services import Service, start_redis
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
 from tests.common.procs import alive, compile_children, wait_for
+from tests.common.schemas import valid
 
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venvs"
@@ -402,14 +404,18 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
                             "vision/sq", "--tag", "stable", "--wait", "--timeout", "240", "--server", url,
                             "--token", submit, "--json").stdout)
         assert st["ok"] and [b["state"] for b in st["builds"]] == ["succeeded"]
+        valid("submit", st)  # the same document as a local submit
         dest = tmp_path / "device" / "sq"
-        got = json.loads(cli("install", "--server", url, "--token", read, "--model", "vision/sq:stable",
-                             "--soc", "SM8650", "--qnn", "2.51.0", "--dest", str(dest), "--json").stdout)
+        got = valid("install", cli("install", "--server", url, "--token", read, "--model", "vision/sq:stable",
+                                   "--soc", "SM8650", "--qnn", "2.51.0", "--dest", str(dest), "--json").stdout)
         assert Path(got["ctx_model"]) == dest / "model_ctx.onnx" and got["bytes"] > 0
         loaded = json.loads(cli("load-check", got["ctx_model"], "--target", "qnn:SM8650", "--json").stdout)
         assert loaded["load_seconds"] > 0 and loaded["outputs"]
-        status = json.loads(cli("status", str(st["release"]), "--server", url, "--token", read, "--json").stdout)
-        assert status["ok"]
+        status = valid("status", cli("status", str(st["release"]), "--server", url, "--token", read, "--json").stdout)
+        assert status["ok"] and status["counts"] == {"succeeded": 1}
+        one = valid("status", cli("status", "--build", str(st["builds"][0]["build"]), "--server", url, "--token",
+                                  read, "--json").stdout)
+        assert one["state"] == "succeeded" and "log" not in one  # the log only with --log
         # A read token can't submit.
         refused = subprocess.run([sys.executable, "-m", "farm.cli", "submit", str(light("squeezenet")), "-t",
                                   "qnn:SM8650", "--sdk", "2.51.0", "--server", url, "--token", read], env=bare,
@@ -418,3 +424,46 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_submit_wait_shows_each_build_change_and_json_is_typed(farm_cluster: Farm, tmp_path: Path) -> None:
+    """`farm submit --wait` in a pipe: one plain line per build state change (no dict, no escape
+    sequence); on a terminal, a live table; then status as a table, and typed JSON."""
+    from tests.common.cli import in_pty
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    args = ["submit", str(light("squeezenet")), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--sdk", "2.51.0",
+            "--name", "sq", "--wait", "--timeout", "240"]
+    proc = f.cli(*args)
+    assert "\x1b" not in proc.stdout + proc.stderr and "{'" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert re.fullmatch(r"release \d+ \(sq:latest\): 2 build\(s\): 2 queued", lines[0]), lines
+    for target in ("qnn:SM8650", "qnn:SM8750"):
+        mine = [line for line in lines if f" {target} 2.51.0: " in line]
+        # how long it ran, as this waiter saw it
+        assert re.fullmatch(rf"  build \d+ {target} 2\.51\.0: succeeded after \d+\.\d s", mine[-1]), lines
+        assert len(mine) == len(set(mine)) <= 3  # queued, running, succeeded: each at most once
+    assert re.search(r"^BUILD\s+TARGET\s+TOOLCHAIN\s+STATE", proc.stdout, re.M)
+
+    again = valid("submit", f.cli(*args, "--json").stdout)  # answered from the index
+    assert again["ok"] and again["done"] and again["counts"] == {"succeeded": 2}
+    assert all(isinstance(b["compile_seconds"], float) for b in again["builds"])
+    release = str(again["release"])
+    assert valid("status", f.cli("status", release, "--json").stdout)["builds"] == again["builds"]
+    text = f.cli("status", release).stdout
+    assert text.startswith(f"release {release} (sq:latest): 2 build(s): 2 succeeded\n") and "None" not in text
+    one = valid("status", f.cli("status", "--build", str(again["builds"][0]["build"]), "--log", "--json").stdout)
+    assert "onnxruntime" in one["log"] and "\x1b" not in one["log"]  # the EP colours its lines; not kept
+    assert "\x1b" not in (f.tmp / "worker-2.51.0-0.log").read_text(errors="replace")  # nor in the worker's log
+    workers = valid("workers", f.cli("workers", "--json").stdout)
+    assert workers[0]["queues"] and all(isinstance(q, str) for q in workers[0]["queues"])
+    assert workers[0]["started_at"].endswith("Z") and isinstance(workers[0]["last_seen_seconds"], float)
+
+    # On a terminal: the live table, redrawn while the worker compiles.
+    rc, out = in_pty(f.env, "submit", str(light("shufflenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
+                     "--wait", "--timeout", "240")
+    plain = re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]", "", out)
+    assert rc == 0, plain
+    assert "\x1b[" in out and "ELAPSED" in plain and "ATTEMPTS" in plain, plain
+    assert re.search(r"qnn:SM8650\s+2\.51\.0\s+succeeded\s+1\s+\d+\.\d s", plain), plain

@@ -5,6 +5,7 @@ outside FARM_HOME and the directory it was asked to write."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -271,14 +272,86 @@ def test_hostile_command_arguments(settings: Settings, farm_env: dict[str, str],
         (["status", "--build", "99999999999999999999"], 2, "usage"),
         (["status", "--build", "-3"], 2, "usage"),
         (["resolve", "--model", "good", "--soc", "SM8650", "--qnn", "banana"], 2, "usage"),
-        (["resolve", "--model", "good", "--soc", "SM9999", "--qnn", "2.51.0"], 1, "unknown-target"),
-        (["show", "zzzzzz"], 1, "not-found"),
+        (["resolve", "--model", "good", "--soc", "SM9999", "--qnn", "2.51.0"], 2, "unknown-target"),
+        (["show", "zzzzzz"], 2, "usage"),
         (["resolve", "--model", "sha256:" + "0" * 64, "--soc", "SM8650", "--qnn", "2.51.0"], 1, "not-found"),
     ]
     for args, rc, code in cases:
         proc = farm(farm_env, *args, check=False)
         assert proc.returncode == rc, (args, proc.stderr)
         assert check_failure(proc, code)
+    assert snapshot(settings) == before
+
+
+# Bad invocations: a missing flag, a bad version, SoC, digest, option or name, an unknown command
+# or flag. Each is a usage-type error (exit 2) with a documented code, before anything is written.
+BAD_INVOCATIONS: list[tuple[list[str], str, str | None]] = [
+    # (argv, code, text the message must hold); {m} is the good model file, {d} a fresh directory
+    (["build", "{m}"], "usage", "no target given"),
+    (["build"], "usage", "required: model"),
+    (["submit", "{m}"], "usage", "no target given"),
+    (["resolve", "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "which model?"),
+    (["resolve", "--model", "good", "--soc", "SM8650"], "usage", "--soc and --qnn"),
+    (["resolve", "--model", "good", "--qnn", "2.51.0"], "usage", "--soc and --qnn"),
+    (["fetch", "--model", "good", "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "--dest"),
+    (["fetch", "--soc", "SM8650", "--qnn", "2.51.0", "-d", "{d}"], "usage", "which model?"),
+    (["install", "--model", "good", "--dest", "{d}"], "usage", "--server"),
+    (["load-check", "{m}"], "usage", "--target"),
+    (["status"], "usage", "which release?"),
+    (["token", "create"], "usage", "NAME"),
+    # versions
+    (["resolve", "--model", "good", "--soc", "SM8650", "--qnn", "banana"], "usage", "'banana' is not a toolchain version"),
+    (["resolve", "--model", "good", "--soc", "SM8650", "--qnn", "2"], "usage", "not a toolchain version"),
+    (["resolve", "--model", "good", "--soc", "SM8650", "--qnn", "2.51.0;rm -rf /"], "usage", "not a toolchain version"),
+    (["resolve", "--model", "good", "--gpu", "sm_89", "--trt", "10"], "usage", "not a toolchain version"),
+    (["submit", "{m}", "-t", "qnn:SM8650", "--sdk", "banana"], "usage", "not a toolchain version"),
+    # SoCs and targets
+    (["resolve", "--model", "good", "--soc", "SM9999", "--qnn", "2.51.0"], "unknown-target", "SM9999"),
+    (["resolve", "--model", "good", "--soc", "../SM8650", "--qnn", "2.51.0"], "unknown-target", None),
+    (["build", "{m}", "-t", "qnn:SM9999"], "unknown-target", "SM9999"),
+    (["build", "{m}", "-t", "nonsense"], "unknown-target", None),
+    (["load-check", "{m}", "-t", "qnn:SM9999"], "unknown-target", None),
+    (["ls", "-t", "qnn:SM9999"], "unknown-target", None),
+    # digests and ids
+    (["resolve", "--model", "sha256:zz", "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "not a model digest"),
+    (["resolve", "--model", "sha256:abc", "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "not a model digest"),
+    (["resolve", "--model", "sha256:" + "0" * 65, "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "not a model digest"),
+    (["ls", "--model", "sha256:zz"], "usage", "not a model digest"),
+    (["show", "zzzzzz"], "usage", "not an artifact id"),
+    (["show", "../../etc"], "usage", "not an artifact id"),
+    (["show", ""], "usage", "not an artifact id"),
+    (["fetch", "sha256:xyz", "-d", "{d}"], "usage", "not an artifact id"),
+    (["status", "--build", "abc"], "usage", "invalid int value"),
+    # options and names
+    (["build", "{m}", "-t", "qnn:SM8650", "-o", "nokey"], "bad-options", "key=value"),
+    (["build", "{m}", "-t", "qnn:SM8650", "-o", "no_such=1"], "bad-options", None),
+    (["build", "{m}", "-t", "qnn:SM8650", "--name", "Bad Name"], "bad-name", None),
+    # unknown commands, flags and choices: a suggestion
+    (["biuld", "{m}"], "usage", "did you mean build?"),
+    (["build", "{m}", "--taget", "qnn:SM8650"], "usage", "did you mean --target?"),
+    (["resolve", "--model", "good", "--sco", "SM8650", "--qnn", "2.51.0"], "usage", "did you mean --soc?"),
+    (["fetch", "--model", "good", "--soc", "SM8650", "--qnn", "2.51.0", "-o", "{d}"], "usage", "is now -d/--dest"),
+    (["targets", "--backend", "qnnx"], "usage", "did you mean qnn?"),
+    (["ls", "--limit", "0"], "usage", "choose from 1 to 100000"),
+]
+
+
+def test_bad_invocations_are_usage_errors_with_documented_codes(settings: Settings, farm_env: dict[str, str],
+                                                                 populated: Path) -> None:
+    before = snapshot(settings)
+    model = str(populated / "good" / "good.onnx")
+    for i, (argv, code, text) in enumerate(BAD_INVOCATIONS):
+        args = [a.format(m=model, d=populated / f"out{i}") for a in argv]
+        proc = farm(farm_env, *args, check=False)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        assert check_failure(proc, code) == code, (args, proc.stderr)
+        assert text is None or text in proc.stderr, (args, proc.stderr)
+        assert "farm-error" not in proc.stderr
+        assert not (populated / f"out{i}").exists()
+        if "--json" not in args:
+            with_json = farm(farm_env, *args, "--json", check=False) if argv[0] in ("resolve", "ls", "show") else None
+            if with_json is not None:  # the same error as a document on stdout
+                assert json.loads(with_json.stdout)["error"]["code"] == code, (args, with_json.stdout)
     assert snapshot(settings) == before
 
 

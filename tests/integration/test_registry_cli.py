@@ -239,3 +239,71 @@ def test_probe_evidence_is_visible_in_show_coverage_and_resolve(settings: Settin
     by_rule = farm(farm_env, "resolve", "-m", "net", "--soc", "SM8650", "--qnn", "2.49.40").stdout
     assert by_rule.splitlines()[0].startswith(art_247[7:19])
     assert "  picked by rule: same SoC, built with QNN 2.47.0 <= runtime 2.49.40" in by_rule
+
+
+def test_submit_moves_a_tag_only_with_force_tag(tmp_path: Path, farm_env: dict[str, str]) -> None:
+    """`farm submit --name --tag`: queued (queue_release), answered from the index (every build
+    final), and through the HTTP service (--server): the same refusal and the same report."""
+    from farm.services import free_port, start_redis
+    from tests.common.service import serve, token
+
+    redis = start_redis(tmp_path / "redis")  # its own: the messages sent here reach no worker
+    env = {**farm_env, "FARM_HOME": str(tmp_path / "home"), "FARM_BROKER_URL": redis.url}
+    settings = Settings.from_env(env)
+    a, b = conv_relu_add(tmp_path / "a.onnx", seed=0), conv_relu_add(tmp_path / "b.onnx", seed=1)
+    sub = ["-t", "qnn:SM8650", "--sdk", "2.51.0", "--allow-queue", "--name", "net", "--tag", "rc"]
+    try:
+        first = json.loads(farm(env, "submit", str(a), *sub, "--json").stdout)
+        model_a = digest_of_release(settings, first["release"])
+        refused = farm(env, "submit", str(b), *sub, check=False)
+        assert refused.returncode == 1 and "error[tag-conflict]" in refused.stderr, refused.stderr
+        moved = farm(env, "submit", str(b), *sub, "--force-tag", "--json")
+        model_b = digest_of_release(settings, json.loads(moved.stdout)["release"])
+        assert f"moved net:rc: {model_a} -> {model_b}" in moved.stderr
+
+        # Every build of model a final: the answer comes from the index (_answer_cached), and
+        # moving the tag back still needs --force-tag.
+        from farm.pipeline.execute import Executor
+        from registry.index import Registry
+
+        reg = Registry.open(settings)
+        try:
+            assert [Executor(settings, reg).execute(bd["build"]).outcome for bd in first["builds"]] == ["succeeded"]
+        finally:
+            reg.close()
+        again = farm(env, "submit", str(a), *sub, check=False)
+        assert again.returncode == 1 and "error[tag-conflict]" in again.stderr
+        back = farm(env, "submit", str(a), *sub, "--force-tag", "--json")
+        assert json.loads(back.stdout)["builds"][0]["state"] == "succeeded"
+        assert f"moved net:rc: {model_b} -> {model_a}" in back.stderr
+    finally:
+        redis.stop()
+
+    # Through the service (embedded: no broker), the upload carries the tag.
+    served = {k: v for k, v in env.items() if k != "FARM_BROKER_URL"}
+    port = free_port()
+    server = serve(served, port, tmp_path / "serve.log")
+    try:
+        remote = ["--server", f"http://127.0.0.1:{port}", "--token", token(settings, "pipeline", "submit")]
+        no = farm(served, "submit", str(b), "-t", "qnn:SM8650", "--name", "net", "--tag", "rc", *remote, check=False)
+        assert no.returncode == 1 and "error[tag-conflict]" in no.stderr, no.stderr
+        yes = farm(served, "submit", str(b), "-t", "qnn:SM8650", "--name", "net", "--tag", "rc", "--force-tag",
+                   *remote)
+        assert f"moved net:rc: {model_a} -> {model_b}" in yes.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def digest_of_release(settings: Settings, release_id: int) -> str:
+    from registry.index import Registry
+    from registry.models import Release
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            rel = s.get(Release, release_id)
+            assert rel is not None
+            return rel.model_digest
+    finally:
+        reg.close()

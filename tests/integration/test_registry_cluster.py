@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.core.errors import DigestMismatchError, NoMatchError, SignatureError, UnsignedError
+from farm.core.errors import DigestMismatchError, NoMatchError, SignatureError, TagConflictError, UnsignedError
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from registry.index import Registry, find_artifact, record_verdict, resolve_model_ref, signatures_of
@@ -47,6 +47,12 @@ def test_build_resolve_fetch_load(cluster_settings: Settings, cluster_env: dict[
         for f in res["files"]:
             with urllib.request.urlopen(f["url"], timeout=10) as r:
                 assert len(r.read()) == f["size"]
+        # Without --json too: each file with its URL, and the manifest's.
+        text = farm(cluster_env, "resolve", "--model", "squeezenet:stable", "--soc", "SM8650", "--qnn", "2.51.0",
+                    "--presign", "120").stdout
+        assert all(f["name"] in text and "http" in line for f in res["files"]
+                   for line in text.splitlines() if f["name"] in line)
+        assert "picked by probe: loaded under QNN 2.51.0" in text and "manifest  http" in text
 
 
 def test_device_older_than_every_build_gets_the_build_it_needs(cluster_settings: Settings) -> None:
@@ -97,8 +103,11 @@ def test_tags_move_digests_stay(cluster_settings: Settings, tmp_path: Path) -> N
     b_dir.mkdir()
     b = conv_relu_add(b_dir / "a.onnx", seed=2)
     ra = build(cluster_settings, a, ["qnn:SM8650"], name="net", tag="stable")
-    rb = build(cluster_settings, b, ["qnn:SM8650"], name="net", tag="stable")
+    with pytest.raises(TagConflictError):  # a tag moves to another model only on purpose
+        build(cluster_settings, b, ["qnn:SM8650"], name="net", tag="stable")
+    rb = build(cluster_settings, b, ["qnn:SM8650"], name="net", tag="stable", force_tag=True)
     assert ra.model_digest != rb.model_digest
+    assert rb.tag_moved == {"tag": "net:stable", "from": ra.model_digest, "to": rb.model_digest}
     reg = Registry.open(cluster_settings)
     try:
         with reg.db.session() as s:

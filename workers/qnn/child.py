@@ -9,6 +9,7 @@ Writes ``{"ok": true, ...}`` or ``{"ok": false, "error": {"code", "message"}}`` 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -52,9 +53,15 @@ def compile_model(req: dict[str, Any]) -> dict[str, Any]:
     so.add_session_config_entry("ep.context_enable", "1")
     so.add_session_config_entry("ep.context_file_path", req["ctx_path"])
     so.add_session_config_entry("ep.context_embed_mode", str(req["embed_mode"]))
+    # onnxruntime names the EPContext partition after a hash of the model path as given, so a
+    # bundle compiled from another directory gave other bytes (measured). Compiling from the
+    # model's own directory by its fixed file name makes the bytes depend on the content only;
+    # external data files resolve relative to it as before. (Passing the model as bytes is not
+    # enough: with external data the folder path is hashed instead.)
+    os.chdir(os.path.dirname(os.path.abspath(req["model"])))
     start = time.perf_counter()
     # enable_fallback=0: never retry silently on the CPU EP when the QNN EP fails.
-    ort.InferenceSession(req["model"], so, enable_fallback=0)
+    ort.InferenceSession(os.path.basename(req["model"]), so, enable_fallback=0)
     result: dict[str, Any] = {"compile_seconds": time.perf_counter() - start}
     if req.get("verify_load"):
         checkpoint({**result, "self_load": {"ok": False, "error": "loading the fresh context crashed the process"}})

@@ -158,3 +158,200 @@ def test_table(capsys):
                                     (5 * 1024 * 1024, "5.0 MiB"), (3 * 1024**4, "3072.0 GiB")])
 def test_human_size(n, text):
     assert human_size(n) == text
+
+
+# ---- conventional flags, "did you mean" ---------------------------------------------------------
+
+def _command_parsers():
+    for name in COMMANDS:
+        yield name, build_parser(name).subparsers[name]
+
+
+def test_each_short_flag_means_one_thing_on_every_command():
+    meaning: dict[str, set[str]] = {}
+    for _name, p in _command_parsers():
+        for action in p._actions:
+            shorts = [s for s in action.option_strings if len(s) == 2 and s[0] == "-" and s[1] != "-"]
+            longs = sorted(s for s in action.option_strings if s.startswith("--"))
+            for short in shorts:
+                meaning.setdefault(short, set()).add(longs[0] if longs else "?")
+    assert {s: m for s, m in meaning.items() if len(m) > 1} == {}
+    # The documented ones (README "farm on your PATH"): pip / ssh / docker habits.
+    assert meaning["-t"] == {"--target"} and meaning["-m"] == {"--model"} and meaning["-o"] == {"--option"}
+    assert meaning["-d"] == {"--dest"} and meaning["-h"] == {"--help"}
+
+
+def usage_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error[usage]" in err and "Traceback" not in err
+    return err
+
+
+def test_a_typoed_command_gets_a_suggestion(capsys):
+    err = usage_error(capsys, "biuld")
+    assert "unknown command 'biuld'; did you mean build?" in err
+    assert "choose from" not in err  # not the list of every command
+
+
+def test_a_typoed_flag_gets_the_subcommands_usage_and_a_suggestion(capsys, tmp_path):
+    err = usage_error(capsys, "build", str(tmp_path / "m.onnx"), "--taget", "qnn:SM8650")
+    assert err.startswith("usage: farm build ")  # the subcommand's usage, not `farm [-h] COMMAND`
+    assert "unrecognized arguments: --taget qnn:SM8650; did you mean --target?" in err
+    # also when argparse stops at a missing required flag first
+    err = usage_error(capsys, "fetch", "--modle", "sq", "--soc", "SM8650", "--qnn", "2.51.0")
+    assert "did you mean --model?" in err
+
+
+def test_a_retired_short_flag_says_what_it_is_now(capsys, tmp_path):
+    err = usage_error(capsys, "fetch", "--model", "sq", "--soc", "SM8650", "--qnn", "2.51.0", "-o", str(tmp_path))
+    assert "-o on fetch is now -d/--dest DIR" in err
+
+
+def test_a_bad_choice_gets_a_suggestion(capsys):
+    assert "did you mean qnn?" in usage_error(capsys, "targets", "--backend", "qnnx")
+
+
+def test_usage_errors_with_json_also_print_the_error_document(capsys):
+    with pytest.raises(SystemExit):
+        main(["ls", "--json", "--bogus"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"]["code"] == "usage" and "--bogus" in out["error"]["message"]
+
+
+def test_help_errors_is_the_table_of_errors_py(capsys):
+    from farm.core import errors
+
+    assert main(["help", "errors", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == errors.table_rows()
+    assert main(["help", "errors", "--markdown"]) == 0
+    assert capsys.readouterr().out == errors.markdown_table()
+    assert main(["help", "errors"]) == 0
+    text = capsys.readouterr().out
+    assert all(code in text for code in errors.codes())
+
+
+def test_help_command_and_a_typoed_topic(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["help", "build"])
+    assert info.value.code == 0 and "usage: farm build" in capsys.readouterr().out
+    assert main(["help", "bild"]) == 2
+    assert "did you mean build?" in capsys.readouterr().err
+
+
+def test_an_undocumented_code_never_leaves_the_boundary(fake_command, capsys):
+    from farm.core.errors import FarmError
+
+    err = FarmError("made up")
+    err.code = "made-up"
+    fake_command["raise"] = err
+    assert main(["fake"]) == 70
+    assert "error[internal-error]: undocumented error code 'made-up'" in capsys.readouterr().err
+
+
+# ---- typed JSON: a schema for every command that takes --json ------------------------------------
+
+SCHEMAS = __import__("pathlib").Path(farm.cli.__file__).parent / "schemas"
+
+
+def test_every_command_with_json_has_a_schema():
+    """`<command>.json`, or `<command>-<action>.json` for each action of a command with actions
+    (registry verify|gc, keys create|sign|public, token create|list|revoke)."""
+    missing = []
+    for name, p in _command_parsers():
+        if "--json" not in p._option_string_actions:
+            continue
+        if (SCHEMAS / f"{name}.json").exists():
+            continue
+        actions = [a for a in p._actions if not a.option_strings and a.choices]
+        wanted = [f"{name}-{c}.json" for a in actions for c in a.choices] or [f"{name}.json"]
+        missing += [w for w in wanted if not (SCHEMAS / w).exists()]
+    assert missing == []
+
+
+def test_schemas_are_valid_draft_2020_12():
+    from jsonschema import Draft202012Validator
+
+    for path in SCHEMAS.glob("*.json"):
+        schema = json.loads(path.read_text())
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema", path.name
+        assert schema["$id"].endswith(f"/{path.name}"), path.name
+        Draft202012Validator.check_schema(schema)
+
+
+def test_targets_and_help_json_validate(capsys):
+    from jsonschema import Draft202012Validator
+
+    for argv, name in ((["targets", "--json"], "targets"), (["help", "errors", "--json"], "help")):
+        assert main(argv) == 0
+        doc = json.loads(capsys.readouterr().out)
+        schema = json.loads((SCHEMAS / f"{name}.json").read_text())
+        assert not [e.message for e in Draft202012Validator(schema).iter_errors(doc)]
+        if name == "targets":
+            assert isinstance(doc[0]["aliases"], list) and isinstance(doc[0]["soc_model"], int)
+
+
+# ---- progress -------------------------------------------------------------------------------------
+
+def test_build_progress_off_a_terminal_is_a_line_per_state_change():
+    import io
+
+    from farm.cli.progress import BuildProgress
+
+    out = io.StringIO()
+    with BuildProgress(out, live=False) as progress:
+        progress("compiling", "qnn:SM8650", {"toolchain": "2.51.0", "attempt": 1})
+        progress("compiling", "qnn:SM8650", {"toolchain": "2.51.0", "attempt": 1})  # no change: no line
+        progress("retrying", "qnn:SM8650", {"in_seconds": 4})
+        progress("compiling", "qnn:SM8650", {"toolchain": "2.51.0", "attempt": 2})
+        progress("finished", "qnn:SM8650", {"state": "failed", "error_code": "worker-lost"})
+        progress("finished", "qnn:SM8750", {"state": "cached", "wall_seconds": 0.004})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  qnn:SM8650: compiling (with 2.51.0)"
+    assert lines[1] == "  qnn:SM8650: retrying (in 4 s after an infrastructure failure)"
+    assert lines[2] == "  qnn:SM8650: compiling (with 2.51.0, attempt 2)"
+    assert lines[3].startswith("  qnn:SM8650: failed in ") and lines[3].endswith(" s (worker-lost)")
+    assert lines[4] == "  qnn:SM8750: cached in 0.0 s"
+    assert len(lines) == 5 and "\x1b" not in out.getvalue()
+
+
+def test_release_progress_off_a_terminal_prints_changed_builds_only():
+    import io
+
+    from farm.cli.progress import ReleaseProgress
+
+    def st(*states):
+        return {"builds": [{"build": i + 1, "target": "qnn:SM8650", "toolchain": tc, "state": s, "attempts": a,
+                            "note": None, "error_code": code}
+                           for i, (tc, s, a, code) in enumerate(states)]}
+
+    out = io.StringIO()
+    with ReleaseProgress(out, live=False) as progress:
+        progress(st(("2.47.0", "queued", 0, None), ("2.51.0", "queued", 0, None)))
+        progress(st(("2.47.0", "running", 1, None), ("2.51.0", "queued", 0, None)))
+        progress(st(("2.47.0", "running", 1, None), ("2.51.0", "queued", 0, None)))  # nothing changed
+        progress(st(("2.47.0", "succeeded", 1, None), ("2.51.0", "failed", 1, "toolchain-error")))
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == ["  build 1 qnn:SM8650 2.47.0: queued", "  build 2 qnn:SM8650 2.51.0: queued",
+                         "  build 1 qnn:SM8650 2.47.0: running"]
+    assert lines[3].startswith("  build 1 qnn:SM8650 2.47.0: succeeded after ")
+    assert lines[4].startswith("  build 2 qnn:SM8650 2.51.0: failed after ") and lines[4].endswith("(toolchain-error)")
+    assert len(lines) == 5 and "{" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_no_live_display_off_a_terminal(monkeypatch):
+    import io
+
+    from farm.cli.progress import BuildProgress, interactive
+
+    assert not interactive(io.StringIO())
+    monkeypatch.setenv("TERM", "dumb")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert not interactive(Tty())
+    assert BuildProgress(io.StringIO()).live is False

@@ -19,6 +19,10 @@ STABLE_CODES = {
     "UnsupportedOpsError": "unsupported-ops",
     "NoWorkerError": "no-worker",
     "ToolchainError": "toolchain-error",
+    "NotAContextError": "not-a-context",
+    "TargetMismatchError": "target-mismatch",
+    "RuntimeTooOldError": "runtime-too-old",
+    "RuntimeCrashedError": "runtime-crashed",
     "CompileTimeoutError": "timeout",
     "WorkerLostError": "worker-lost",
     "StorageError": "storage-error",
@@ -81,11 +85,54 @@ def test_error_for_code_round_trips_build_failures(code):
     assert exc.to_dict() == {"code": code, "message": "it broke", "hint": "try again"}
 
 
-def test_error_for_unknown_code_is_a_plain_farm_error_keeping_the_code():
-    exc = error_for_code("something-new", "??")  # e.g. from a newer service
-    assert type(exc) is FarmError
-    assert exc.code == "something-new"
+def test_error_for_an_unknown_code_is_a_documented_one_naming_it():
+    exc = error_for_code("something-new", "??")  # e.g. from a newer worker
+    assert exc.code == "internal-error" and "something-new" in exc.message and "newer" in (exc.hint or "")
+    from_service = error_for_code("something-new", "??", fallback=errors.ServerError)
+    assert from_service.code == "server-error" and "[something-new] ??" == from_service.message
     assert type(error_for_code("forbidden", "no")).__name__ == "ForbiddenError"
+
+
+def test_every_code_has_a_meaning_and_the_table_lists_each_once():
+    rows = errors.table_rows()
+    assert [r["code"] for r in rows] == sorted({r["code"] for r in rows}, key=[r["code"] for r in rows].index)
+    assert {r["code"] for r in rows} == set(STABLE_CODES.values()) == errors.codes()
+    assert all(r["meaning"] and "\n" not in r["meaning"] and "|" not in r["meaning"] for r in rows)
+    assert "farm-error" not in errors.codes()  # the base class is abstract
+
+
+def test_usage_like_errors_exit_2():
+    """Bad arguments (a bad flag, version, SoC, option, digest, name) exit 2; no-match 3."""
+    for code in ("usage", "bad-name", "unknown-target", "bad-options", "too-large"):
+        assert errors.error_for_code(code, "x").exit_code == 2, code
+    assert errors.error_for_code("no-match", "x").exit_code == 3
+
+
+def test_the_base_error_is_never_raised_itself():
+    """Every raise names a subclass: a bare FarmError would print the undocumented farm-error."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    offenders = []
+    for package in ("farm", "registry", "workers"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "FarmError":
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_the_readme_table_is_the_one_made_from_this_module():
+    """README "Errors" holds exactly errors.markdown_table() (`farm help errors --markdown`)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    marker = "<!-- errors table: made from farm/core/errors.py"
+    assert marker in readme
+    block = readme.split(marker, 1)[1].split("\n", 1)[1]
+    table = block[:block.index("\n\n") + 1]
+    assert table == errors.markdown_table(), "regenerate it: farm help errors --markdown"
 
 
 def test_deterministic_failures_are_build_failures():

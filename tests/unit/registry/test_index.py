@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from farm.core.errors import NotFoundError, TagConflictError
+from farm.core.errors import FarmError, NotFoundError, TagConflictError
 from registry.index import (
     counts,
     delete_tag,
@@ -200,12 +200,21 @@ def test_publish_artifact_rows(db, model):
                              "builds_unfinished": 0}
 
 
-@pytest.mark.parametrize("ref", ["abc", "xyz123456", "sha256:zzzzzz", "ffffffffff"])
-def test_find_artifact_not_found(db, model, ref):
+def test_find_artifact_not_found(db, model):
     with db.session() as s:
         add_artifact(s, model)
     with db.session() as s, pytest.raises(NotFoundError):
+        find_artifact(s, "ffffffffff")
+
+
+@pytest.mark.parametrize("ref", ["abc", "xyz123456", "sha256:zzzzzz", "../../etc", ""])
+def test_a_malformed_artifact_id_is_a_usage_error(db, model, ref):
+    """Not an id at all is a bad argument (exit 2), not a missing artifact."""
+    with db.session() as s:
+        add_artifact(s, model)
+    with db.session() as s, pytest.raises(FarmError) as info:
         find_artifact(s, ref)
+    assert info.value.code == "usage" and info.value.exit_code == 2
 
 
 def test_list_artifacts_filters_and_orders_newest_first(db, model):
