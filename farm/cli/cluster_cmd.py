@@ -297,5 +297,5 @@ def _workers(args: argparse.Namespace, settings: Settings) -> int:
                 "last_seen": f"{r['last_seen_seconds']:.0f} s ago", "queues": " ".join(r["queues"])} for r in rows],
               ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
     else:
-        print("no live workers" + ("" if args.all else " (--all shows stopped and dead ones)"))
+        print("no workers registered" if args.all else "no live workers (--all shows stopped and dead ones)")
     return 0

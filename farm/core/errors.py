@@ -1,7 +1,9 @@
 """Errors users see. A leaf module: it imports nothing from the project.
 
 Every error carries a stable ``code`` (scripts match on it), a message and an optional hint.
-The CLI maps them to exit codes in one place (``farm.cli``).
+The CLI maps them to exit codes in one place (``farm.cli``). This module is the one source of the
+vocabulary: each class's ``code``, ``exit_code`` and ``summary`` make the README's "Errors" table
+and `farm help errors` (``markdown_table``; a test compares), and the CLI lets no other code out.
 
     FarmError
     ├── InvalidModelError        invalid-model      not ONNX, truncated, external data escaping

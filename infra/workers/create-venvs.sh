@@ -18,6 +18,12 @@ for kind in "${kinds[@]}"; do
   venv=".venvs/$kind"
   if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import workers.runner" 2>/dev/null \
      && cmp -s "$req" "$venv/.requirements" ; then
+    # ctxfarm's own dependencies may have changed since (pyproject.toml): re-install it only.
+    if ! cmp -s pyproject.toml "$venv/.pyproject"; then
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req" -e "$ROOT[cluster]" \
+        > "$venv.pip.log" 2>&1 || { cat "$venv.pip.log"; exit 1; }
+      cp pyproject.toml "$venv/.pyproject"
+    fi
     echo "$venv up to date"; continue
   fi
   echo "creating $venv"
@@ -26,6 +32,7 @@ for kind in "${kinds[@]}"; do
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req" -e "$ROOT[cluster]" \
     > "$venv.pip.log" 2>&1 || { cat "$venv.pip.log"; exit 1; }
   cp "$req" "$venv/.requirements"
+  cp pyproject.toml "$venv/.pyproject"
   "$venv/bin/python" - "${kind%%-*}" <<'PY' || echo "   (toolchain not usable on this machine: see above)"
 import sys
 from workers.runner import get_runner
