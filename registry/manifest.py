@@ -63,3 +63,15 @@ def decode(data: bytes, digest: str) -> dict[str, Any]:
         raise DigestMismatchError(f"manifest {digest} does not match its content (tampered or corrupt)")
     manifest: dict[str, Any] = json.loads(data)
     return manifest
+
+
+def cpu_op_types(store: Any, digest: str) -> list[str]:
+    """The op types an artifact left on the CPU, from its manifest's placement (read from
+    ``store``, a BlobStore); empty when the manifest cannot be read."""
+    from farm.core.errors import FarmError
+    from registry.store.base import read_bytes
+
+    try:
+        return list(decode(read_bytes(store, digest), digest)["placement"]["cpu_op_types"])
+    except (FarmError, KeyError, TypeError, ValueError):
+        return []

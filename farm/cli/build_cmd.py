@@ -1,4 +1,7 @@
-"""farm build MODEL.onnx --target qnn:SM8650 [--target ...] [--name N --tag T] [--option k=v ...]"""
+"""farm build MODEL.onnx [MODEL.onnx ...] --target qnn:SM8650 [--target ...] [--name N --tag T] [--option k=v ...]
+
+Several models in one call share one pool of parallel compiles (every model x target build), and
+answer in one table (with a MODEL column) and, with --json, a document per model."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from farm.cli import human_size, table
@@ -15,10 +20,11 @@ from farm.core.text import strip_ansi
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path to the .onnx (external-data files beside it)")
+    p.add_argument("model", nargs="+", help="path to the .onnx (external-data files beside it); several "
+                   "models build in one pool of parallel compiles")
     p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME",
                    help="target to build for, e.g. qnn:SM8650 (repeatable; see `farm targets`)")
-    p.add_argument("--name", help="model name; NAME:TAG then points at this model's digest")
+    p.add_argument("--name", help="model name; NAME:TAG then points at this model's digest (one model only)")
     p.add_argument("--tag", help="tag for --name (default: latest)")
     p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
@@ -33,47 +39,79 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.cached import answer
 
+    models: list[str] = list(args.model)
+    several = len(models) > 1
+    if several and (args.name or args.tag or args.force_tag):
+        from farm.core.errors import UsageError
+
+        raise UsageError("--name/--tag/--force-tag name one model; several models were given",
+                         hint="build the named model in its own `farm build MODEL.onnx --name N --tag T`")
     options = list(args.option)
     if args.require_full_offload:
         options.append("require_full_offload=true")
+    labels = model_labels(models)
     start = time.perf_counter()
     # A live table on a terminal; plain lines on state changes otherwise (and with --json).
     with BuildProgress(live=False if args.json else None) as progress:
+        listeners: list[Callable[[str, str, dict[str, Any]], None]] = (
+            [progress.for_model(label) for label in labels] if several else [progress])
         # Answered whole by the index (nothing to write or compile): no SQLAlchemy, no onnx imported.
-        report = answer(settings, args.model, args.target, options, name=args.name, tag=args.tag,
-                        progress=progress, retry_failed=args.retry_failed)
-        if report is None:
-            from farm.pipeline.plan import build
+        found = [answer(settings, m, args.target, options, name=args.name, tag=args.tag, progress=listen,
+                        retry_failed=args.retry_failed) for m, listen in zip(models, listeners, strict=True)]
+        todo = [i for i, r in enumerate(found) if r is None]
+        if todo:
+            from farm.pipeline.plan import build_many
 
-            report = build(settings, args.model, args.target, options, name=args.name, tag=args.tag,
-                           progress=progress, retry_failed=args.retry_failed, force_tag=args.force_tag)
-    if report.tag_moved:
-        print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
-              file=sys.stderr)
+            # The rest in one pool of parallel compiles, every (model, target) build together.
+            built = build_many(settings, [models[i] for i in todo], args.target, options, name=args.name,
+                               tag=args.tag, progress=[listeners[i] for i in todo],
+                               retry_failed=args.retry_failed, force_tag=args.force_tag)
+            for i, r in zip(todo, built, strict=True):
+                found[i] = r
+    reports = [r for r in found if r is not None]
+    for report in reports:
+        if report.tag_moved:
+            print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
+                  file=sys.stderr)
     elapsed = time.perf_counter() - start
     if args.json:
-        print(json.dumps(build_json(report, elapsed), indent=2))
-    else:
-        label = f"{report.name}:{report.tag}" if report.tag else report.name
-        print(f"model {label} {report.model_digest}")
-        rows = []
+        if several:
+            doc = {"ok": all(r.ok for r in reports), "seconds": round(elapsed, 6),
+                   "models": [build_json(r, elapsed) for r in reports]}
+        else:
+            doc = build_json(reports[0], elapsed)
+        print(json.dumps(doc, indent=2))
+        return 0 if all(r.ok for r in reports) else 1
+    rows = []
+    for label, report in zip(labels, reports, strict=True):
+        shown = f"{report.name}:{report.tag}" if report.tag else report.name
+        print(f"model {shown} {report.model_digest}")
         for o in report.outcomes:
             rows.append({
-                "target": o.target, "toolchain": o.toolchain,
+                "model": label, "target": o.target, "toolchain": o.toolchain,
                 "state": o.state if o.state != "failed" else f"failed ({o.error_code})",
                 "artifact": o.artifact.removeprefix("sha256:")[:12] if o.artifact else "",
                 "compile_s": f"{o.compile_seconds:.2f}" if o.compile_seconds is not None else "",
                 "ctx_size": human_size(o.size),
                 "placement": f"{o.nodes_ep} ctx / {o.nodes_cpu} cpu" if o.nodes_ep is not None else "",
             })
-        table(rows, ["target", "toolchain", "state", "artifact", "compile_s", "ctx_size", "placement"])
+    columns = ["target", "toolchain", "state", "artifact", "compile_s", "ctx_size", "placement"]
+    table(rows, ["model", *columns] if several else columns)
+    for label, report in zip(labels, reports, strict=True):
         for o in report.outcomes:
             if o.state == "failed":
                 cached = " (answered from the index; same inputs fail the same way)" if o.cached_failure else ""
-                print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}{cached}",
+                where = f"{label} {o.target}" if several else o.target
+                print(f"error[{o.error_code}] {where}: {strip_ansi(o.error_message or '')}{cached}",
                       file=sys.stderr)
-        print(f"{len(report.outcomes)} build(s) in {elapsed:.3f} s", file=sys.stderr)
-    return 0 if report.ok else 1
+    print(f"{sum(len(r.outcomes) for r in reports)} build(s) in {elapsed:.3f} s", file=sys.stderr)
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def model_labels(models: list[str]) -> list[str]:
+    """How each model is shown in rows: its file's stem, or the path as given where stems repeat."""
+    stems = [Path(m).stem for m in models]
+    return [s if stems.count(s) == 1 else m for s, m in zip(stems, models, strict=True)]
 
 
 def build_json(report: Any, elapsed: float) -> dict[str, Any]:

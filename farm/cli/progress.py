@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Self
 
@@ -119,26 +120,33 @@ class Live:
 
 
 class BuildProgress(Live):
-    """``farm build``: the executor's events for each target (farm.pipeline.plan.Progress)."""
+    """``farm build``: the executor's events for each target (farm.pipeline.plan.Progress); with
+    several models, a row per model and target (``for_model``)."""
 
-    columns = ("target", "state", "elapsed", "note")
+    columns: tuple[str, ...] = ("target", "state", "elapsed", "note")
 
-    def __call__(self, event: str, target: str, info: dict[str, Any]) -> None:
-        cells = {"target": target}
+    def __call__(self, event: str, target: str, info: dict[str, Any], model: str | None = None) -> None:
+        key = target if model is None else f"{model} {target}"
+        cells = {"target": target} if model is None else {"model": model, "target": target}
         if event == "compiling":
             attempt = int(info.get("attempt") or 1)
-            self.update(target, "compiling", f"with {info['toolchain']}" + (f", attempt {attempt}" if attempt > 1 else ""),
+            self.update(key, "compiling", f"with {info['toolchain']}" + (f", attempt {attempt}" if attempt > 1 else ""),
                         cells=cells, restart=True)
         elif event == "waiting":
-            self.update(target, "waiting", f"build {info['build_id']} is held by another process", cells=cells)
+            self.update(key, "waiting", f"build {info['build_id']} is held by another process", cells=cells)
         elif event == "retrying":
-            self.update(target, "retrying", f"in {info['in_seconds']:.0f} s after an infrastructure failure",
+            self.update(key, "retrying", f"in {info['in_seconds']:.0f} s after an infrastructure failure",
                         cells=cells)
         elif event == "finished":
             note = info.get("error_code") or ""
-            row = self.rows.get(target)
+            row = self.rows.get(key)
             elapsed = None if row is not None else info.get("wall_seconds")
-            self.update(target, str(info["state"]), note, cells=cells, elapsed=elapsed)
+            self.update(key, str(info["state"]), note, cells=cells, elapsed=elapsed)
+
+    def for_model(self, model: str) -> Callable[[str, str, dict[str, Any]], None]:
+        """The progress callback for one of several models: rows keyed and shown by model and target."""
+        self.columns = ("model", *BuildProgress.columns)
+        return lambda event, target, info: self(event, target, info, model=model)
 
 
 class ReleaseProgress(Live):

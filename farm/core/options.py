@@ -4,9 +4,15 @@ Normalized options have every default filled in, so "unset" and "explicit defaul
 same options digest, hence the same build key.
 
 Each QNN option is here for a measured effect on what is built (tests/integration/
-test_qnn_options.py compiles with and without each one): graph_optimization, vtcm_mb and
-embed_mode change the context bytes; require_full_offload changes none of them, it fails a build
-that would leave nodes on the CPU. There is no QNN ``precision``: see QNN_PRECISION.
+test_qnn_options.py compiles with and without each one and asserts that the context bytes
+differ): graph_optimization, vtcm_mb and embed_mode. There is no QNN ``precision``: see
+QNN_PRECISION.
+
+``require_full_offload`` is not a build option: the same bytes are compiled with or without it
+(measured), so it is not in the normalized options, the options digest or the build key. It is a
+gate on the answer (``--require-full-offload``; ``-o require_full_offload=true`` is still accepted
+and ``split_gate`` takes it out before ``normalize``): the build runs ungated and the requester's
+answer fails with unsupported-ops when the artifact's recorded placement has CPU nodes.
 """
 
 from __future__ import annotations
@@ -70,8 +76,6 @@ QNN_OPTIONS: dict[str, OptionSpec] = {
         OptionSpec("graph_optimization", "int", 0,
                    "HTP graph finalization optimization mode (0 default, 3 = longest prepare, best graph)",
                    min=0, max=3),
-        OptionSpec("require_full_offload", "bool", False,
-                   "fail with unsupported-ops when any node would stay on the CPU"),
         OptionSpec("embed_mode", "int", 0, "0: context in a .bin beside the model, 1: embedded in the model",
                    min=0, max=1),
         OptionSpec("vtcm_mb", "int", 0, "HTP VTCM size in MB to use (0 = SoC default)", min=0, max=64),
@@ -96,8 +100,6 @@ TRT_OPTIONS: dict[str, OptionSpec] = {
                    "ampere_plus builds an engine that runs on sm_80 and newer",
                    choices=("none", "ampere_plus")),
         OptionSpec("version_compatible", "bool", False, "engine loadable by newer TensorRT versions"),
-        OptionSpec("require_full_offload", "bool", False,
-                   "fail with unsupported-ops when any node would stay on another EP"),
     )
 }
 
@@ -105,6 +107,20 @@ TRT_OPTIONS: dict[str, OptionSpec] = {
 TRT_FREEFORM = ("calibration_table", "profile_min_shapes", "profile_opt_shapes", "profile_max_shapes")
 
 SCHEMAS: dict[str, dict[str, OptionSpec]] = {"qnn": QNN_OPTIONS, "trt": TRT_OPTIONS}
+
+
+# A gate on the answer, not a compile input (see the module docstring): never normalized.
+REQUIRE_FULL_OFFLOAD = OptionSpec("require_full_offload", "bool", False,
+                                  "fail with unsupported-ops when the build leaves any node on the CPU")
+
+
+def split_gate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``raw`` without ``require_full_offload``, and that gate's value (False when absent).
+    ``-o require_full_offload=true`` is the old spelling of ``--require-full-offload``."""
+    rest = dict(raw)
+    if REQUIRE_FULL_OFFLOAD.name not in rest:
+        return rest, False
+    return rest, bool(REQUIRE_FULL_OFFLOAD.coerce(rest.pop(REQUIRE_FULL_OFFLOAD.name)))
 
 
 def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:

@@ -146,9 +146,27 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
           registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False) -> BuildReport:
     """Embedded: queue every (target, local toolchain) and run the executor on each, here.
     ``force_tag``: NAME:TAG may move from another model to this one (else tag-conflict)."""
+    return build_many(settings, [model], target_refs, option_pairs, name=name, tag=tag, progress=[progress],
+                      registry=registry, retry_failed=retry_failed, force_tag=force_tag)[0]
+
+
+def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
+               option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
+               progress: Sequence[Progress] = (), registry: Registry | None = None, retry_failed: bool = False,
+               force_tag: bool = False) -> list[BuildReport]:
+    """Embedded, several models: every (model, target) build shares one pool of ``build_jobs``
+    (12 builds on 2 CPUs run 2 at a time across models, not model by model). A report per model,
+    in the order given; ``progress[i]`` hears models[i]'s events. Everything is validated and
+    every model's snapshot and builds are recorded before the first compile starts.
+    ``name``/``tag`` name one model: with several, a usage error."""
     from farm.pipeline.execute import Executor, interruptible
     from workers.runner import get_runner
 
+    if not models:
+        raise UsageError("no model given", hint="farm build MODEL.onnx [MODEL.onnx ...] -t qnn:SM8650")
+    if len(models) > 1 and (name or tag or force_tag):
+        raise UsageError("--name/--tag name one model; several models were given",
+                         hint="build the named model in its own `farm build --name N --tag T`")
     name, tag = check_name_tag(name, tag)
     targets = parse_targets(target_refs)
     raw = parse_pairs(option_pairs)
@@ -163,20 +181,25 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
                     executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
                 except FarmError as exc:
                     raise NoWorkerError(f"cannot build {t.ref} here: {exc.message}", hint=exc.hint) from None
-        bundle = load_bundle(reg, Path(model))
-        files = store_snapshot(reg, bundle)
-        planned: list[tuple[Target, states.BuildSpec, int]] = []
-        with reg.db.session() as s:
-            moved_from = record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag,
-                                         bundle.stem, force_tag=force_tag)
-            for t in targets:
-                spec = _spec(bundle.digest, t, executors[t.backend].toolchain.version, options[t])
-                build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
-                planned.append((t, spec, build_id))
-        report = BuildReport(bundle.digest, name or bundle.stem, tag, tag_moved=moved_from)
+        bundles = [load_bundle(reg, Path(m)) for m in models]  # invalid-model before anything is written
+        reports: list[BuildReport] = []
+        planned: list[tuple[Target, states.BuildSpec, int, Progress]] = []
+        for i, bundle in enumerate(bundles):
+            files = store_snapshot(reg, bundle)
+            listen = progress[i] if i < len(progress) else _noop
+            with reg.db.session() as s:
+                moved_from = record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag,
+                                             bundle.stem, force_tag=force_tag)
+                for t in targets:
+                    spec = _spec(bundle.digest, t, executors[t.backend].toolchain.version, options[t])
+                    build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
+                    planned.append((t, spec, build_id, listen))
+            reports.append(BuildReport(bundle.digest, name or bundle.stem, tag, tag_moved=moved_from))
         with interruptible():
-            report.outcomes.extend(_run_all(settings, reg, executors, planned, progress))
-        return report
+            outcomes = _run_all(settings, reg, executors, planned)
+        for i, report in enumerate(reports):
+            report.outcomes.extend(outcomes[i * len(targets):(i + 1) * len(targets)])
+        return reports
     finally:
         if own:
             reg.close()
@@ -208,7 +231,7 @@ def _mem_available_mb() -> int | None:
 
 
 def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
-             planned: list[tuple[Target, states.BuildSpec, int]], progress: Progress) -> list[BuildOutcome]:
+             planned: list[tuple[Target, states.BuildSpec, int, Progress]]) -> list[BuildOutcome]:
     """Run the planned builds here, ``build_jobs`` at a time (each compile in its own warm host,
     workers.host: no process started per target). Outcomes in the order planned.
 
@@ -218,7 +241,8 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     main thread raises the signal on."""
     jobs = build_jobs(settings, len(planned))
     if jobs <= 1:
-        return [_run_here(reg, executors[t.backend], t, spec, build_id, progress) for t, spec, build_id in planned]
+        return [_run_here(reg, executors[t.backend], t, spec, build_id, progress)
+                for t, spec, build_id, progress in planned]
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from farm.core.errors import Interrupted
@@ -228,7 +252,7 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     for ex in executors.values():
         ex.interrupt = stop
 
-    def one(t: Target, spec: states.BuildSpec, build_id: int) -> BuildOutcome:
+    def one(t: Target, spec: states.BuildSpec, build_id: int, progress: Progress) -> BuildOutcome:
         if stop.is_set():
             raise Interrupted(stop.signum)
         return _run_here(reg, executors[t.backend], t, spec, build_id, progress, stop=stop)
@@ -236,8 +260,8 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build")
     futures = []
     try:
-        for t, spec, build_id in planned:
-            futures.append(pool.submit(one, t, spec, build_id))
+        for t, spec, build_id, progress in planned:
+            futures.append(pool.submit(one, t, spec, build_id, progress))
         wait(futures)
     except BaseException as exc:
         stop.set(getattr(exc, "signum", 2))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.core.catalog import Target, parse_target
-from farm.core.errors import UsageError
+from farm.core.errors import UnsupportedOpsError, UsageError
 from farm.core.names import DEFAULT_TAG, check_name, check_tag
 
 Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
@@ -81,3 +81,37 @@ def parse_targets(target_refs: Sequence[str]) -> list[Target]:
         if t not in targets:
             targets.append(t)
     return targets
+
+
+# ---- the full-offload gate -------------------------------------------------------------------------
+# ``--require-full-offload`` is not a compile input (the same bytes either way, measured): the build
+# runs ungated and publishes its artifact under the ungated key; each answer to a gated request
+# (embedded build, cached path, release status) fails the targets whose artifact left nodes on the
+# CPU. A gated request after a plain one compiles nothing, and the reverse is answered cached.
+
+def offload_refusal(nodes_cpu: int | None, artifact: str | None,
+                    cpu_op_types: Callable[[], Sequence[str]]) -> UnsupportedOpsError | None:
+    """The unsupported-ops error a gated request answers for an artifact with ``nodes_cpu`` CPU
+    nodes, or None when it is fully offloaded. ``cpu_op_types`` reads the op types (from the
+    manifest's placement) only when they are needed."""
+    if not nodes_cpu or artifact is None:
+        return None
+    ops = ", ".join(cpu_op_types()) or "op types not recorded"
+    short = artifact.removeprefix("sha256:")[:12]
+    return UnsupportedOpsError(
+        f"{nodes_cpu} node(s) stay on the CPU ({ops}) and full offload is required",
+        hint=f"drop --require-full-offload to use the partially offloaded artifact {short} "
+             f"(built and published), or replace these ops")
+
+
+def gate_outcome(outcome: BuildOutcome, cpu_op_types: Callable[[], Sequence[str]]) -> BuildOutcome:
+    """A built or cached outcome as a gated request sees it: failed with unsupported-ops when its
+    artifact left CPU nodes (the artifact and its placement stay in the outcome)."""
+    if outcome.state == "failed":
+        return outcome
+    refusal = offload_refusal(outcome.nodes_cpu, outcome.artifact, cpu_op_types)
+    if refusal is None:
+        return outcome
+    outcome.cached_failure = outcome.state == "cached"
+    outcome.state, outcome.error_code, outcome.error_message = "failed", refusal.code, refusal.message
+    return outcome

@@ -72,6 +72,38 @@ def test_pipes_get_plain_lines_tables_and_typed_json(farm_env: dict[str, str], t
     assert "\x1b" not in miss.stdout + miss.stderr
 
 
+def test_several_models_build_in_one_call_and_then_answer_from_the_index(farm_env: dict[str, str]) -> None:
+    """`farm build A.onnx B.onnx -t T1 -t T2`: the 4 builds in one call (one pool of compiles),
+    a row per model and target, one table with a MODEL column; the same call again answers all 4
+    from the index, and --json gives a report per model."""
+    models = [str(light("squeezenet")), str(light("shufflenet"))]
+    targets = ["-t", "qnn:SM8650", "-t", "qnn:SM8750"]
+    proc = farm(farm_env, "build", *models, *targets)
+    for stem in ("light_squeezenet", "light_shufflenet"):
+        for target in ("qnn:SM8650", "qnn:SM8750"):
+            assert f"  {stem} {target}: compiling (with 2.51.0)" in proc.stderr.splitlines(), proc.stderr
+            assert re.search(rf"^  {stem} {target}: built in \d+\.\d s$", proc.stderr, re.M), proc.stderr
+            assert re.search(rf"^{stem}\s+{target}\s+2\.51\.0\s+built\s+[0-9a-f]{{12}}", proc.stdout, re.M), proc.stdout
+    assert proc.stdout.count("model light_") == 2 and re.search(r"^MODEL\s+TARGET\s+TOOLCHAIN", proc.stdout, re.M)
+    assert "4 build(s) in" in proc.stderr
+
+    listed = valid("ls", farm(farm_env, "ls", "--json").stdout)
+    assert len(listed) == 4 and len({a["artifact"] for a in listed}) == 4
+    assert {(a["model"], a["target"]) for a in listed} == {(m, t) for m in {a["model"] for a in listed}
+                                                           for t in ("qnn:SM8650", "qnn:SM8750")}
+
+    doc = valid("build", farm(farm_env, "build", *models, *targets, "--json").stdout)
+    assert doc["ok"] is True and [m["name"] for m in doc["models"]] == ["light_squeezenet", "light_shufflenet"]
+    assert [[b["state"] for b in m["builds"]] for m in doc["models"]] == [["cached", "cached"]] * 2
+    assert {b["artifact"] for m in doc["models"] for b in m["builds"]} == {a["artifact"] for a in listed}
+    assert len(valid("ls", farm(farm_env, "ls", "--json").stdout)) == 4  # nothing built again
+
+    # Names are per model: --name with several models is a usage error, nothing built or written.
+    named = farm(farm_env, "build", *models, *targets, "--name", "both", check=False)
+    assert named.returncode == 2 and "error[usage]" in named.stderr and "Traceback" not in named.stderr
+    assert farm(farm_env, "resolve", "--model", "both", "--soc", "SM8650", "--qnn", "2.51.0",
+                check=False).returncode == 1
+
 def test_the_readme_device_snippet_loads_a_fetched_artifact(farm_env: dict[str, str], tmp_path: Path) -> None:
     """The README's "Load it on the device" block, as written, with only the two values a device
     fills in replaced: the fetched model_ctx.onnx and the SoC's soc_model."""

@@ -317,6 +317,34 @@ def test_build_progress_off_a_terminal_is_a_line_per_state_change():
     assert len(lines) == 5 and "\x1b" not in out.getvalue()
 
 
+def test_build_progress_of_several_models_has_a_row_per_model_and_target():
+    import io
+
+    from farm.cli.progress import BuildProgress
+
+    out = io.StringIO()
+    with BuildProgress(out, live=False) as progress:
+        a, b = progress.for_model("squeezenet"), progress.for_model("resnet50")
+        a("compiling", "qnn:SM8650", {"toolchain": "2.51.0", "attempt": 1})
+        b("compiling", "qnn:SM8650", {"toolchain": "2.51.0", "attempt": 1})  # another row, not a repeat
+        a("finished", "qnn:SM8650", {"state": "built"})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  squeezenet qnn:SM8650: compiling (with 2.51.0)"
+    assert lines[1] == "  resnet50 qnn:SM8650: compiling (with 2.51.0)"
+    assert lines[2].startswith("  squeezenet qnn:SM8650: built in ")
+    assert progress.columns[:2] == ("model", "target") and len(progress.rows) == 2
+    assert progress.rows["resnet50 qnn:SM8650"].cells == {"model": "resnet50", "target": "qnn:SM8650"}
+
+
+@pytest.mark.parametrize("flag", [["--name", "sq"], ["--tag", "v1"], ["--force-tag"]])
+def test_build_names_one_model_only(capsys, tmp_path, flag):
+    """Names are per model: --name/--tag/--force-tag with several models is a usage error,
+    before anything is read or written."""
+    rc = main(["build", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"), "-t", "qnn:SM8650", *flag])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error[usage]" in err and "several models" in err and "Traceback" not in err
+
+
 def test_release_progress_off_a_terminal_prints_changed_builds_only():
     import io
 
