@@ -119,9 +119,11 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
                    log: str, toolchain: Toolchain, context_media: str, *, strays: str) -> CompileOutput:
     """Read what an EP wrote back and turn it into a CompileOutput, for every backend.
 
-    Checks: a context model exists, it has EPContext nodes, full offload when required, every
-    referenced file stays inside ``out_dir``. ``strays``: files the context model does not
-    reference are an ``error`` (QNN writes none) or ``delete``d (TensorRT leaves profiles).
+    Checks: a context model exists, it has EPContext nodes, every referenced file stays inside
+    ``out_dir``. The placement (CPU nodes and their op types) is recorded, never refused here:
+    ``--require-full-offload`` is a gate on each request's answer (farm.pipeline.submission).
+    ``strays``: files the context model does not reference are an ``error`` (QNN writes none) or
+    ``delete``d (TensorRT leaves profiles).
     """
     from farm.core.errors import UnsupportedOpsError
     from workers.epcontext import read_epcontext, referenced_files
@@ -134,13 +136,6 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
         raise UnsupportedOpsError(
             f"the {ep} EP took no node of this model: nothing to put in a context binary",
             hint=f"ops in the model: {', '.join(placement['cpu_op_types'])}",
-            details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
-        )
-    if job.options.get("require_full_offload") and placement["cpu_nodes"]:
-        ops = ", ".join(placement["cpu_op_types"])
-        raise UnsupportedOpsError(
-            f"{placement['cpu_nodes']} node(s) would stay on the CPU ({ops}) and full offload is required",
-            hint="drop require_full_offload=true to ship a partially offloaded model, or replace these ops",
             details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
         )
     files = [OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL)]

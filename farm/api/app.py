@@ -72,6 +72,9 @@ class ReleaseIn(BaseModel):
     options: dict[str, str] = Field(default_factory=dict)
     allow_queue: bool = False
     retry_failed: bool = False
+    require_full_offload: bool = Field(
+        default=False, description="answer unsupported-ops for builds that leave nodes on the CPU: a gate on the "
+                                   "answer, not a build input (options.require_full_offload is the same)")
 
 
 class BuildOut(BaseModel):
@@ -217,7 +220,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         from registry.index import resolve_model_ref
 
         request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, allow_queue=body.allow_queue,
-                                            retry_failed=body.retry_failed)
+                                            retry_failed=body.retry_failed,
+                                            require_full_offload=body.require_full_offload)
         with reg.db.session() as s:
             digest = resolve_model_ref(s, body.model)
         served = _served(settings, reg, request)

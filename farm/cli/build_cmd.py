@@ -28,9 +28,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="tag for --name (default: latest)")
     p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="build option (repeatable), e.g. graph_optimization=3, require_full_offload=true")
+                   help="build option (repeatable), e.g. graph_optimization=3, vtcm_mb=4")
     p.add_argument("--require-full-offload", action="store_true",
-                   help="fail with unsupported-ops if any node would stay on the CPU")
+                   help="fail with unsupported-ops (naming the op types) if the build leaves any node on the CPU; "
+                        "a gate on the answer, not a build input: the artifact is built and kept either way "
+                        "(-o require_full_offload=true is the same)")
     p.add_argument("--retry-failed", action="store_true",
                    help="compile again builds that failed (by default failures are answered from the index)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -46,6 +48,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
         raise UsageError("--name/--tag/--force-tag name one model; several models were given",
                          hint="build the named model in its own `farm build MODEL.onnx --name N --tag T`")
+    # The gate travels as the old -o spelling: answer() and build_many() take it out of the options.
     options = list(args.option)
     if args.require_full_offload:
         options.append("require_full_offload=true")

@@ -23,6 +23,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--matrix", help="TOML file with targets = [...], sdks = [...], options = {k = v}")
         p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                        help="build option (repeatable), e.g. graph_optimization=3")
+        p.add_argument("--require-full-offload", action="store_true",
+                       help="answer unsupported-ops (naming the op types) for builds that leave any node on the "
+                            "CPU; a gate on the answer, not a build input (-o require_full_offload=true is the same)")
         p.add_argument("--name")
         p.add_argument("--tag")
         p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
@@ -90,7 +93,8 @@ def _remote(name: str, args: argparse.Namespace) -> int:
         print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
     st = client.json("POST", "/v1/releases", {
         "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
-        "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed})
+        "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed,
+        **({"require_full_offload": True} if args.require_full_offload else {})})
     if not args.json:
         print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
     if args.wait:
@@ -174,7 +178,8 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         sdks += list(m.get("sdks", []))
         options += [f"{k}={v}" for k, v in m.get("options", {}).items()]
     st = submit_release(settings, args.model, targets, sdks, options, name=args.name, tag=args.tag,
-                        allow_queue=args.allow_queue, retry_failed=args.retry_failed, force_tag=args.force_tag)
+                        allow_queue=args.allow_queue, retry_failed=args.retry_failed, force_tag=args.force_tag,
+                        require_full_offload=args.require_full_offload)
     if st.tag_moved:
         print(f"moved {st.tag_moved['tag']}: {st.tag_moved['from']} -> {st.tag_moved['to']}", file=sys.stderr)
     tag_moved = st.tag_moved

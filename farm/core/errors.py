@@ -99,8 +99,8 @@ class BadOptionsError(FarmError):
 
 class UnsupportedOpsError(FarmError):
     code = "unsupported-ops"
-    summary = "full offload required and ops stay on the CPU (names them)"
-    default_hint = "drop require_full_offload=true to ship a partially offloaded model"
+    summary = "full offload required and ops stay on the CPU (names them), or the EP took no node"
+    default_hint = "drop --require-full-offload to use the partially offloaded artifact, or replace these ops"
 
 
 class NoWorkerError(FarmError):

@@ -28,20 +28,31 @@ What it checks, in order; the first "no" gives None:
 7. Every build key exists and ``states.enqueue`` would reopen none of them: succeeded with an
    artifact that is not marked broken, or failed with a deterministic code and no
    ``--retry-failed``. Queued and running builds take the full path (it waits or runs them).
+
+``--require-full-offload`` is not in the build keys: a gated request is answered here from the
+ungated build, failed with unsupported-ops where the artifact left CPU nodes (their op types read
+from its manifest in the store, only then).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from farm.core.errors import DETERMINISTIC_FAILURES, FarmError
 from farm.core.keys import build_key, options_digest, sha256_file
-from farm.core.options import normalize, parse_pairs
+from farm.core.options import normalize, parse_pairs, split_gate
 from farm.core.settings import Settings
-from farm.pipeline.submission import BuildOutcome, BuildReport, Progress, check_name_tag, parse_targets
+from farm.pipeline.submission import (
+    BuildOutcome,
+    BuildReport,
+    Progress,
+    check_name_tag,
+    gate_outcome,
+    parse_targets,
+)
 
 
 def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
@@ -50,7 +61,7 @@ def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
 
 def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
            *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
-           retry_failed: bool = False) -> BuildReport | None:
+           retry_failed: bool = False, require_full_offload: bool = False) -> BuildReport | None:
     """The report of a fully cached ``plan.build(...)`` with these arguments, or None (see the
     module docstring). Raises what plan.build's validation raises, nothing else of its own."""
     from farm.core.bundle import match_recorded
@@ -61,7 +72,8 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
     start = time.perf_counter()
     name, tag = check_name_tag(name, tag)
     targets = parse_targets(target_refs)
-    raw = parse_pairs(option_pairs)
+    raw, gated = split_gate(parse_pairs(option_pairs))
+    gated = gated or require_full_offload
     options = {t: normalize(t.backend, raw, t) for t in targets}
     toolchains: dict[str, str] = {}
     for t in targets:
@@ -101,9 +113,10 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
         if b.state == "succeeded":
             if b.artifact is None or b.artifact_status == "broken":
                 return None
-            outcomes.append(BuildOutcome(t.ref, b.toolchain, "cached", b.id, artifact=b.artifact,
-                                         compile_seconds=b.compile_seconds, size=b.size, nodes_ep=b.nodes_ep,
-                                         nodes_cpu=b.nodes_cpu))
+            outcome = BuildOutcome(t.ref, b.toolchain, "cached", b.id, artifact=b.artifact,
+                                   compile_seconds=b.compile_seconds, size=b.size, nodes_ep=b.nodes_ep,
+                                   nodes_cpu=b.nodes_cpu)
+            outcomes.append(gate_outcome(outcome, _op_types(settings, b.artifact)) if gated else outcome)
         elif b.state == "failed" and not retry_failed and b.error_code in DETERMINISTIC_FAILURES:
             outcomes.append(BuildOutcome(t.ref, b.toolchain, "failed", b.id, error_code=b.error_code,
                                          error_message=b.error_message, cached_failure=True))
@@ -114,3 +127,13 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
         o.wall_seconds = took
         progress("finished", o.target, o.to_dict())
     return BuildReport(bundle.digest, name or bundle.stem, tag, outcomes)
+
+
+def _op_types(settings: Settings, manifest_digest: str) -> Callable[[], list[str]]:
+    def read() -> list[str]:
+        from registry.manifest import cpu_op_types
+        from registry.store import open_store
+
+        return cpu_op_types(open_store(settings.store_url), manifest_digest)
+
+    return read

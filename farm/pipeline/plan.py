@@ -28,7 +28,7 @@ from farm.core.errors import (
     UsageError,
 )
 from farm.core.keys import build_key, options_digest, sha256_file
-from farm.core.options import normalize, parse_pairs
+from farm.core.options import normalize, parse_pairs, split_gate
 from farm.core.settings import Settings
 from farm.pipeline import states
 
@@ -41,6 +41,8 @@ from farm.pipeline.submission import (  # noqa: F401
     Progress,
     check_name_tag,
     check_versions,
+    gate_outcome,
+    offload_refusal,
     parse_targets,
 )
 from registry.index import Registry
@@ -143,17 +145,21 @@ def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> s
 
 def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
           *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
-          registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False) -> BuildReport:
+          registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False,
+          require_full_offload: bool = False) -> BuildReport:
     """Embedded: queue every (target, local toolchain) and run the executor on each, here.
-    ``force_tag``: NAME:TAG may move from another model to this one (else tag-conflict)."""
+    ``force_tag``: NAME:TAG may move from another model to this one (else tag-conflict).
+    ``require_full_offload`` (or ``require_full_offload=true`` among the options): a gate on the
+    answer, not on the build (``submission.gate_outcome``)."""
     return build_many(settings, [model], target_refs, option_pairs, name=name, tag=tag, progress=[progress],
-                      registry=registry, retry_failed=retry_failed, force_tag=force_tag)[0]
+                      registry=registry, retry_failed=retry_failed, force_tag=force_tag,
+                      require_full_offload=require_full_offload)[0]
 
 
 def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
                option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                progress: Sequence[Progress] = (), registry: Registry | None = None, retry_failed: bool = False,
-               force_tag: bool = False) -> list[BuildReport]:
+               force_tag: bool = False, require_full_offload: bool = False) -> list[BuildReport]:
     """Embedded, several models: every (model, target) build shares one pool of ``build_jobs``
     (12 builds on 2 CPUs run 2 at a time across models, not model by model). A report per model,
     in the order given; ``progress[i]`` hears models[i]'s events. Everything is validated and
@@ -169,7 +175,8 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
                          hint="build the named model in its own `farm build --name N --tag T`")
     name, tag = check_name_tag(name, tag)
     targets = parse_targets(target_refs)
-    raw = parse_pairs(option_pairs)
+    raw, gated = split_gate(parse_pairs(option_pairs))
+    gated = gated or require_full_offload
     options = {t: normalize(t.backend, raw, t) for t in targets}
     executors: dict[str, Executor] = {}
     own = registry is None
@@ -196,7 +203,7 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
                     planned.append((t, spec, build_id, listen))
             reports.append(BuildReport(bundle.digest, name or bundle.stem, tag, tag_moved=moved_from))
         with interruptible():
-            outcomes = _run_all(settings, reg, executors, planned)
+            outcomes = _run_all(settings, reg, executors, planned, gate=gated)
         for i, report in enumerate(reports):
             report.outcomes.extend(outcomes[i * len(targets):(i + 1) * len(targets)])
         return reports
@@ -231,7 +238,8 @@ def _mem_available_mb() -> int | None:
 
 
 def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
-             planned: list[tuple[Target, states.BuildSpec, int, Progress]]) -> list[BuildOutcome]:
+             planned: list[tuple[Target, states.BuildSpec, int, Progress]], *, gate: bool = False
+             ) -> list[BuildOutcome]:
     """Run the planned builds here, ``build_jobs`` at a time (each compile in its own warm host,
     workers.host: no process started per target). Outcomes in the order planned.
 
@@ -241,7 +249,7 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     main thread raises the signal on."""
     jobs = build_jobs(settings, len(planned))
     if jobs <= 1:
-        return [_run_here(reg, executors[t.backend], t, spec, build_id, progress)
+        return [_run_here(reg, executors[t.backend], t, spec, build_id, progress, gate=gate)
                 for t, spec, build_id, progress in planned]
     from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -255,7 +263,7 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     def one(t: Target, spec: states.BuildSpec, build_id: int, progress: Progress) -> BuildOutcome:
         if stop.is_set():
             raise Interrupted(stop.signum)
-        return _run_here(reg, executors[t.backend], t, spec, build_id, progress, stop=stop)
+        return _run_here(reg, executors[t.backend], t, spec, build_id, progress, stop=stop, gate=gate)
 
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build")
     futures = []
@@ -276,7 +284,7 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
 
 
 def _run_here(reg: Registry, executor: Any, t: Target, spec: states.BuildSpec, build_id: int,
-              progress: Progress, *, stop: Any = None) -> BuildOutcome:
+              progress: Progress, *, stop: Any = None, gate: bool = False) -> BuildOutcome:
     from farm.pipeline.execute import wait_until_final_or_free
 
     ran = False
@@ -305,14 +313,16 @@ def _run_here(reg: Registry, executor: Any, t: Target, spec: states.BuildSpec, b
                 stop.wait(r.countdown)
             else:
                 time.sleep(r.countdown)
-    outcome = outcome_from_row(reg, build_id, t.ref, cached=not ran)
+    outcome = outcome_from_row(reg, build_id, t.ref, cached=not ran, gate=gate)
     outcome.wall_seconds = time.perf_counter() - start
     progress("finished", t.ref, outcome.to_dict())
     return outcome
 
 
-def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool) -> BuildOutcome:
+def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool, gate: bool = False) -> BuildOutcome:
+    """The outcome of a final build; ``gate``: as a --require-full-offload request sees it."""
     from registry.index import artifact_for_build
+    from registry.manifest import cpu_op_types
 
     with reg.db.session() as s:
         b = states.get_build(s, build_id)
@@ -321,9 +331,11 @@ def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool) ->
             if a is None:
                 raise NotFoundError(f"build {build_id} succeeded but has no artifact",
                                     hint="run `farm registry verify`")
-            return BuildOutcome(ref, b.toolchain, "cached" if cached else "built", b.id, artifact=a.digest,
-                                compile_seconds=a.compile_seconds, size=a.size, nodes_ep=a.nodes_ep,
-                                nodes_cpu=a.nodes_cpu)
+            outcome = BuildOutcome(ref, b.toolchain, "cached" if cached else "built", b.id, artifact=a.digest,
+                                   compile_seconds=a.compile_seconds, size=a.size, nodes_ep=a.nodes_ep,
+                                   nodes_cpu=a.nodes_cpu)
+            digest = a.digest
+            return gate_outcome(outcome, lambda: cpu_op_types(reg.store, digest)) if gate else outcome
         return BuildOutcome(ref, b.toolchain, "failed", b.id, error_code=b.error_code,
                             error_message=b.error_message, cached_failure=cached)
 
@@ -356,14 +368,15 @@ def _matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, 
 def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
-                   retry_failed: bool = False, force_tag: bool = False) -> ReleaseStatus:
+                   retry_failed: bool = False, force_tag: bool = False,
+                   require_full_offload: bool = False) -> ReleaseStatus:
     """Cluster, from a model file: validate, then ``queue_release``."""
     name, tag = check_name_tag(name, tag)
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
         request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                       retry_failed, force_tag)
+                                       retry_failed, force_tag, require_full_offload)
         served = served_toolchains(settings, reg)
         request.check_served(served)
         bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
@@ -388,16 +401,20 @@ class ReleaseRequest:
     allow_queue: bool = False
     retry_failed: bool = False
     force_tag: bool = False  # NAME:TAG may move from another model to this one
+    # A gate on the answer, not a build input (kept in the release's matrix; see _gate_view).
+    require_full_offload: bool = False
 
     @classmethod
     def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
               name: str | None = None, tag: str | None = None, allow_queue: bool = False,
-              retry_failed: bool = False, force_tag: bool = False) -> ReleaseRequest:
+              retry_failed: bool = False, force_tag: bool = False,
+              require_full_offload: bool = False) -> ReleaseRequest:
+        """``require_full_offload=true`` among ``raw_options`` (the old spelling) is the gate."""
         name, tag = check_name_tag(name, tag)
         targets = parse_targets(target_refs)
-        return cls(targets, check_versions(sdks), dict(raw_options),
-                   {t: normalize(t.backend, raw_options, t) for t in targets}, name, tag, allow_queue, retry_failed,
-                   force_tag)
+        raw, gated = split_gate(raw_options)
+        return cls(targets, check_versions(sdks), raw, {t: normalize(t.backend, raw, t) for t in targets}, name,
+                   tag, allow_queue, retry_failed, force_tag, gated or require_full_offload)
 
     def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
         return _matrix(self.targets, self.sdks, served)
@@ -430,10 +447,11 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     specs = [(t, v, _spec(model_digest, t, v, request.options[t])) for t, v in matrix]
     label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
     release_matrix = {"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
-                      "options": request.raw_options}
+                      "options": request.raw_options, "require_full_offload": request.require_full_offload}
     with reg.db.session() as s:
         cached, needs_work = _answer_cached(s, model_digest, [spec.build_key for _, _, spec in specs], request,
-                                            label, release_matrix, check_stored=store is not None)
+                                            label, release_matrix, check_stored=store is not None,
+                                            blobs=reg.store)
     if cached is not None:
         return cached
     if needs_work:
@@ -462,13 +480,14 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     for build_id, queue in to_send:
         send(app, COMPILE_TASK, [build_id], queue)
     with reg.db.session() as s:
-        st = _status(s, release_id, release_builds(s, release_id))
+        st = _status(s, release_id, release_builds(s, release_id), reg.store)
     st.tag_moved = moved_from
     return st
 
 
 def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseRequest, label: str,
-                   release_matrix: dict[str, Any], *, check_stored: bool) -> tuple[ReleaseStatus | None, bool]:
+                   release_matrix: dict[str, Any], *, check_stored: bool, blobs: Any = None
+                   ) -> tuple[ReleaseStatus | None, bool]:
     """In the caller's transaction: when every build of ``keys`` is final and stays so
     (``enqueue``'s rules reopen none) and the model snapshot is stored, record the tag and the
     release and return (its status, False). Else (None, whether some build needs work: new,
@@ -511,7 +530,8 @@ def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseR
                                      for k in dict.fromkeys(keys)])
     st = ReleaseStatus(int(release_id), label, tag_moved=moved_from)
     for b, a in sorted((rows[k] for k in dict.fromkeys(keys)), key=lambda r: (r[0].target, r[0].toolchain)):
-        st.builds.append(build_view(b, a if b.state == states.BuildState.SUCCEEDED else None))
+        view = build_view(b, a if b.state == states.BuildState.SUCCEEDED else None)
+        st.builds.append(_gate_view(view, a, blobs) if request.require_full_offload else view)
     return st, False
 
 
@@ -529,15 +549,34 @@ def build_view(b: Any, art: Any) -> dict[str, Any]:
             "worker": b.worker}
 
 
-def _status(session: Any, release_id: int, builds: list[Any]) -> ReleaseStatus:
+def _gate_view(view: dict[str, Any], art: Any, blobs: Any) -> dict[str, Any]:
+    """A build as a --require-full-offload release sees it: a succeeded build whose artifact left
+    nodes on the CPU is failed with unsupported-ops naming their op types (from the manifest in
+    ``blobs``); the build row and its artifact stay as they are."""
+    from registry.manifest import cpu_op_types
+
+    if view["state"] != states.BuildState.SUCCEEDED or art is None:
+        return view
+    refusal = offload_refusal(art.nodes_cpu, art.digest, lambda: cpu_op_types(blobs, art.digest))
+    if refusal is None:
+        return view
+    return {**view, "state": states.BuildState.FAILED, "error_code": refusal.code, "error_message": refusal.message,
+            "note": f"built with {art.nodes_cpu} node(s) on the CPU; this release requires full offload"}
+
+
+def _status(session: Any, release_id: int, builds: list[Any], blobs: Any) -> ReleaseStatus:
+    """The release's builds as its request sees them (``blobs``: the store, for the op types a
+    --require-full-offload release names)."""
     from registry.index import artifact_for_build
     from registry.models import Release
 
     rel = session.get(Release, release_id)
     st = ReleaseStatus(release_id, rel.label if rel else "")
+    gated = bool(rel is not None and (rel.matrix or {}).get("require_full_offload"))
     for b in builds:
         art = artifact_for_build(session, b.id) if b.state == states.BuildState.SUCCEEDED else None
-        st.builds.append(build_view(b, art))
+        view = build_view(b, art)
+        st.builds.append(_gate_view(view, art, blobs) if gated else view)
     return st
 
 
@@ -560,7 +599,7 @@ def release_status(settings: Settings, release_id: int, registry: Registry | Non
         with reg.db.session() as s:
             if s.get(Release, release_id) is None:
                 raise NotFoundError(f"no release {release_id}")
-            return _status(s, release_id, release_builds(s, release_id))
+            return _status(s, release_id, release_builds(s, release_id), reg.store)
     finally:
         if registry is None:
             reg.close()

@@ -21,6 +21,8 @@ class InstantRunner:
         self.go_on = threading.Event()  # cleared: a compile holds until it is set
         self.go_on.set()
         self.compiles = 0
+        # What the "compile" leaves where (a test sets CPU nodes to model a partial offload).
+        self.placement: dict[str, Any] = {"ep_nodes": 1, "cpu_nodes": 0, "cpu_op_types": []}
 
     def toolchain(self) -> Toolchain:
         return TOOLCHAIN
@@ -40,7 +42,7 @@ class InstantRunner:
         files = [OutputFile("model_ctx.onnx", out / "model_ctx.onnx", "ctx-model", "application/x-ctx"),
                  OutputFile("model_ctx_qnn.bin", out / "model_ctx_qnn.bin", "context", "application/x-qnn")]
         return CompileOutput(out, "model_ctx.onnx", files, 0.01, 0.02, [{"ep_sdk_version": "2.51.0"}],
-                             {"ep_nodes": 1, "cpu_nodes": 0, "cpu_op_types": []}, TOOLCHAIN, "log",
+                             dict(self.placement), TOOLCHAIN, "log",
                              self_load={"ok": True, "load_seconds": 0.001})
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:

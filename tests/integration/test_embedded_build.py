@@ -17,6 +17,7 @@ from registry.index import Registry, find_artifact
 from tests.common.cli import farm
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
 from tests.common.registry_state import snapshot
+from tests.common.schemas import valid
 
 
 def test_two_socs_give_two_artifacts_and_rebuild_is_cached(settings: Settings, farm_env: dict[str, str]) -> None:
@@ -97,26 +98,41 @@ def test_external_data_model_compiles_and_digest_covers_data(settings: Settings,
     assert report_b.model_digest != build(settings, model, ["qnn:SM8650"]).model_digest
 
 
-def test_unsupported_ops_with_full_offload_fails_cleanly(settings: Settings, farm_env: dict[str, str],
-                                                          tmp_path: Path) -> None:
+def test_require_full_offload_is_a_gate_on_the_answer(settings: Settings, farm_env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    """--require-full-offload is not a build input: gated first, the compile runs ungated and
+    publishes the partial artifact while the answer fails with unsupported-ops (the CPU op types,
+    exit 1); then a plain build is answered cached from that artifact, and a gated one again
+    compiles nothing. Plain first, then gated: no second compile either."""
     model = partly_unsupported(tmp_path / "partial.onnx")
     proc = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
-    assert proc.returncode == 1
-    assert "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr and "Mod" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "error[unsupported-ops] qnn:SM8650: 2 node(s) stay on the CPU (Erf, Mod)" in proc.stderr
+    assert "failed (unsupported-ops)" in proc.stdout and "1 ctx / 2 cpu" in proc.stdout
+    assert "Traceback" not in proc.stderr and "answered from the index" not in proc.stderr
     state = snapshot(settings)
-    # Only the model snapshot the compile read is stored (referenced by the model row): no artifact blob.
-    from farm.core.keys import sha256_file
+    assert state["rows"]["artifacts"] == 1 and state["rows"]["builds_unfinished"] == 0  # published, ungated
+    plain = json.loads(farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--json").stdout)
+    (p,) = plain["builds"]
+    assert plain["ok"] and (p["state"], p["nodes_ep"], p["nodes_cpu"]) == ("cached", 1, 2)
+    again = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "-o", "require_full_offload=true", "--json",
+                 check=False)  # the old -o spelling is the same gate
+    assert again.returncode == 1
+    (g,) = valid("build", again.stdout)["builds"]
+    assert (g["state"], g["error_code"], g["cached_failure"]) == ("failed", "unsupported-ops", True)
+    assert (g["build_id"], g["artifact"]) == (p["build_id"], p["artifact"]) and "Erf, Mod" in g["error_message"]
+    assert snapshot(settings) == state, "neither answer may compile or write anything"
 
-    assert state["blobs"] == [sha256_file(model)[0]]
-    assert state["rows"]["artifacts"] == 0 and state["rows"]["builds_unfinished"] == 0
-    # Deterministic failure: answered from the index, no second compile.
-    again = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
-    assert again.returncode == 1 and "answered from the index" in again.stderr
-    assert snapshot(settings) == state
-    # Without the requirement the same model ships partially offloaded, CPU ops recorded.
-    (o,) = build(settings, model, ["qnn:SM8650"]).outcomes
-    assert o.state == "built" and o.nodes_ep == 1 and o.nodes_cpu == 2
+    # Plain first (another FARM_HOME, the same model): the gated request compiles nothing.
+    env = {**farm_env, "FARM_HOME": str(tmp_path / "other-home")}
+    first = json.loads(farm(env, "build", str(model), "-t", "qnn:SM8650", "--json").stdout)
+    assert first["ok"] and first["builds"][0]["state"] == "built"
+    other = Settings.from_env(env)
+    before = snapshot(other)
+    gated = farm(env, "build", str(model), "-t", "qnn:SM8650", "--require-full-offload", check=False)
+    assert gated.returncode == 1 and "error[unsupported-ops]" in gated.stderr and "(Erf, Mod)" in gated.stderr
+    assert "answered from the index" in gated.stderr
+    assert snapshot(other) == before
 
 
 def test_embed_mode_1_is_one_file_that_loads(settings: Settings, tmp_path: Path) -> None:

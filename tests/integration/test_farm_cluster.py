@@ -308,12 +308,49 @@ def test_poison_model_fails_with_worker_lost_after_the_cap(farm_cluster: Farm, t
 
 def test_deterministic_failure_is_not_retried(farm_cluster: Farm, tmp_path: Path) -> None:
     f = farm_cluster
-    f.start_worker("2.51.0")
+    f.start_worker("2.51.0", {"FARM_COMPILE_TIMEOUT": "0.01"})  # a time limit no compile meets: resource-limit
     proc = f.cli("submit", str(partly_unsupported(tmp_path / "p.onnx")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
-                 "-o", "require_full_offload=true", "--wait", "--timeout", "120",
-                 check=False)
-    assert proc.returncode == 1 and "error[unsupported-ops]" in proc.stderr and "Erf" in proc.stderr
-    assert [(r["state"], r["code"], r["attempts"]) for r in f.builds()] == [("failed", "unsupported-ops", 1)]
+                 "--wait", "--timeout", "120", check=False)
+    assert proc.returncode == 1 and "error[resource-limit]" in proc.stderr, proc.stderr
+    assert [(r["state"], r["code"], r["attempts"]) for r in f.builds()] == [("failed", "resource-limit", 1)]
+
+
+def test_full_offload_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> None:
+    """--require-full-offload is kept with the release, not in the build key: the worker builds
+    ungated and publishes; the release answers unsupported-ops naming the CPU op types (submit
+    --wait, status, exit 1). A plain release of the model is answered from that build, and so is
+    a gated one through the HTTP service: one compile in all."""
+    from farm.services import free_port
+    from tests.common.service import serve
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    model = str(partly_unsupported(tmp_path / "p.onnx"))
+    args = ["submit", model, "-t", "qnn:SM8650", "--sdk", "2.51.0", "--wait", "--timeout", "120", "--json"]
+    gated = f.cli(*args, "--require-full-offload", check=False)
+    assert gated.returncode == 1, gated.stderr
+    (b,) = valid("submit", gated.stdout)["builds"]
+    assert (b["state"], b["error_code"]) == ("failed", "unsupported-ops") and b["artifact"]
+    assert "2 node(s) stay on the CPU (Erf, Mod)" in b["error_message"]
+    assert [(r["state"], r["attempts"]) for r in f.builds()] == [("succeeded", 1)]
+    status = f.cli("status", str(json.loads(gated.stdout)["release"]), check=False)
+    assert status.returncode == 1 and "error[unsupported-ops]" in status.stderr and "(Erf, Mod)" in status.stderr
+    (p,) = valid("submit", f.cli(*args).stdout)["builds"]
+    assert (p["state"], p["build"], p["artifact"]) == ("succeeded", b["build"], b["artifact"])
+
+    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = serve(f.env, port, tmp_path / "serve.log")
+    try:
+        remote = f.cli(*args, "--require-full-offload", "--server", f"http://127.0.0.1:{port}", "--token", submit,
+                       check=False)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert remote.returncode == 1, remote.stderr
+    (r,) = valid("submit", remote.stdout)["builds"]
+    assert (r["state"], r["error_code"], r["build"]) == ("failed", "unsupported-ops", b["build"])
+    assert len(f.builds()) == 1
 
 
 def test_unserved_toolchain_is_refused_or_queued(farm_cluster: Farm) -> None:

@@ -1,7 +1,7 @@
 """Every QNN build option is in the catalog for a measured effect (real compiles, QNN 2.51.0):
-compiled with and without it, the context bytes differ, or, for the one gate, the bytes are the
-same and only the outcome changes. An option that changes nothing is not offered: ``precision``
-is refused with what HTP really runs."""
+compiled with and without it, the context bytes differ. An option that changes nothing is not
+offered: ``precision`` is refused with what HTP really runs, and ``require_full_offload`` (the
+same bytes either way, measured) is a gate on the answer, not a build option."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.catalog import parse_target
-from farm.core.errors import BadOptionsError, UnsupportedOpsError
+from farm.core.errors import BadOptionsError
 from farm.core.options import QNN_OPTIONS, normalize, parse_pairs
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
@@ -27,11 +27,10 @@ CHANGES_BYTES = {
     "vtcm_mb": "vtcm_mb=4",  # another .bin, and the compatibility string in the _ctx.onnx records it
     "embed_mode": "embed_mode=1",  # one _ctx.onnx holding the context instead of a .bin beside it
 }
-GATES = {"require_full_offload": "require_full_offload=true"}  # fails a partial offload; no bytes change
 
 
 def test_every_qnn_option_has_a_measured_effect() -> None:
-    assert set(QNN_OPTIONS) == set(CHANGES_BYTES) | set(GATES)
+    assert set(QNN_OPTIONS) == set(CHANGES_BYTES)
 
 
 def contexts(model: Path, work: Path, pairs: list[str]) -> dict[str, str]:
@@ -59,15 +58,19 @@ def test_the_option_changes_the_compiled_bytes(tmp_path: Path, option: str) -> N
         assert changed["model_ctx_qnn.bin"] != default["model_ctx_qnn.bin"]
 
 
-def test_require_full_offload_is_a_gate_not_a_compile_input(settings: Settings, tmp_path: Path) -> None:
-    whole = conv_relu_add(tmp_path / "net.onnx")
-    assert contexts(whole, tmp_path / "a", [GATES["require_full_offload"]]) == contexts(whole, tmp_path / "b", [])
+def test_require_full_offload_is_a_gate_not_a_build_option(settings: Settings, tmp_path: Path) -> None:
+    """It compiled byte-identical contexts (measured before it left the catalog), so it is not a
+    compile input: a gated request is answered from the plain build, compiling nothing."""
+    with pytest.raises(BadOptionsError, match="unknown qnn option"):
+        normalize("qnn", {"require_full_offload": "true"})
     partial = partly_unsupported(tmp_path / "partial.onnx")
-    assert contexts(partial, tmp_path / "c", [])  # ships with CPU nodes beside the EPContext
-    with pytest.raises(UnsupportedOpsError):
-        contexts(partial, tmp_path / "d", [GATES["require_full_offload"]])
-    (o,) = build(settings, partial, ["qnn:SM8650"], [GATES["require_full_offload"]]).outcomes
-    assert o.state == "failed" and o.error_code == "unsupported-ops"
+    (plain,) = build(settings, partial, ["qnn:SM8650"]).outcomes
+    assert plain.state == "built" and plain.nodes_cpu == 2  # ships with CPU nodes beside the EPContext
+    before = snapshot(settings)
+    (gated,) = build(settings, partial, ["qnn:SM8650"], ["require_full_offload=true"]).outcomes
+    assert (gated.state, gated.error_code, gated.build_id) == ("failed", "unsupported-ops", plain.build_id)
+    assert "(Erf, Mod)" in (gated.error_message or "")
+    assert snapshot(settings) == before, "the gate must not compile or write anything"
 
 
 @pytest.mark.parametrize("value", ["fp16", "fp32"])

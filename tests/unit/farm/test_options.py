@@ -5,7 +5,7 @@ import pytest
 from farm.core.catalog import Target, parse_target
 from farm.core.errors import BadOptionsError
 from farm.core.keys import options_digest
-from farm.core.options import QNN_OPTIONS, TRT_OPTIONS, normalize, parse_pairs
+from farm.core.options import QNN_OPTIONS, TRT_OPTIONS, normalize, parse_pairs, split_gate
 
 SM8650 = parse_target("qnn:SM8650")
 SM_75 = parse_target("trt:sm_75")
@@ -14,8 +14,7 @@ SHAPES = {"profile_min_shapes": "x:1x3", "profile_opt_shapes": "x:4x3", "profile
 
 
 def test_qnn_defaults_filled():
-    assert normalize("qnn", {}, SM8650) == {"graph_optimization": 0, "require_full_offload": False,
-                                            "embed_mode": 0, "vtcm_mb": 0}
+    assert normalize("qnn", {}, SM8650) == {"graph_optimization": 0, "embed_mode": 0, "vtcm_mb": 0}
 
 
 def test_trt_defaults_filled():
@@ -41,7 +40,23 @@ def test_non_default_changes_digest():
                                           ("false", False), ("No", False), ("off", False), ("0", False),
                                           (False, False)])
 def test_bool_coercion(raw, expected):
-    assert normalize("qnn", {"require_full_offload": raw}, SM8650)["require_full_offload"] is expected
+    assert split_gate({"require_full_offload": raw, "vtcm_mb": "4"}) == ({"vtcm_mb": "4"}, expected)
+
+
+@pytest.mark.parametrize("backend,target", [("qnn", SM8650), ("trt", SM_90)])
+def test_require_full_offload_is_a_gate_not_a_build_option(backend, target):
+    """The same bytes are compiled with or without it (measured): not in the options, their
+    digest or the build key; the -o spelling is taken out before normalize, which refuses it."""
+    assert "require_full_offload" not in (QNN_OPTIONS if backend == "qnn" else TRT_OPTIONS)
+    raw, gated = split_gate(parse_pairs(["require_full_offload=true"]))
+    assert gated is True and raw == {}
+    assert options_digest(normalize(backend, raw, target)) == options_digest(normalize(backend, {}, target))
+    assert split_gate({}) == ({}, False)
+    with pytest.raises(BadOptionsError, match="unknown"):
+        normalize(backend, {"require_full_offload": "true"}, target)
+    with pytest.raises(BadOptionsError, match="not a boolean") as info:
+        split_gate({"require_full_offload": "maybe"})
+    assert info.value.code == "bad-options"
 
 
 def test_int_and_choice_coercion():
@@ -71,7 +86,6 @@ def test_trt_only_option_is_unknown_for_qnn():
     ({"embed_mode": "2"}, "out of range"),
     ({"graph_optimization": "high"}, "not an integer"),
     ({"graph_optimization": "1.5"}, "not an integer"),
-    ({"require_full_offload": "maybe"}, "not a boolean"),
 ])
 def test_bad_values(raw, match):
     with pytest.raises(BadOptionsError, match=match) as info:

@@ -168,6 +168,45 @@ def test_failures_answered_like_enqueue(settings: Settings, tmp_path: Path, code
     same_answer(fast, build(settings, model))
 
 
+@pytest.mark.parametrize("gate", [["require_full_offload=true"], []])
+def test_full_offload_gate_is_answered_from_the_ungated_build(settings: Settings, tmp_path: Path,
+                                                              instant_runner: InstantRunner, gate: list[str]) -> None:
+    """--require-full-offload is not in the build key: the build runs ungated and publishes its
+    artifact; each gated answer (full path and fast path) fails the partial one with
+    unsupported-ops naming the CPU op types from its manifest. Either order compiles once."""
+    instant_runner.placement = {"ep_nodes": 1, "cpu_nodes": 2, "cpu_op_types": ["Erf", "Mod"]}
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    first = plan.build(settings, model, ["qnn:SM8650"], gate)  # gated first, or plain first
+    assert instant_runner.compiles == 1 and first.outcomes[0].artifact is not None
+    for gated in (plan.build(settings, model, ["qnn:SM8650"], require_full_offload=True),
+                  answer(settings, model, ["qnn:SM8650"], require_full_offload=True),
+                  answer(settings, model, ["qnn:SM8650"], ["require_full_offload=true"])):
+        assert gated is not None and not gated.ok
+        (o,) = gated.outcomes
+        assert (o.state, o.error_code, o.cached_failure) == ("failed", "unsupported-ops", True)
+        assert "2 node(s) stay on the CPU (Erf, Mod)" in (o.error_message or "")
+        assert (o.artifact, o.nodes_cpu, o.build_id) == (first.outcomes[0].artifact, 2, first.outcomes[0].build_id)
+    if gate:
+        assert first.outcomes[0].state == "failed" and not first.outcomes[0].cached_failure
+    plain = answer(settings, model, ["qnn:SM8650"])
+    assert plain is not None and plain.ok and plain.outcomes[0].state == "cached"
+    assert plain.outcomes[0].artifact == first.outcomes[0].artifact
+    assert instant_runner.compiles == 1
+    instant_runner.placement = {"ep_nodes": 1, "cpu_nodes": 0, "cpu_op_types": []}
+    whole = save(matmul_add(seed=2), tmp_path / "whole.onnx")  # fully offloaded: the gate changes nothing
+    (o,) = plan.build(settings, whole, ["qnn:SM8650"], require_full_offload=True).outcomes
+    assert o.state == "built" and o.nodes_cpu == 0
+
+
+def test_release_request_keeps_the_gate_out_of_the_options() -> None:
+    """A release's options (and so its build keys) never hold the gate; either spelling sets it."""
+    old = plan.ReleaseRequest.parse(["qnn:SM8650"], ["2.51.0"], {"require_full_offload": "true", "vtcm_mb": "4"})
+    new = plan.ReleaseRequest.parse(["qnn:SM8650"], ["2.51.0"], {"vtcm_mb": "4"}, require_full_offload=True)
+    plain = plan.ReleaseRequest.parse(["qnn:SM8650"], ["2.51.0"], {"vtcm_mb": "4"})
+    assert old.require_full_offload and new.require_full_offload and not plain.require_full_offload
+    assert old.raw_options == new.raw_options == {"vtcm_mb": "4"} and old.options == new.options == plain.options
+
+
 @pytest.mark.parametrize("revision", ["0004", "9999"])
 def test_another_schema_takes_the_full_path(settings: Settings, tmp_path: Path, revision: str) -> None:
     model = save(matmul_add(seed=1), tmp_path / "m.onnx")
