@@ -86,6 +86,15 @@ def install_guards(env: dict[str, str] | None = None) -> None:
         import resource
 
         cap = memory_mb * 1024 * 1024
+        mapped = _mapped_bytes()
+        if cap < mapped + _CAP_HEADROOM:
+            # Below what this process already maps, every allocation fails, and a forked job
+            # measured hanging on a lock instead of failing: refuse at once, with the figures.
+            write_result({"ok": False, "error": {
+                "code": "resource-limit",
+                "message": f"the memory cap of {memory_mb} MiB (FARM_COMPILE_MEMORY_MB) is below what the compile "
+                           f"process maps before compiling ({mapped >> 20} MiB + {_CAP_HEADROOM >> 20} MiB headroom)"}})
+            os._exit(1)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     limit = float(env.get("CTXFARM_TIME_LIMIT", "0") or 0)
     if limit > 0:
@@ -98,6 +107,21 @@ def install_guards(env: dict[str, str] | None = None) -> None:
         timer = threading.Timer(limit, watchdog)
         timer.daemon = True
         timer.start()
+
+
+_CAP_HEADROOM = 64 << 20
+
+
+def _mapped_bytes() -> int:
+    """This process's address space now (VmSize), 0 where /proc can't tell."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 Commands = dict[str, Callable[[dict[str, Any]], dict[str, Any]]]

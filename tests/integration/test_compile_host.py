@@ -105,6 +105,14 @@ def test_the_memory_cap_is_a_resource_limit_in_a_warm_job(tmp_path: Path) -> Non
     compile_bins(runner, light("squeezenet"), "qnn:SM8750", tmp_path / "after")
 
 
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-job", "fresh-child"])
+def test_a_cap_below_what_the_process_maps_is_refused_not_hung(tmp_path: Path, warm: bool) -> None:
+    """FARM_COMPILE_MEMORY_MB=1 once left a forked job waiting on a lock forever (every
+    allocation failed); a cap below the process's own mapping is refused with the figures."""
+    with pytest.raises(ResourceLimitError, match="below what the compile process maps"):
+        compile_bins(QnnRunner(warm_host=warm), light("squeezenet"), "qnn:SM8650", tmp_path / "tiny", memory_mb=1)
+
+
 def test_embedded_build_compiles_targets_in_parallel_in_warm_hosts(settings: Settings, tmp_path: Path) -> None:
     pool = pool_for(CHILD)
     first = build(settings, conv_relu_add(tmp_path / "a.onnx", seed=21), ["qnn:SM8650", "qnn:SM8750"])
