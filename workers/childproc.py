@@ -38,6 +38,7 @@ _CLASSIFY = (
     ("QNN_DEVICE_ERROR_INVALID_CONFIG", "bad-options"),
     ("INVALID_PROTOBUF", "invalid-model"),
     ("Protobuf parsing failed", "invalid-model"),
+    ("Unsupported model IR version", "invalid-model"),
     ("NOT_IMPLEMENTED", "unsupported-ops"),
     ("Could not find an implementation", "unsupported-ops"),
 )

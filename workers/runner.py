@@ -130,7 +130,15 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
 
     ctx_path = out_dir / ctx_name
     if not ctx_path.exists():
-        raise ToolchainError(f"the {ep} EP finished without writing a context model", details={"log": log})
+        # The session was created (the compile succeeded) but no EPContext model was written:
+        # onnxruntime writes one only when an EP took nodes. Measured with QNN on a model of
+        # ops HTP has no kernel for; deterministic, so not retried.
+        op_types = _op_types(job.model_path)
+        raise UnsupportedOpsError(
+            f"the {ep} EP took no node of this model: it wrote no context model",
+            hint=f"ops in the model: {', '.join(op_types) or 'unknown'}; none of them runs on {ep}",
+            details={"log": log, "cpu_op_types": op_types},
+        )
     nodes, placement = read_epcontext(ctx_path)
     if not nodes:
         raise UnsupportedOpsError(
@@ -149,6 +157,17 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
         p.unlink()
     return CompileOutput(out_dir, ctx_name, files, float(result["compile_seconds"]), wall, nodes, placement,
                          toolchain, log, result.get("self_load"))
+
+
+def _op_types(model_path: Path) -> list[str]:
+    """The op types of a model (its graph only, external data not loaded); [] if unreadable."""
+    try:
+        import onnx
+
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - only for the message
+        return []
+    return sorted({n.op_type for n in model.graph.node})
 
 
 def get_runner(backend: str) -> Runner:

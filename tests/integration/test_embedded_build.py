@@ -174,6 +174,44 @@ def test_compile_time_cap_is_a_deterministic_resource_limit(settings: Settings, 
         reg.close()
 
 
+def _one_node(path: Path, op: str, *, ir_version: int = 8, **attrs: object) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    graph = helper.make_graph([helper.make_node(op, ["x", "x"][: 2 if op == "Mod" else 1], ["y"], **attrs)],
+                              op.lower(), [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = ir_version
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("make", "code"), [
+    # HTP has no kernel for Mod: the EP takes no node and writes no context model (measured).
+    (lambda p: _one_node(p, "Mod", fmod=1), "unsupported-ops"),
+    # IR 14 is newer than onnxruntime 1.31 reads (its maximum is 13); onnx itself accepts it.
+    (lambda p: _one_node(p, "Relu", ir_version=14), "invalid-model"),
+], ids=["no-node-for-the-ep", "ir-version-too-new"])
+def test_deterministic_model_failures_are_not_retried(settings: Settings, tmp_path: Path, make, code) -> None:  # type: ignore[no-untyped-def]
+    """Both once failed as a retried toolchain-error (three attempts); the same model fails the
+    same way every time, so one attempt, then answered from the index."""
+    model = make(tmp_path / "m.onnx")
+    (o,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert (o.state, o.error_code) == ("failed", code), o.error_message
+    (again,) = build(settings, model, ["qnn:SM8650"]).outcomes
+    assert again.cached_failure and again.error_code == code
+    reg = Registry.open(settings)
+    try:
+        from registry.models import Build
+
+        with reg.db.session() as s:
+            assert s.get(Build, o.build_id).attempts == 1  # type: ignore[union-attr]
+    finally:
+        reg.close()
+
+
 def test_concurrent_identical_builds_compile_once(settings: Settings, farm_env: dict[str, str],
                                                   tmp_path: Path) -> None:
     model = conv_relu_add(tmp_path / "c.onnx", seed=7)
