@@ -39,7 +39,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from farm.core.errors import DETERMINISTIC_FAILURES, FarmError
 from farm.core.keys import build_key, options_digest, sha256_file
@@ -51,16 +50,13 @@ from farm.pipeline.submission import (
     Progress,
     check_name_tag,
     gate_outcome,
+    no_progress,
     parse_targets,
 )
 
 
-def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
-    return None
-
-
 def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
-           *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
+           *, name: str | None = None, tag: str | None = None, progress: Progress = no_progress,
            retry_failed: bool = False, require_full_offload: bool = False) -> BuildReport | None:
     """The report of a fully cached ``plan.build(...)`` with these arguments, or None (see the
     module docstring). Raises what plan.build's validation raises, nothing else of its own."""

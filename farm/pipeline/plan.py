@@ -42,14 +42,11 @@ from farm.pipeline.submission import (  # noqa: F401
     check_name_tag,
     check_versions,
     gate_outcome,
+    no_progress,
     offload_refusal,
     parse_targets,
 )
 from registry.index import Registry
-
-
-def _noop(_event: str, _target: str, _info: dict[str, Any]) -> None:
-    return None
 
 
 @dataclass
@@ -144,7 +141,7 @@ def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> s
 # ---- embedded transport ----------------------------------------------------------------------------
 
 def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
-          *, name: str | None = None, tag: str | None = None, progress: Progress = _noop,
+          *, name: str | None = None, tag: str | None = None, progress: Progress = no_progress,
           registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False,
           require_full_offload: bool = False) -> BuildReport:
     """Embedded: queue every (target, local toolchain) and run the executor on each, here.
@@ -193,7 +190,7 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
         planned: list[tuple[Target, states.BuildSpec, int, Progress]] = []
         for i, bundle in enumerate(bundles):
             files = store_snapshot(reg, bundle)
-            listen = progress[i] if i < len(progress) else _noop
+            listen = progress[i] if i < len(progress) else no_progress
             with reg.db.session() as s:
                 moved_from = record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag,
                                              bundle.stem, force_tag=force_tag)

@@ -18,6 +18,12 @@ from farm.core.names import DEFAULT_TAG, check_name, check_tag
 
 Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
 
+
+def no_progress(_event: str, _target: str, _info: dict[str, Any]) -> None:
+    """The progress callback of a caller that shows none."""
+    return None
+
+
 # 2.51.0, 10.14.1.48, and TensorRT toolchains with their platform: 10.14.1.48+linux-x86-64
 VERSION_RE = re.compile(r"\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?")
 

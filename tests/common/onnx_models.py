@@ -114,3 +114,19 @@ def partly_unsupported(path: Path) -> Path:
         "partly_unsupported", [x], [z],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def memory_bomb(path: Path) -> Path:
+    """A few hundred bytes that ask the compiler for a 2 GiB tensor (ConstantOfShape)."""
+    shape = numpy_helper.from_array(np.array([1, 1 << 29], dtype=np.int64), "shape")
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+         helper.make_node("ReduceSum", ["c"], ["s"], keepdims=1),
+         helper.make_node("Add", ["x", "s"], ["y"])], "bomb",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path

@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from farm.core.catalog import parse_target
 from farm.core.errors import ResourceLimitError
@@ -22,7 +19,7 @@ from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from registry.index import Registry
 from registry.models import Build
-from tests.common.onnx_models import conv_relu_add, light
+from tests.common.onnx_models import conv_relu_add, light, memory_bomb
 from tests.common.procs import alive, compile_children, compile_hosts, wait_for
 from workers.host import pool_for
 from workers.qnn.runner import CHILD, QnnRunner, provider_options
@@ -76,22 +73,6 @@ def test_an_sdk_segfault_in_a_job_leaves_the_host_serving(tmp_path: Path) -> Non
     assert pool.idle_pids() == [host] and alive(host)
     compile_bins(runner, light("squeezenet"), "qnn:SM8750", tmp_path / "after")
     assert pool.idle_pids() == [host]
-
-
-def memory_bomb(path: Path) -> Path:
-    """A few bytes that ask the compiler for a 2 GiB tensor (ConstantOfShape)."""
-    shape = numpy_helper.from_array(np.array([1, 1 << 29], dtype=np.int64), "shape")
-    g = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["shape"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1],
-                                                                                        [1.0])),
-         helper.make_node("ReduceSum", ["c"], ["s"], keepdims=1),
-         helper.make_node("Add", ["x", "s"], ["y"])], "bomb",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [shape])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
-    return path
 
 
 def test_the_memory_cap_is_a_resource_limit_in_a_warm_job(tmp_path: Path) -> None:

@@ -13,16 +13,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from farm.core import errors
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from tests.common.cli import farm
-from tests.common.onnx_models import conv_relu_add, light
+from tests.common.onnx_models import conv_relu_add, light, memory_bomb
 from tests.common.registry_state import snapshot
 
 DOCUMENTED = {cls.code for cls in vars(errors).values()
@@ -70,19 +68,7 @@ def _external(d: Path, location: str, **extra: str) -> Path:
 
 
 def bomb(d: Path) -> Path:
-    """198 bytes that ask the compiler for a 2 GiB tensor (ConstantOfShape)."""
-    shape = numpy_helper.from_array(np.array([1, 1 << 29], dtype=np.int64), "shape")
-    g = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["shape"], ["c"],
-                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
-         helper.make_node("ReduceSum", ["c"], ["s"], keepdims=1),
-         helper.make_node("Add", ["x", "s"], ["y"])], "bomb",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [shape])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(d / "bomb.onnx"))
-    return d / "bomb.onnx"
+    return memory_bomb(d / "bomb.onnx")
 
 
 def _symlinked_data_outside(d: Path) -> Path:
