@@ -51,23 +51,29 @@ def _embedded(node: Any) -> bool:
 
 def referenced_files(nodes: list[dict[str, Any]], out_dir: Path) -> list[str]:
     """Relative files the context model points at; each must stay inside ``out_dir`` and exist."""
-    root = out_dir.resolve()
     names: list[str] = []
+    for rel, resolved in _context_files(nodes, out_dir.resolve()):
+        if resolved is None:
+            raise ToolchainError(f"EPContext points outside its directory: {rel!r}")
+        if not resolved.is_file():
+            raise ToolchainError(f"EPContext references {rel!r}, which the EP did not write")
+        names.append(rel)
+    return names
+
+
+def _context_files(nodes: list[dict[str, Any]], root: Path) -> list[tuple[str, Path | None]]:
+    """Each file the EPContext nodes name (``ep_cache_context`` of ``embed_mode=0``), once:
+    its relative name and where it resolves under ``root``; None where it would leave ``root``."""
+    out: dict[str, Path | None] = {}
     for attrs in nodes:
         if attrs.get("embed_mode", 1) != 0:
             continue
         rel = str(attrs.get("ep_cache_context", ""))
         pure = PurePosixPath(rel.replace("\\", "/"))
-        if not rel or pure.is_absolute() or ".." in pure.parts:
-            raise ToolchainError(f"EPContext points outside its directory: {rel!r}")
         resolved = (root / pure).resolve()
-        if root not in resolved.parents:
-            raise ToolchainError(f"EPContext points outside its directory: {rel!r}")
-        if not resolved.is_file():
-            raise ToolchainError(f"EPContext references {rel!r}, which the EP did not write")
-        if str(pure) not in names:
-            names.append(str(pure))
-    return names
+        inside = bool(rel) and not pure.is_absolute() and ".." not in pure.parts and root in resolved.parents
+        out.setdefault(str(pure) if inside else rel, resolved if inside else None)
+    return list(out.items())
 
 
 @dataclass
@@ -123,13 +129,8 @@ def open_context(ctx_model: Path) -> ContextModel:
                 for a in n.attribute if a.name == "ep_cache_context" and _embedded(n)]
     root = ctx_model.resolve().parent
     files: list[str] = []
-    for attrs in nodes:
-        if attrs.get("embed_mode", 1) != 0:
-            continue
-        rel = str(attrs.get("ep_cache_context", ""))
-        pure = PurePosixPath(rel.replace("\\", "/"))
-        resolved = (root / pure).resolve()
-        if not rel or pure.is_absolute() or ".." in pure.parts or root not in resolved.parents:
+    for rel, resolved in _context_files(nodes, root):
+        if resolved is None:
             raise InvalidModelError(f"{ctx_model.name} points at {rel!r} (ep_cache_context), outside its directory",
                                     hint="a context model must name its context files relative to itself")
         if not resolved.is_file():
@@ -137,7 +138,6 @@ def open_context(ctx_model: Path) -> ContextModel:
                 f"{ctx_model.name} points at {rel} (EPContext ep_cache_context), which is not in {root}",
                 hint=f"the context file must sit beside the model: put {rel} in {root} "
                      "(`farm fetch --out DIR` places model_ctx.onnx and its .bin together)")
-        if str(pure) not in files:
-            files.append(str(pure))
+        files.append(rel)
     metadata = {p.key: p.value for p in model.metadata_props}
     return ContextModel(ctx_model, nodes, placement, metadata, files, [bytes(b) for b in embedded])

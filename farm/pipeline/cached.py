@@ -42,16 +42,14 @@ from pathlib import Path
 
 from farm.core.errors import DETERMINISTIC_FAILURES, FarmError
 from farm.core.keys import build_key, options_digest, sha256_file
-from farm.core.options import normalize, parse_pairs, split_gate
 from farm.core.settings import Settings
 from farm.pipeline.submission import (
     BuildOutcome,
     BuildReport,
     Progress,
-    check_name_tag,
     gate_outcome,
     no_progress,
-    parse_targets,
+    parse_build_request,
 )
 
 
@@ -66,11 +64,8 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
     from workers.runner import get_runner
 
     start = time.perf_counter()
-    name, tag = check_name_tag(name, tag)
-    targets = parse_targets(target_refs)
-    raw, gated = split_gate(parse_pairs(option_pairs))
-    gated = gated or require_full_offload
-    options = {t: normalize(t.backend, raw, t) for t in targets}
+    req = parse_build_request(target_refs, option_pairs, name, tag, require_full_offload)
+    name, tag, targets, options, gated = req.name, req.tag, req.targets, req.options, req.gated
     toolchains: dict[str, str] = {}
     for t in targets:
         if t.backend not in toolchains:

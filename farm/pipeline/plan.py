@@ -44,6 +44,7 @@ from farm.pipeline.submission import (  # noqa: F401
     gate_outcome,
     no_progress,
     offload_refusal,
+    parse_build_request,
     parse_targets,
 )
 from registry.index import Registry
@@ -170,11 +171,8 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
     if len(models) > 1 and (name or tag or force_tag):
         raise UsageError("--name/--tag name one model; several models were given",
                          hint="build the named model in its own `farm build --name N --tag T`")
-    name, tag = check_name_tag(name, tag)
-    targets = parse_targets(target_refs)
-    raw, gated = split_gate(parse_pairs(option_pairs))
-    gated = gated or require_full_offload
-    options = {t: normalize(t.backend, raw, t) for t in targets}
+    req = parse_build_request(target_refs, option_pairs, name, tag, require_full_offload)
+    name, tag, targets, options, gated = req.name, req.tag, req.targets, req.options, req.gated
     executors: dict[str, Executor] = {}
     own = registry is None
     reg = registry or Registry.open(settings)

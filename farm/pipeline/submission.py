@@ -89,6 +89,29 @@ def parse_targets(target_refs: Sequence[str]) -> list[Target]:
     return targets
 
 
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """A validated ``farm build`` request: the one parse the fast cached path and the full
+    pipeline share, so both refuse the same input the same way."""
+
+    name: str | None
+    tag: str | None
+    targets: list[Target]
+    options: dict[Target, dict[str, Any]]  # normalized per target
+    gated: bool  # --require-full-offload
+
+
+def parse_build_request(target_refs: Sequence[str], option_pairs: Sequence[str], name: str | None,
+                        tag: str | None, require_full_offload: bool) -> BuildRequest:
+    from farm.core.options import normalize, parse_pairs, split_gate
+
+    name, tag = check_name_tag(name, tag)
+    targets = parse_targets(target_refs)
+    raw, gated = split_gate(parse_pairs(option_pairs))
+    return BuildRequest(name, tag, targets, {t: normalize(t.backend, raw, t) for t in targets},
+                        gated or require_full_offload)
+
 # ---- the full-offload gate -------------------------------------------------------------------------
 # ``--require-full-offload`` is not a compile input (the same bytes either way, measured): the build
 # runs ungated and publishes its artifact under the ungated key; each answer to a gated request
