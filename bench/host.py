@@ -8,8 +8,11 @@ inception_v2) x SM8650/SM8750 = 12 builds, with this environment's QNN SDK. Mode
   of the fresh context (what the farm's self-probe does); nothing else. The floor.
 - ``child``: ``QnnRunner(warm_host=False).compile``: ``python -m workers.qnn.child compile`` per
   build (before the warm host).
-- ``host``: ``QnnRunner().compile``: a job forked from the warm host per build. The host's own
-  start (once per worker process) is reported apart.
+- ``host``: ``QnnRunner().compile``: a job forked from the warm host per build, handed to the
+  host's standby process (its heap written ahead on an idle core: workers.childproc). The host's
+  own start (once per worker process) is reported apart.
+- ``host-fork``: the same with ``FARM_PREFAULT_MB=0``: no standby, the job forked when it comes
+  (before the standby).
 - ``embedded`` (with ``--embedded``): ``farm build MODEL -t qnn:SM8650 -t qnn:SM8750`` in-process
   (``plan.build``) for each model, in a fresh FARM_HOME: the whole embedded pipeline (snapshot,
   SQL, publish), compiling the two targets in parallel where CPUs and memory allow.
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +120,27 @@ def run_embedded(models: list[Path]) -> dict[str, Any]:
     return {"total": total, "builds": builds, "jobs": build_jobs(settings, len(TARGETS))}
 
 
+@contextmanager
+def prefault_mb(value: str) -> Iterator[None]:
+    """Hosts started with FARM_PREFAULT_MB=value for the block (started and warm before it)."""
+    from workers.host import pool_for, shutdown
+    from workers.qnn.runner import CHILD
+
+    old = os.environ.get("FARM_PREFAULT_MB")
+    os.environ["FARM_PREFAULT_MB"] = value
+    shutdown()
+    pool_for(CHILD).warm(1)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FARM_PREFAULT_MB")
+        else:
+            os.environ["FARM_PREFAULT_MB"] = old
+        shutdown()
+        pool_for(CHILD).warm(1)
+
+
 def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     over = [b["overhead"] for r in runs for b in r["builds"] if "overhead" in b]
     comp = [b["compile"] for r in runs for b in r["builds"]]
@@ -141,12 +167,14 @@ def main() -> int:
     info = {}
     with pool_for(CHILD).host() as h:
         info = dict(h.info)
-    runs: dict[str, list[dict[str, Any]]] = {"loop": [], "child": [], "host": [], "embedded": []}
+    runs: dict[str, list[dict[str, Any]]] = {"loop": [], "child": [], "host-fork": [], "host": [], "embedded": []}
     cold, warm = QnnRunner(warm_host=False), QnnRunner()
     run_runner(warm, plan[:1])  # first-use costs of this process (onnx import in collect_output)
     for r in range(args.rounds):
         runs["loop"].append(run_loop(plan))
         runs["child"].append(run_runner(cold, plan))
+        with prefault_mb("0"):
+            runs["host-fork"].append(run_runner(warm, plan))
         runs["host"].append(run_runner(warm, plan))
         if args.embedded:
             runs["embedded"].append(run_embedded([light(m) for m in MODELS]))
@@ -169,6 +197,11 @@ def main() -> int:
               f"{s.get('overhead_p50_ms', float('nan')):16.1f} {s.get('overhead_mean_ms', float('nan')):17.1f}")
     fork = [b["fork_seconds"] * 1000 for r in runs["host"] for b in r["builds"]]
     print(f"host: fork + request p50 {statistics.median(fork):.1f} ms")
+    for mode in ("host-fork", "host"):
+        faults = [b["page_faults"] for r in runs[mode] for b in r["builds"] if "page_faults" in b]
+        if faults:
+            print(f"{mode}: minor page faults during the EP compile, p50 {statistics.median(faults):.0f}, "
+                  f"sum per round {sum(faults) / len(runs[mode]):.0f}")
     out = Path(__file__).resolve().parent / "out"
     out.mkdir(exist_ok=True)
     (out / "host.json").write_text(json.dumps(result, indent=2))

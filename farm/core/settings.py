@@ -72,6 +72,9 @@ class Settings:
     # Executors keep fetched model snapshots by digest under FARM_HOME/cache/bundles, up to this
     # many MiB (least recently used go first); 0 = fetch every build's bundle from the store.
     bundle_cache_mb: int = 2048
+    # Read by the compile hosts from the environment (workers.childproc.prefault_limit_mb); here so
+    # that a bad value is refused where settings are read.
+    prefault_mb: int = 1024
 
     @property
     def worker_stale_after(self) -> float:
@@ -151,6 +154,7 @@ class Settings:
             debug=parse_bool("FARM_DEBUG", env.get("FARM_DEBUG")),
             max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),
             bundle_cache_mb=integer("FARM_BUNDLE_CACHE_MB", 2048, allow_zero=True),
+            prefault_mb=integer("FARM_PREFAULT_MB", 1024, allow_zero=True),
         )
 
 

@@ -65,8 +65,14 @@ def compile_children(root: int) -> list[int]:
 
 
 def compile_hosts(root: int) -> list[int]:
-    return [p for p in descendants(root) if "workers.qnn.child host" in cmdline(p) and comm(p) != "ctxfarm-compile"
-            and alive(p)]
+    """Warm compile hosts under ``root``, not their jobs or standbys (forks that keep the command line)."""
+    return [p for p in descendants(root) if "workers.qnn.child host" in cmdline(p)
+            and comm(p) not in ("ctxfarm-compile", "ctxfarm-standby") and alive(p)]
+
+
+def standbys(root: int) -> list[int]:
+    """The job processes the hosts under ``root`` forked ahead (workers.childproc: the standby)."""
+    return [p for p in descendants(root) if comm(p) == "ctxfarm-standby" and alive(p)]
 
 
 def wait_for(pred, timeout: float, poll: float = 0.05):  # type: ignore[no-untyped-def]

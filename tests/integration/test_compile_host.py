@@ -20,7 +20,7 @@ from farm.pipeline.plan import build
 from registry.index import Registry
 from registry.models import Build
 from tests.common.onnx_models import conv_relu_add, light, memory_bomb
-from tests.common.procs import alive, compile_children, compile_hosts, wait_for
+from tests.common.procs import alive, compile_children, compile_hosts, standbys, wait_for
 from workers.host import pool_for
 from workers.qnn.runner import CHILD, QnnRunner, provider_options
 from workers.runner import CompileJob
@@ -146,9 +146,12 @@ def test_sigkill_of_a_parallel_farm_build_kills_hosts_and_jobs(settings: Setting
     proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
     hosts = compile_hosts(proc.pid)
     assert len(hosts) == 2
+    ahead = wait_for(lambda: standbys(proc.pid), 5)  # each host's next job, forked ahead
+    assert ahead, "no standby was forked"
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: not any(alive(p) for p in jobs + hosts), 5), "a compile job or host outlived farm build"
+    assert wait_for(lambda: not any(alive(p) for p in jobs + hosts + ahead), 5), \
+        "a compile job, standby or host outlived farm build"
     assert [r[0] for r in rows(settings)] == ["running", "running"]  # until their leases lapse
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.errors import BadOptionsError, LeaseLostError, ResourceLimitError, ToolchainError, WorkerLostError
-from tests.common.procs import alive, descendants, wait_for
+from tests.common.procs import alive, comm, descendants, standbys, wait_for
 from workers.host import CompileHost, HostPool
 
 FAKE = "tests.common.fake_child"
@@ -32,6 +32,11 @@ def job_dir(tmp_path: Path, name: str) -> Path:
     d = tmp_path / name
     d.mkdir()
     return d
+
+
+def jobs_of(host_pid: int) -> list[int]:
+    """The host's running job (not its standby, the next job's process forked ahead)."""
+    return [p for p in descendants(host_pid) if alive(p) and comm(p) != "ctxfarm-standby"]
 
 
 def run(pool: HostPool, tmp_path: Path, name: str, **request: object) -> dict[str, object]:
@@ -67,7 +72,7 @@ def test_a_job_killed_from_outside_is_worker_lost(pool: HostPool, tmp_path: Path
     killed: list[int] = []
 
     def killer() -> None:
-        jobs = wait_for(lambda: [p for p in descendants(host_pid) if alive(p)], 30)
+        jobs = wait_for(lambda: jobs_of(host_pid), 30)
         for p in jobs:
             os.kill(p, signal.SIGKILL)
             killed.append(p)
@@ -155,7 +160,7 @@ def test_a_dead_host_is_worker_lost_and_replaced(pool: HostPool, tmp_path: Path)
     jobs: list[int] = []
 
     def kill_host() -> None:
-        got = wait_for(lambda: [p for p in descendants(host_pid) if alive(p)], 30)
+        got = wait_for(lambda: jobs_of(host_pid), 30)
         jobs.extend(got)
         os.kill(host_pid, signal.SIGKILL)
 
@@ -230,7 +235,7 @@ def start_owner(mode: str, work: Path) -> tuple[subprocess.Popen[str], int]:
 
 
 def running_job(host_pid: int) -> int:
-    jobs = wait_for(lambda: [p for p in descendants(host_pid) if alive(p)], 30)
+    jobs = wait_for(lambda: jobs_of(host_pid), 30)
     assert jobs, "the owner's job did not start"
     return int(jobs[0])
 
@@ -246,5 +251,45 @@ def test_host_and_job_die_with_their_owner(sig: int, tmp_path: Path) -> None:
 
 def test_hosts_stop_when_their_owner_exits(tmp_path: Path) -> None:
     owner, host_pid = start_owner("exit", tmp_path / "w")
+    ahead = standbys(host_pid)
     assert owner.wait(timeout=30) == 0
-    assert wait_for(lambda: not alive(host_pid), 5), "the host outlived its owner's exit"
+    assert wait_for(lambda: not alive(host_pid) and not any(alive(p) for p in ahead), 5), \
+        "the host or its standby outlived its owner's exit"
+
+
+# ---- the standby: the next job's process, forked ahead (workers.childproc) ----
+
+
+def test_the_next_job_runs_in_the_standby_forked_ahead(pool: HostPool, tmp_path: Path) -> None:
+    pool.warm(1)
+    (host_pid,) = pool.idle_pids()
+    (ahead,) = wait_for(lambda: standbys(host_pid), 10)
+    result = run(pool, tmp_path, "a", action="ok")
+    assert result["pid"] == ahead and result["ppid"] == host_pid and result["preloaded_in"] == [host_pid]
+    assert result["cwd"] == str(tmp_path / "a") and result["comm"] == "ctxfarm-compile"
+    (after,) = wait_for(lambda: standbys(host_pid), 10)  # the job after this one's
+    assert after != ahead
+
+
+def test_a_standby_killed_from_outside_is_replaced_by_a_fork(pool: HostPool, tmp_path: Path) -> None:
+    pool.warm(1)
+    (host_pid,) = pool.idle_pids()
+    (ahead,) = wait_for(lambda: standbys(host_pid), 10)
+    os.kill(ahead, signal.SIGKILL)
+    assert wait_for(lambda: not alive(ahead), 5)
+    result = run(pool, tmp_path, "a", action="ok")
+    assert result["pid"] != ahead and result["ppid"] == host_pid
+    with pytest.raises(WorkerLostError):  # and the job after it is a standby's again, crash isolated as ever
+        run(pool, tmp_path, "b", action="segv")
+    assert pool.idle_pids() == [host_pid] and pool.started == 1
+
+
+def test_farm_prefault_mb_0_forks_each_job_when_it_comes(tmp_path: Path) -> None:
+    pool = HostPool(FAKE, env={"FARM_PREFAULT_MB": "0"})
+    try:
+        pool.warm(1)
+        (host_pid,) = pool.idle_pids()
+        assert run(pool, tmp_path, "a", action="ok")["ppid"] == host_pid
+        assert standbys(host_pid) == []
+    finally:
+        pool.close()
