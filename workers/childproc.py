@@ -222,8 +222,13 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
     # (see above), and the job never needs it.
     warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
 
-    job: dict[str, Any] | None = None  # id, pid, pidfd
-    standby: dict[str, Any] | None = None  # pid, pidfd, wfd: the next job's process, forked ahead
+    # A job: id, pid, pidfd, and "done": the read end of a pipe the job writes its exit code to
+    # once its result is written, just before os._exit. The owner is told then ("done"), not
+    # after the exit: tearing down a process's memory takes ~60 ms per GiB (measured), and the
+    # job's output is complete before it. The job is reaped after, and before the next one runs.
+    job: dict[str, Any] | None = None
+    standby: dict[str, Any] | None = None  # the same, plus "wfd": the next job's process, forked ahead
+    finishing: list[dict[str, Any]] = []  # jobs that said done and are exiting, while the next one runs
     prefault_cap = prefault_limit_mb()
     host_mb = _mapped_bytes("VmRSS") >> 20  # a job's peak RSS counts the pages it shares with the host
     learned: dict[str, Any] = {"mb": min(prefault_cap, PREFAULT_FIRST_MB), "cap": 0, "recent": []}
@@ -243,7 +248,7 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
         except (ProcessLookupError, PermissionError):
             pass
         _, status, usage = os.wait4(j["pid"], 0)
-        for fd in (j.get("pidfd"), j.get("wfd")):
+        for fd in (j.get("pidfd"), j.get("done"), j.get("wfd")):
             if fd is not None:
                 os.close(fd)
         if report:
@@ -254,21 +259,30 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             learned["recent"] = [*learned["recent"][-(PREFAULT_HISTORY - 1):], usage.ru_maxrss >> 10]
             learned["mb"] = _prefault_mb(max(learned["recent"]), host_mb, prefault_cap, learned["cap"])
 
-    def fork_standby() -> dict[str, Any] | None:
-        if prefault_cap <= 0:
-            return None
-        r, w = os.pipe()
+    def fork_job(msg: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Fork a job for ``msg``, or a standby (``msg`` None) that waits for one; None if the
+        fork failed."""
+        done_r, done_w = os.pipe()
+        handover = os.pipe() if msg is None else None
         try:
             pid = os.fork()
         except OSError:
-            os.close(r)
-            os.close(w)
-            return None  # the job is forked when it comes, as without a standby
+            for fd in (done_r, done_w, *(handover or ())):
+                os.close(fd)
+            return None
         if pid == 0:
-            os.close(w)
-            _standby(r, learned["mb"], commands, proto, me)  # never returns
-        os.close(r)
-        return {"pid": pid, "pidfd": os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None, "wfd": w}
+            os.close(done_r)
+            if handover is None:
+                assert msg is not None
+                _job(msg, commands, proto, me, done_w)  # never returns
+            os.close(handover[1])
+            _standby(handover[0], learned["mb"], commands, proto, me, done_w)  # never returns
+        os.close(done_w)
+        j = {"pid": pid, "pidfd": os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None, "done": done_r}
+        if handover is not None:
+            os.close(handover[0])
+            j["wfd"] = handover[1]
+        return j
 
     def exited(j: dict[str, Any] | None, ready: list[int]) -> bool:
         if j is None:
@@ -277,15 +291,52 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             return j["pidfd"] in ready
         return bool(os.waitid(os.P_PID, j["pid"], os.WEXITED | os.WNOHANG | os.WNOWAIT))
 
-    standby = fork_standby()
+    def heard(j: dict[str, Any]) -> None:
+        """Lines on a job's done pipe: "a" (a standby took the job) and then its exit code."""
+        try:
+            data = os.read(j["done"], 64)
+        except OSError:
+            data = b""
+        if not data:  # closed by its exit: the exit says how it ended
+            os.close(j["done"])
+            j["done"] = None
+            return
+        j["said"] = j.get("said", b"") + data
+        while b"\n" in j["said"]:
+            said, j["said"] = j["said"].split(b"\n", 1)
+            if said == b"a":
+                j["accepted"] = True
+            elif said.isdigit() and "id" in j:
+                j["finished"] = True
+                send({"event": "done", "id": j["id"], "pid": j["pid"], "rc": int(said)})
+
+    standby = fork_job(None) if prefault_cap > 0 else None
     while True:
-        watch = [0] + [j["pidfd"] for j in (job, standby) if j is not None and j["pidfd"] is not None]
-        polling = any(j is not None and j["pidfd"] is None for j in (job, standby))
+        live = [j for j in (job, standby, *finishing) if j is not None]
+        watch = [0] + [fd for j in live for fd in (j["pidfd"], j["done"]) if fd is not None]
+        polling = any(j["pidfd"] is None for j in live)
         ready, _, _ = select.select(watch, [], [], 0.01 if polling else None)
+        for j in [j for j in finishing if exited(j, ready)]:
+            finishing.remove(j)
+            reap(j)
+        if job is not None and job["done"] is not None and job["done"] in ready:
+            heard(job)
         if exited(job, ready):
             assert job is not None
-            reap(job)
-            job = None
+            if job.get("handed") is not None and not job.get("accepted"):
+                # A standby that died before it took the job (killed, out of memory; a dying
+                # process keeps its pipes open until its last thread is gone): run it afresh.
+                line = job["handed"]
+                reap(job, report=False)
+                job = fork_job(json.loads(line))
+                if job is None:
+                    send({"event": "error", "id": json.loads(line)["id"], "error": "fork failed"})
+                else:
+                    job["id"] = json.loads(line)["id"]
+                    send({"event": "started", "id": job["id"], "pid": job["pid"]})
+            else:
+                reap(job)
+                job = None
         if exited(standby, ready):  # killed from outside, or out of memory: fork the job when it comes
             assert standby is not None
             reap(standby, report=False)
@@ -294,10 +345,10 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the owner is gone (or closed us): nothing may outlive it
-            for j in (job, standby):
+            for j in (job, standby, *finishing):
                 if j is not None:
                     kill(j)
-                    reap(j, report=j is job)
+                    reap(j, report=j is not standby)
             return 0
         buf += chunk
         while b"\n" in buf:
@@ -307,30 +358,30 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
                 if job is not None and job["id"] == msg["id"]:
                     kill(job)
             elif msg["op"] == "run":
+                if job is not None and job.get("finished"):
+                    finishing.append(job)  # exiting: reaped (and reported) when it is gone
+                    job = None
                 if job is not None:
                     send({"event": "error", "id": msg["id"], "error": "a job is already running"})
                     continue
                 learned["cap"] = int(msg.get("memory_mb") or 0)
                 if standby is not None and _hand_over(standby["wfd"], line):
-                    pid, pidfd = standby["pid"], standby["pidfd"]
-                    os.close(standby["wfd"])
-                    standby = None
+                    job, standby = standby, None
+                    os.close(job.pop("wfd"))
+                    job["handed"] = line  # until it says it took it
                 else:
                     if standby is not None:  # it died before it could take the job
                         kill(standby)
                         reap(standby, report=False)
                         standby = None
-                    try:
-                        pid = os.fork()
-                    except OSError as exc:  # EAGAIN/ENOMEM: the owner reports it and replaces this host
-                        send({"event": "error", "id": msg["id"], "error": f"fork failed: {exc}"})
+                    job = fork_job(msg)
+                    if job is None:  # EAGAIN/ENOMEM: the owner reports it and replaces this host
+                        send({"event": "error", "id": msg["id"], "error": "fork failed"})
                         continue
-                    if pid == 0:
-                        _job(msg, commands, proto, me)  # never returns
-                    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-                job = {"id": msg["id"], "pid": pid, "pidfd": pidfd}
-                send({"event": "started", "id": msg["id"], "pid": pid})
-                standby = fork_standby()  # warms up on a spare core while this job runs
+                job["id"] = msg["id"]
+                send({"event": "started", "id": msg["id"], "pid": job["pid"]})
+                if prefault_cap > 0:
+                    standby = fork_job(None)  # warms up on a spare core while this job runs
 
 
 # ---- the standby job ------------------------------------------------------------------------------
@@ -416,7 +467,7 @@ def _hand_over(wfd: int, line: bytes) -> bool:
         return False
 
 
-def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int) -> None:
+def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int, done: int) -> None:
     """A job process forked ahead: warms its heap until the job arrives on ``rfd`` (EOF: the host
     closed it or died: exit), then runs it as ``_job``. Exits with os._exit."""
     try:
@@ -437,6 +488,7 @@ def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int) -> No
                 os._exit(0)
             data += chunk
         os.close(rfd)
+        os.write(done, b"a\n")  # taken: from here on the host reports this process's end as the job's
         msg = json.loads(data)
         if warm is not None:
             warm.release()
@@ -445,10 +497,10 @@ def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int) -> No
                 warm.libc.malloc_trim(0)  # a cap this tight: the freed heap goes back, as if never taken
     except BaseException:
         os._exit(70)
-    _job(msg, commands, None, host)
+    _job(msg, commands, None, host, done)
 
 
-def _job(msg: dict[str, Any], commands: Commands, proto: int | None, host: int) -> None:
+def _job(msg: dict[str, Any], commands: Commands, proto: int | None, host: int, done: int) -> None:
     """The forked job: its own session (its group is killed as one), tied to the host by
     PDEATHSIG (``install_guards``; the host is tied to its owner the same way), in the job's
     work dir, output to the job's log, capped in memory and time. Exits with os._exit."""
@@ -481,4 +533,8 @@ def _job(msg: dict[str, Any], commands: Commands, proto: int | None, host: int) 
                 f.flush()
             except Exception:
                 pass
+        try:
+            os.write(done, b"%d\n" % rc)  # the result is written: the host tells the owner now
+        except OSError:
+            pass
         os._exit(rc)

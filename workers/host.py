@@ -142,6 +142,11 @@ class CompileHost:
                     self.job_pid, started = int(msg["pid"]), time.perf_counter()
                 elif msg.get("event") == "exited":
                     status, peak_kib = int(msg["status"]), int(msg.get("maxrss_kib") or 0)
+                elif msg.get("event") == "done":
+                    # The job wrote its result and is exiting: a success needs nothing of its exit
+                    # (the host reaps it before the next job); a failure waits for the exit status.
+                    if int(msg.get("rc", -1)) == 0:
+                        status = 0
                 else:
                     self.broken = True
                     raise ToolchainError(f"the compile host refused the job: {msg.get('error', msg)}")
