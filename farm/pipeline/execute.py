@@ -94,7 +94,8 @@ class Phases:
     queue-to-start latency), ``claim``, ``bundle_fetch`` (+ ``bundle_cache``: hit, miss or off),
     ``child_start`` (the compile child's start, imports, EP registration and result I/O: its wall
     time less the compile and the self-probe, with any ``child.*`` detail the runner reports, e.g.
-    a warm host's ``child.host_wait``, ``child.fork``, ``child.job``),
+    a warm host's ``child.host_wait``, ``child.fork``, ``child.job`` and the count
+    ``child.page_faults``),
     ``ep_compile`` (session creation = the EP's compile), ``self_probe``, ``collect`` (reading the
     context model back), ``hash`` (digests and manifest), ``upload`` (all blobs, in parallel;
     ``uploads`` per blob), ``sql`` (the publishing transaction up to its final UPDATE), ``total``
@@ -127,7 +128,9 @@ class Phases:
         self.ms["collect"] = _ms(max(call_seconds - out.wall_seconds - waited, 0.0))
         for k, v in detail.items():
             if isinstance(v, int | float) and not isinstance(v, bool):
-                self.ms[f"child.{k.removesuffix('_seconds')}"] = _ms(float(v))
+                # ``*_seconds`` in ms; anything else is a count (``page_faults``: minor faults
+                # during the EP compile, what a warm standby saves).
+                self.ms[f"child.{k.removesuffix('_seconds')}"] = _ms(float(v)) if k.endswith("_seconds") else int(v)
 
     def final(self) -> dict[str, Any]:
         self.ms["total"] = _ms(time.perf_counter() - self.started)

@@ -202,3 +202,15 @@ def test_a_failed_background_publication_requeues_the_build(db: Any, tmp_path: P
         b = s.get(Build, b1)
         assert (b.state, b.error_code, b.lease_owner) == ("queued", "storage-error", None)
         assert s.scalar(select(func.count()).select_from(Artifact)) == 0
+
+
+def test_phases_keep_child_seconds_in_ms_and_counts_as_counts() -> None:
+    from types import SimpleNamespace
+
+    ph = Phases()
+    out = SimpleNamespace(compile_seconds=0.5, self_load={"ok": True, "load_seconds": 0.01}, wall_seconds=0.52,
+                          timings={"fork_seconds": 0.002, "job_seconds": 0.515, "page_faults": 4566.0})
+    ph.compile(out, 0.53)  # type: ignore[arg-type]
+    assert ph.ms["ep_compile"] == 500.0 and ph.ms["self_probe"] == 10.0 and ph.ms["child_start"] == 10.0
+    assert ph.ms["child.fork"] == 2.0 and ph.ms["child.job"] == 515.0
+    assert ph.ms["child.page_faults"] == 4566 and isinstance(ph.ms["child.page_faults"], int)
