@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 PR_SET_PDEATHSIG = 1
 
@@ -345,10 +345,10 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the owner is gone (or closed us): nothing may outlive it
-            for j in (job, standby, *finishing):
-                if j is not None:
-                    kill(j)
-                    reap(j, report=j is not standby)
+            for left in (job, standby, *finishing):
+                if left is not None:
+                    kill(left)
+                    reap(left, report=left is not standby)
             return 0
         buf += chunk
         while b"\n" in buf:
@@ -484,7 +484,7 @@ def _hand_over(wfd: int, line: bytes) -> bool:
         return False
 
 
-def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int, done: int) -> None:
+def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int, done: int) -> NoReturn:
     """A job process forked ahead: warms its heap until the job arrives on ``rfd`` (EOF: the host
     closed it or died: exit), then runs it as ``_job``. Exits with os._exit."""
     try:
@@ -517,7 +517,7 @@ def _standby(rfd: int, mb: int, commands: Commands, proto: int, host: int, done:
     _job(msg, commands, None, host, done)
 
 
-def _job(msg: dict[str, Any], commands: Commands, proto: int | None, host: int, done: int) -> None:
+def _job(msg: dict[str, Any], commands: Commands, proto: int | None, host: int, done: int) -> NoReturn:
     """The forked job: its own session (its group is killed as one), tied to the host by
     PDEATHSIG (``install_guards``; the host is tied to its owner the same way), in the job's
     work dir, output to the job's log, capped in memory and time. Exits with os._exit."""
