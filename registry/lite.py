@@ -104,9 +104,16 @@ class LiteIndex:
         finally:
             cur.close()
 
+    def commit(self) -> None:
+        """Keep what this transaction wrote (an index opened with ``write=True``)."""
+        if self.dialect == "sqlite":
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.commit()
+
     def close(self) -> None:
         try:
-            self.conn.rollback()  # read only: nothing to keep
+            self.conn.rollback()  # nothing committed is kept: a read, or a write given up
         finally:
             self.conn.close()
 
@@ -126,12 +133,14 @@ def sqlite_file(url: str) -> str | None:
     return m.group(2)
 
 
-def open_index(url: str, *, driver: str | None = None) -> LiteIndex | None:
+def open_index(url: str, *, driver: str | None = None, write: bool = False) -> LiteIndex | None:
     """A read-only connection to the index at ``url`` whose schema is at ``SCHEMA_HEAD``, or None
     when only the full path can answer (see the module docstring). ``driver`` forces
-    ``psycopg2`` or ``psycopg`` for PostgreSQL (tests)."""
+    ``psycopg2`` or ``psycopg`` for PostgreSQL (tests). ``write``: one read-write transaction
+    instead (SQLite: ``BEGIN IMMEDIATE``, the write lock taken before the first read; PostgreSQL:
+    read committed, as the full path's sessions), kept only by ``commit``."""
     try:
-        index = _connect(url, driver)
+        index = _connect(url, driver, write)
     except Exception:  # noqa: BLE001 - any failure here is the full path's to report, with its hint
         return None
     if index is None:
@@ -146,7 +155,7 @@ def open_index(url: str, *, driver: str | None = None) -> LiteIndex | None:
     return index
 
 
-def _connect(url: str, driver: str | None) -> LiteIndex | None:
+def _connect(url: str, driver: str | None, write: bool = False) -> LiteIndex | None:
     if url.startswith("sqlite"):
         import os
         import sqlite3
@@ -159,7 +168,9 @@ def _connect(url: str, driver: str | None) -> LiteIndex | None:
         conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True, timeout=30.0,
                                isolation_level=None)
         try:
-            conn.execute("BEGIN")  # deferred: the first read takes the snapshot (WAL)
+            # Deferred: the first read takes the snapshot (WAL). A writer takes the lock first, so
+            # its reads and its write see the same database.
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except BaseException:
             conn.close()
             raise
@@ -177,11 +188,13 @@ def _connect(url: str, driver: str | None) -> LiteIndex | None:
         else:
             # psycopg2 imports in about a quarter of psycopg 3's time: the CLI's budget.
             pg2 = psycopg2.connect(dsn)
-            pg2.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            if not write:
+                pg2.set_session(isolation_level="REPEATABLE READ", readonly=True)
             return LiteIndex(pg2, "postgresql")
     import psycopg
 
     pg = psycopg.connect(dsn)
-    pg.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-    pg.read_only = True
+    if not write:
+        pg.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        pg.read_only = True
     return LiteIndex(pg, "postgresql")

@@ -11,7 +11,7 @@ every read against a schema made by the migrations).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from farm.core.errors import BadNameError
@@ -159,6 +159,10 @@ class BuildAnswer:
     size: int | None
     nodes_ep: int | None
     nodes_cpu: int | None
+    backend: str = ""
+    target: str = ""
+    attempts: int = 0
+    worker: str | None = None
 
 
 def builds_by_key(rows: Rows, keys: list[str]) -> dict[str, BuildAnswer]:
@@ -168,6 +172,22 @@ def builds_by_key(rows: Rows, keys: list[str]) -> dict[str, BuildAnswer]:
     placeholders, params = in_params("k", list(dict.fromkeys(keys)))
     return {r[0]: BuildAnswer(*r[1:]) for r in rows.rows(
         "SELECT b.build_key, b.id, b.toolchain, b.state, b.error_code, b.error_message, a.digest, a.status,"
-        " a.compile_seconds, a.size, a.nodes_ep, a.nodes_cpu"
+        " a.compile_seconds, a.size, a.nodes_ep, a.nodes_cpu, b.backend, b.target, b.attempts, b.worker"
         f" FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id WHERE b.build_key IN ({placeholders})",
         params)}
+
+
+def live_toolchains(rows: Rows, *, stale_after: float) -> dict[tuple[str, str], list[str]]:
+    """(backend, toolchain) -> names of live workers (not stopped, seen within ``stale_after`` s):
+    ``registry.index.live_workers``'s rule, for ``plan.served_toolchains``'s answer."""
+    from datetime import timedelta
+
+    cutoff = datetime.now(UTC) - timedelta(seconds=stale_after)
+    out: dict[tuple[str, str], list[str]] = {}
+    for backend, toolchain, name, seen in rows.rows(
+            "SELECT backend, toolchain, name, last_seen FROM workers WHERE stopped_at IS NULL"
+            " ORDER BY backend, toolchain, name"):
+        when = as_datetime(seen)
+        if when is not None and when >= cutoff:
+            out.setdefault((backend, toolchain), []).append(name)
+    return out

@@ -161,7 +161,7 @@ def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True) ->
 
 
 def _submit(args: argparse.Namespace, settings: Settings) -> int:
-    from farm.pipeline.plan import submit_release, wait_release
+    from farm.pipeline.cached import resubmit
 
     targets, sdks, options = list(args.target), list(args.sdk), list(args.option)
     if args.matrix:
@@ -177,9 +177,16 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         targets += list(m.get("targets", []))
         sdks += list(m.get("sdks", []))
         options += [f"{k}={v}" for k, v in m.get("options", {}).items()]
-    st = submit_release(settings, args.model, targets, sdks, options, name=args.name, tag=args.tag,
-                        allow_queue=args.allow_queue, retry_failed=args.retry_failed, force_tag=args.force_tag,
-                        require_full_offload=args.require_full_offload)
+    kwargs: dict[str, Any] = {"name": args.name, "tag": args.tag, "allow_queue": args.allow_queue,
+                              "retry_failed": args.retry_failed, "force_tag": args.force_tag,
+                              "require_full_offload": args.require_full_offload}
+    # A release the index answers whole is recorded over a bare connection (no SQLAlchemy, boto3
+    # or Celery imported); anything else takes the full path.
+    st = resubmit(settings, args.model, targets, sdks, options, **kwargs)
+    if st is None:
+        from farm.pipeline.plan import submit_release
+
+        st = submit_release(settings, args.model, targets, sdks, options, **kwargs)
     if st.tag_moved:
         print(f"moved {st.tag_moved['tag']}: {st.tag_moved['from']} -> {st.tag_moved['to']}", file=sys.stderr)
     tag_moved = st.tag_moved
@@ -188,7 +195,12 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
     if args.wait:
         # A live table on a terminal; a plain line per build state change otherwise.
         with ReleaseProgress(live=False if args.json else None) as progress:
-            st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
+            if st.done:  # nothing to wait for: what wait_release would show at once
+                progress(st)
+            else:
+                from farm.pipeline.plan import wait_release
+
+                st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
     doc = release_json(st.release_id, st.model, st.builds, tag_moved=tag_moved)
     _show_release(doc, args.json, header=False)
     if args.wait:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from farm.core.errors import DETERMINISTIC_FAILURES, FarmError
 from farm.core.keys import build_key, options_digest, sha256_file
@@ -47,6 +48,7 @@ from farm.pipeline.submission import (
     BuildOutcome,
     BuildReport,
     Progress,
+    ReleaseStatus,
     gate_outcome,
     no_progress,
     parse_build_request,
@@ -128,3 +130,99 @@ def _op_types(settings: Settings, manifest_digest: str) -> Callable[[], list[str
         return cpu_op_types(open_store(settings.store_url), manifest_digest)
 
     return read
+
+
+# ---- a cached `farm submit` (cluster) -------------------------------------------------------------
+
+def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
+             option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
+             allow_queue: bool = False, retry_failed: bool = False, force_tag: bool = False,
+             require_full_offload: bool = False) -> ReleaseStatus | None:
+    """What ``plan.submit_release`` returns for a release the index answers whole (every build
+    final and not reopened), recorded over a bare connection in one transaction: the release row
+    and its builds. None in every other case, having written nothing; the caller then runs
+    ``submit_release`` (it records the tag, stores the snapshot, queues and sends).
+
+    The same checks as ``answer`` (request, schema head, model by its bytes, snapshot stored,
+    NAME:TAG already on this model) plus the live workers: the toolchains come from them when no
+    ``--sdk`` is given, and an unserved one raises ``no-worker`` as the full path does (unless
+    ``--allow-queue``). ``--require-full-offload`` and ``--force-tag`` take the full path."""
+    from farm.core.bundle import match_recorded
+    from farm.core.options import parse_pairs
+    from farm.pipeline.submission import ReleaseRequest
+    from registry.lite import open_index
+    from registry.reads import builds_by_key, live_toolchains, models_by_onnx, tag_digest
+
+    if require_full_offload or force_tag:
+        return None
+    request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
+                                   retry_failed)
+    if request.require_full_offload:  # the old -o spelling of the gate
+        return None
+    model_path = Path(model)
+    try:
+        if not model_path.is_file():
+            return None
+        onnx_digest, onnx_size = sha256_file(model_path)
+    except OSError:
+        return None
+    index = open_index(settings.database_url, write=True)
+    if index is None:
+        return None
+    with index:
+        served = live_toolchains(index, stale_after=settings.worker_stale_after)
+        request.check_served(served)
+        recorded = models_by_onnx(index, onnx_digest)
+        bundle = match_recorded(model_path, onnx_digest, onnx_size, recorded)
+        if bundle is None:
+            return None
+        listing = dict(recorded)[bundle.digest]
+        if not listing or not all(f.get("stored") for f in listing):
+            return None
+        if request.name and request.tag and tag_digest(index, request.name, request.tag) != bundle.digest:
+            return None
+        matrix = request.matrix(served)
+        keys = [build_key(bundle.digest, t.backend, t.name, v, options_digest(request.options[t])) for t, v in matrix]
+        rows = builds_by_key(index, keys)
+        builds = []
+        for k in dict.fromkeys(keys):
+            b = rows.get(k)
+            if b is None:
+                return None
+            if b.state == "succeeded":
+                if b.artifact is None or b.artifact_status == "broken":
+                    return None
+            elif b.state != "failed" or retry_failed or b.error_code not in DETERMINISTIC_FAILURES:
+                return None  # queued or running (the full path answers it), or to be reopened
+            builds.append(b)
+        label = f"{request.name}:{request.tag}" if request.name else (bundle.stem[:255] or bundle.digest[:19])
+        release_id = _record_release(index, bundle.digest, label, {
+            "targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
+            "options": request.raw_options, "require_full_offload": False}, [b.id for b in builds])
+        index.commit()
+    st = ReleaseStatus(release_id, label)
+    for b in sorted(builds, key=lambda b: (b.target, b.toolchain)):
+        ok = b.state == "succeeded"
+        st.builds.append({"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain,
+                          "state": b.state, "note": None, "attempts": b.attempts, "error_code": b.error_code,
+                          "error_message": b.error_message, "artifact": b.artifact if ok else None,
+                          "compile_seconds": b.compile_seconds if ok else None, "worker": b.worker})
+    return st
+
+
+def _record_release(index: Any, model_digest: str, label: str, matrix: dict[str, Any], build_ids: list[int]) -> int:
+    """The release row and its builds, in the index's open transaction (as SQLAlchemy would
+    store them: JSON text, and on SQLite UTC timestamps as naive text)."""
+    import json
+    from datetime import UTC, datetime
+
+    created: Any = datetime.now(UTC)
+    if index.dialect == "sqlite":
+        created = created.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    (release_id,), = index.rows(
+        "INSERT INTO releases (model_digest, label, matrix, created_at) VALUES (:m, :label, :matrix, :created)"
+        " RETURNING id", {"m": model_digest, "label": label, "matrix": json.dumps(matrix), "created": created})
+    for build_id in build_ids:
+        index.rows("INSERT INTO release_builds (release_id, build_id) VALUES (:r, :b)",
+                   {"r": release_id, "b": build_id})
+    return int(release_id)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from farm.core.errors import (
     UsageError,
 )
 from farm.core.keys import build_key, options_digest, sha256_file
-from farm.core.options import normalize, parse_pairs, split_gate
+from farm.core.options import parse_pairs
 from farm.core.settings import Settings
 from farm.pipeline import states
 
@@ -39,6 +38,8 @@ from farm.pipeline.submission import (  # noqa: F401
     BuildOutcome,
     BuildReport,
     Progress,
+    ReleaseRequest,
+    ReleaseStatus,
     check_name_tag,
     check_versions,
     gate_outcome,
@@ -48,28 +49,6 @@ from farm.pipeline.submission import (  # noqa: F401
     parse_targets,
 )
 from registry.index import Registry
-
-
-@dataclass
-class ReleaseStatus:
-    release_id: int
-    model: str
-    builds: list[dict[str, Any]] = field(default_factory=list)
-    tag_moved: dict[str, str] | None = None  # {"tag", "from", "to"} when --force-tag moved NAME:TAG
-
-    @property
-    def done(self) -> bool:
-        return all(b["state"] in states.FINAL for b in self.builds)
-
-    @property
-    def ok(self) -> bool:
-        return all(b["state"] == states.BuildState.SUCCEEDED for b in self.builds)
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for b in self.builds:
-            out[b["state"]] = out.get(b["state"], 0) + 1
-        return out
 
 
 def load_bundle(registry: Registry, model_path: Path) -> ModelBundle:
@@ -348,18 +327,6 @@ def served_toolchains(settings: Settings, reg: Registry) -> dict[tuple[str, str]
     return out
 
 
-def _matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, str], list[str]]
-            ) -> list[tuple[Target, str]]:
-    pairs: list[tuple[Target, str]] = []
-    for t in targets:
-        versions = list(sdks) or sorted(v for (b, v) in served if b == t.backend)
-        if not versions:
-            raise NoWorkerError(f"no --sdk given and no live {t.backend} worker to take one from",
-                                hint="start workers (infra/farm-up.sh) or pass --sdk 2.51.0 --allow-queue")
-        pairs.extend((t, v) for v in versions)
-    return pairs
-
-
 def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
@@ -381,47 +348,6 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
     finally:
         if own:
             reg.close()
-
-
-@dataclass
-class ReleaseRequest:
-    """A release matrix, validated: the same for the CLI and the HTTP service."""
-
-    targets: list[Target]
-    sdks: list[str]
-    raw_options: dict[str, str]
-    options: dict[Target, dict[str, Any]]
-    name: str | None = None
-    tag: str | None = None
-    allow_queue: bool = False
-    retry_failed: bool = False
-    force_tag: bool = False  # NAME:TAG may move from another model to this one
-    # A gate on the answer, not a build input (kept in the release's matrix; see _gate_view).
-    require_full_offload: bool = False
-
-    @classmethod
-    def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
-              name: str | None = None, tag: str | None = None, allow_queue: bool = False,
-              retry_failed: bool = False, force_tag: bool = False,
-              require_full_offload: bool = False) -> ReleaseRequest:
-        """``require_full_offload=true`` among ``raw_options`` (the old spelling) is the gate."""
-        name, tag = check_name_tag(name, tag)
-        targets = parse_targets(target_refs)
-        raw, gated = split_gate(raw_options)
-        return cls(targets, check_versions(sdks), raw, {t: normalize(t.backend, raw, t) for t in targets}, name,
-                   tag, allow_queue, retry_failed, force_tag, gated or require_full_offload)
-
-    def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
-        return _matrix(self.targets, self.sdks, served)
-
-    def check_served(self, served: dict[tuple[str, str], list[str]]) -> None:
-        unserved = sorted({(t.backend, v) for t, v in self.matrix(served) if (t.backend, v) not in served})
-        if unserved and not self.allow_queue:
-            have = ", ".join(f"{b} {v}" for b, v in sorted(served)) or "none"
-            raise NoWorkerError(
-                "no live worker serves " + ", ".join(f"{b} {v}" for b, v in unserved),
-                hint=f"served now: {have}. Start such a worker, or pass --allow-queue to queue and wait",
-                details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
 
 
 def queue_release(settings: Settings, reg: Registry, model_digest: str, request: ReleaseRequest, *,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.core.catalog import Target, parse_target
-from farm.core.errors import UnsupportedOpsError, UsageError
+from farm.core.errors import NoWorkerError, UnsupportedOpsError, UsageError
 from farm.core.names import DEFAULT_TAG, check_name, check_tag
 
 Progress = Callable[[str, str, dict[str, Any]], None]  # (event, target ref, info)
@@ -144,3 +144,85 @@ def gate_outcome(outcome: BuildOutcome, cpu_op_types: Callable[[], Sequence[str]
     outcome.cached_failure = outcome.state == "cached"
     outcome.state, outcome.error_code, outcome.error_message = "failed", refusal.code, refusal.message
     return outcome
+
+
+# ---- releases (cluster): the request and its status, for the full path and the CLI's fast one ----
+
+FINAL_STATES = ("succeeded", "failed")  # farm.pipeline.states.FINAL, without its SQLAlchemy import
+
+
+@dataclass
+class ReleaseStatus:
+    release_id: int
+    model: str
+    builds: list[dict[str, Any]] = field(default_factory=list)
+    tag_moved: dict[str, str] | None = None  # {"tag", "from", "to"} when --force-tag moved NAME:TAG
+
+    @property
+    def done(self) -> bool:
+        return all(b["state"] in FINAL_STATES for b in self.builds)
+
+    @property
+    def ok(self) -> bool:
+        return all(b["state"] == "succeeded" for b in self.builds)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for b in self.builds:
+            out[b["state"]] = out.get(b["state"], 0) + 1
+        return out
+
+
+def expand_matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, str], list[str]]
+                  ) -> list[tuple[Target, str]]:
+    pairs: list[tuple[Target, str]] = []
+    for t in targets:
+        versions = list(sdks) or sorted(v for (b, v) in served if b == t.backend)
+        if not versions:
+            raise NoWorkerError(f"no --sdk given and no live {t.backend} worker to take one from",
+                                hint="start workers (infra/farm-up.sh) or pass --sdk 2.51.0 --allow-queue")
+        pairs.extend((t, v) for v in versions)
+    return pairs
+
+
+@dataclass
+class ReleaseRequest:
+    """A release matrix, validated: the same for the CLI and the HTTP service."""
+
+    targets: list[Target]
+    sdks: list[str]
+    raw_options: dict[str, str]
+    options: dict[Target, dict[str, Any]]
+    name: str | None = None
+    tag: str | None = None
+    allow_queue: bool = False
+    retry_failed: bool = False
+    force_tag: bool = False  # NAME:TAG may move from another model to this one
+    # A gate on the answer, not a build input (kept in the release's matrix; see _gate_view).
+    require_full_offload: bool = False
+
+    @classmethod
+    def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
+              name: str | None = None, tag: str | None = None, allow_queue: bool = False,
+              retry_failed: bool = False, force_tag: bool = False,
+              require_full_offload: bool = False) -> ReleaseRequest:
+        """``require_full_offload=true`` among ``raw_options`` (the old spelling) is the gate."""
+        from farm.core.options import normalize, split_gate
+
+        name, tag = check_name_tag(name, tag)
+        targets = parse_targets(target_refs)
+        raw, gated = split_gate(raw_options)
+        return cls(targets, check_versions(sdks), raw, {t: normalize(t.backend, raw, t) for t in targets}, name,
+                   tag, allow_queue, retry_failed, force_tag, gated or require_full_offload)
+
+    def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
+        return expand_matrix(self.targets, self.sdks, served)
+
+    def check_served(self, served: dict[tuple[str, str], list[str]]) -> None:
+        unserved = sorted({(t.backend, v) for t, v in self.matrix(served) if (t.backend, v) not in served})
+        if unserved and not self.allow_queue:
+            have = ", ".join(f"{b} {v}" for b, v in sorted(served)) or "none"
+            raise NoWorkerError(
+                "no live worker serves " + ", ".join(f"{b} {v}" for b, v in unserved),
+                hint=f"served now: {have}. Start such a worker, or pass --allow-queue to queue and wait",
+                details={"served": [f"{b}:{v}" for b, v in sorted(served)]})

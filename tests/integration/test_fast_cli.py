@@ -71,6 +71,45 @@ def test_cached_build_and_resolve_from_the_shell(cluster_settings: Settings, clu
     assert {b["artifact"] for b in rebuilt}.isdisjoint(b["artifact"] for b in built)
 
 
+def test_cached_submit_from_the_shell_records_the_release(cluster_settings: Settings, cluster_env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    """A release whose builds the index answers whole: `farm submit` records it over a bare
+    connection (no SQLAlchemy, boto3, Celery), and it reads back as the full path's does."""
+    from farm.cli.cluster_cmd import release_json
+    from farm.pipeline.plan import release_status, submit_release
+    from registry.index import Registry, register_worker
+    from workers.runner import Toolchain
+
+    model = conv_relu_add(tmp_path / "net.onnx", seed=13)
+    built = farm(cluster_env, "build", str(model), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--name", "net",
+                 "--tag", "stable", "--json")
+    assert built.returncode == 0, built.stderr
+    sdk = json.loads(built.stdout)["builds"][0]["toolchain"]
+    reg = Registry.open(cluster_settings)
+    try:
+        with reg.db.session() as s:  # a live worker for the toolchain (no broker needed: nothing is sent)
+            register_worker(s, name="w1", host="h", pid=1, queues=["q"],
+                            toolchain=Toolchain("qnn", sdk, "1", "onnxruntime-qnn", "1"))
+    finally:
+        reg.close()
+    args = ["submit", str(model), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--name", "net", "--tag", "stable"]
+    fast = farm(cluster_env, *args, "--wait", "--json", importtime=True)
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    doc = json.loads(fast.stdout)
+    found = modules(fast.stderr)
+    assert "farm.pipeline.cached" in found and heavy(found) == [] and "celery" not in found
+    full = submit_release(cluster_settings, model, ["qnn:SM8650", "qnn:SM8750"], [], name="net", tag="stable")
+    assert doc == {**release_json(full.release_id, full.model, full.builds), "release": doc["release"]}
+    assert doc["ok"] and [b["state"] for b in doc["builds"]] == ["succeeded", "succeeded"]
+    again = release_status(cluster_settings, doc["release"])  # through the ORM: the rows are well formed
+    assert release_json(again.release_id, again.model, again.builds) == doc
+    status = farm(cluster_env, "status", str(doc["release"]), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout) == doc
+
+    unserved = farm(cluster_env, *args, "--sdk", "2.47.0")
+    assert unserved.returncode != 0 and "error[no-worker]" in unserved.stderr and "Traceback" not in unserved.stderr
+
+
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
 def test_both_postgres_drivers_read_the_same(pg_url: str, tmp_path: Path, driver: str) -> None:
     from farm.core.catalog import parse_target

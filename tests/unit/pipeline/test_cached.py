@@ -213,3 +213,99 @@ def test_another_schema_takes_the_full_path(settings: Settings, tmp_path: Path, 
     build(settings, model)
     sql(settings, "UPDATE alembic_version SET version_num = :rev", rev=revision)
     assert answer(settings, model, TARGETS) is None
+
+
+# ---- a cached `farm submit` (farm.pipeline.cached.resubmit) ----------------------------------------
+
+def live_worker(settings: Settings, version: str = "2.51.0") -> None:
+    from registry.index import register_worker
+    from workers.runner import Toolchain
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            register_worker(s, name=f"w-{version}", host="h", pid=1, queues=["q"],
+                            toolchain=Toolchain("qnn", version, "1.31.1", "onnxruntime-qnn", "2.7.0"))
+    finally:
+        reg.close()
+
+
+def releases(settings: Settings) -> list[tuple[int, str, list[int]]]:
+    from sqlalchemy import select
+
+    from registry.models import Release, ReleaseBuild
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            return [(r.id, r.label, sorted(s.scalars(select(ReleaseBuild.build_id).where(
+                ReleaseBuild.release_id == r.id)))) for r in s.scalars(select(Release).order_by(Release.id))]
+    finally:
+        reg.close()
+
+
+def same_release(fast: plan.ReleaseStatus | None, full: plan.ReleaseStatus) -> None:
+    assert fast is not None and fast.release_id != full.release_id
+    assert (fast.model, fast.builds, fast.tag_moved) == (full.model, full.builds, full.tag_moved)
+
+
+def test_resubmit_records_what_submit_release_records(settings: Settings, tmp_path: Path) -> None:
+    from farm.pipeline.cached import resubmit
+
+    model = save(matmul_add(seed=3), tmp_path / "m.onnx")
+    build(settings, model, name="vision/m", tag="stable")
+    live_worker(settings)
+    fast = resubmit(settings, model, TARGETS, [], name="vision/m", tag="stable")  # toolchains: the live workers'
+    full = plan.submit_release(settings, model, TARGETS, [], name="vision/m", tag="stable")
+    same_release(fast, full)
+    assert [b["state"] for b in full.builds] == ["succeeded", "succeeded"] and fast is not None
+    (r1, label1, builds1), (r2, label2, builds2) = releases(settings)
+    assert (r1, label1) == (fast.release_id, "vision/m:stable") and (label1, builds1) == (label2, builds2)
+    # The rows read back through the ORM as the full path's do (timestamps, matrix JSON).
+    assert plan.release_status(settings, fast.release_id) == plan.ReleaseStatus(
+        fast.release_id, "vision/m:stable", full.builds)
+    same_release(resubmit(settings, model, TARGETS, ["2.51.0"]), plan.submit_release(settings, model, TARGETS,
+                                                                                     ["2.51.0"]))
+
+
+def test_resubmit_raises_what_submit_release_raises(settings: Settings, tmp_path: Path) -> None:
+    from farm.pipeline.cached import resubmit
+
+    model = save(matmul_add(seed=3), tmp_path / "m.onnx")
+    build(settings, model)
+    live_worker(settings)
+    for sdks, error in ((["2.47.0"], "no-worker"), (["2.5x"], "usage")):
+        with pytest.raises(FarmError) as fast:
+            resubmit(settings, model, TARGETS, sdks)
+        with pytest.raises(FarmError) as full:
+            plan.submit_release(settings, model, TARGETS, sdks)
+        assert (fast.value.code, fast.value.message) == (error, full.value.message) and full.value.code == error
+    assert releases(settings) == []
+
+
+def test_resubmit_steps_aside_and_writes_nothing_unless_every_build_is_final(settings: Settings,
+                                                                           tmp_path: Path) -> None:
+    from farm.pipeline.cached import resubmit
+
+    model = save(matmul_add(seed=3), tmp_path / "m.onnx")
+    other = save(matmul_add(seed=4), tmp_path / "o.onnx")
+    build(settings, model, name="vision/m", tag="stable")
+    build(settings, other, name="vision/o", tag="stable")
+    live_worker(settings)
+    assert resubmit(settings, model, TARGETS, [], name="vision/o", tag="stable") is None  # a tag move: full path
+    assert resubmit(settings, model, TARGETS, [], name="vision/m", tag="new") is None  # a new tag: a write
+    assert resubmit(settings, model, ["qnn:SM8650", "qnn:SM8475"], []) is None  # a build never queued
+    assert resubmit(settings, model, TARGETS, [], require_full_offload=True) is None
+    assert resubmit(settings, model, TARGETS, [], ["require_full_offload=true"]) is None
+    assert resubmit(settings, model, TARGETS, [], ["vtcm_mb=4"]) is None  # other options: other builds
+    assert resubmit(settings, save(matmul_add(seed=5), tmp_path / "m.onnx"), TARGETS, []) is None  # new bytes
+    sql(settings, update(Build).where(Build.target == "SM8650").values(state="queued"))
+    assert resubmit(settings, other, TARGETS, []) is None  # queued: the full path answers it
+    sql(settings, update(Build).where(Build.target == "SM8650").values(state="failed", error_code="storage-error"))
+    assert resubmit(settings, other, TARGETS, []) is None  # failed, not for good: reopened
+    sql(settings, update(Build).where(Build.target == "SM8650").values(error_code="unsupported-ops"))
+    assert resubmit(settings, other, TARGETS, [], retry_failed=True) is None
+    assert releases(settings) == []
+    failed = resubmit(settings, other, TARGETS, [])  # failed for good: answered
+    assert failed is not None and [b["state"] for b in failed.builds] == ["failed", "succeeded"]
+    assert failed.builds[0]["error_code"] == "unsupported-ops" and failed.builds[0]["artifact"] is None
