@@ -214,6 +214,12 @@ def shell_commands(homes: dict[str, dict[str, str]], model: Path, farm_script: P
         build_cmd, resolve_cmd = farm_commands(f"{prefix}{kind}:", [str(farm_script)], child_env(env, tree), model,
                                                toolchain, expect_resolved[kind])
         out += [build_cmd, resolve_cmd]
+        if tree is None:
+            # A cached re-submission (cluster mode, no --server): the release recorded over a bare
+            # connection. --sdk and --allow-queue: the toolchain given, no live worker needed.
+            submit = ["submit", *build_cmd.argv[2:], "--sdk", toolchain, "--allow-queue"]
+            out.append(Command(f"{kind}: cached `farm submit` ({len(TARGETS)} targets, records a release)",
+                               [str(farm_script), *submit], build_cmd.env, " succeeded ", len(TARGETS)))
         if tree is None and kind == "SQLite":
             out.append(Command("SQLite: `python -m farm.cli resolve`", [py, "-m", "farm.cli", *resolve_cmd.argv[1:]],
                                resolve_cmd.env, resolve_cmd.expect))
