@@ -313,7 +313,9 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
     standby = fork_job(None) if prefault_cap > 0 else None
     while True:
         live = [j for j in (job, standby, *finishing) if j is not None]
-        watch = [0] + [fd for j in live for fd in (j["pidfd"], j["done"]) if fd is not None]
+        # The running job's done pipe; the others' are read at their reap (a standby writes none).
+        watch = [0] + [j["pidfd"] for j in live if j["pidfd"] is not None] + (
+            [job["done"]] if job is not None and job["done"] is not None else [])
         polling = any(j["pidfd"] is None for j in live)
         ready, _, _ = select.select(watch, [], [], 0.01 if polling else None)
         for j in [j for j in finishing if exited(j, ready)]:

@@ -65,9 +65,12 @@ def compile_children(root: int) -> list[int]:
 
 
 def compile_hosts(root: int) -> list[int]:
-    """Warm compile hosts under ``root``, not their jobs or standbys (forks that keep the command line)."""
-    return [p for p in descendants(root) if "workers.qnn.child host" in cmdline(p)
-            and comm(p) not in ("ctxfarm-compile", "ctxfarm-standby") and alive(p)]
+    """Warm compile hosts under ``root``, not their jobs or standbys: forks that keep the host's
+    command line (and, for a moment after the fork, its name), so told apart by their parent."""
+    def host(p: int) -> bool:
+        return "workers.qnn.child host" in cmdline(p)
+
+    return [p for p in descendants(root) if host(p) and not host(_ppid(p) or 0) and alive(p)]
 
 
 def standbys(root: int) -> list[int]:

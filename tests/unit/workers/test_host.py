@@ -35,8 +35,9 @@ def job_dir(tmp_path: Path, name: str) -> Path:
 
 
 def jobs_of(host_pid: int) -> list[int]:
-    """The host's running job (not its standby, the next job's process forked ahead)."""
-    return [p for p in descendants(host_pid) if alive(p) and comm(p) != "ctxfarm-standby"]
+    """The host's running job, once it has named itself (a standby, the next job's process
+    forked ahead, is named ctxfarm-standby, and for a moment after its fork not at all)."""
+    return [p for p in descendants(host_pid) if alive(p) and comm(p) == "ctxfarm-compile"]
 
 
 def run(pool: HostPool, tmp_path: Path, name: str, **request: object) -> dict[str, object]:
