@@ -4,7 +4,8 @@ Builds a light model for two SoCs in a temp FARM_HOME (SQLite + local blob dir),
 ``--admin-url`` in a throwaway PostgreSQL database too (dropped at the end). Then:
 
 - in process: the EP compile, the first build, a cached ``plan.build`` (the library's full
-  path) and the CLI's fast path ``farm.pipeline.cached.answer``, p50 of ``--repeat``;
+  path) and the CLI's fast path ``farm.pipeline.cached.answer``, p50 of ``--repeat``; then a
+  live worker row for the toolchain, as a cluster's worker records it;
 - from the shell: each command is a subprocess of the real ``farm`` console script (the one
   beside this interpreter; PYTHONPATH points it at this checkout, which is what the editable
   install points at anyway), end to end, timed from the parent: wall and CPU (user+sys) per run,
@@ -179,6 +180,7 @@ def in_process(homes: dict[str, dict[str, str]], model: Path, repeat: int
         assert all(o.state == "built" for o in first.outcomes), first.outcomes
         artifacts[kind] = first.outcomes[0].artifact or ""
         toolchain = first.outcomes[0].toolchain
+        live_worker(reg)
         full, fast = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -200,6 +202,17 @@ def in_process(homes: dict[str, dict[str, str]], model: Path, repeat: int
     return rows, artifacts, toolchain
 
 
+def live_worker(reg: Registry) -> None:
+    """A worker row for the local QNN toolchain (the one the builds used): what `farm submit`
+    with no --sdk takes its toolchains from."""
+    from registry.index import register_worker
+    from workers.runner import get_runner
+
+    with reg.db.session() as s:
+        register_worker(s, name="bench-worker", host="bench", pid=os.getpid(), queues=["bench"],
+                        toolchain=get_runner("qnn").toolchain())
+
+
 def shell_commands(homes: dict[str, dict[str, str]], model: Path, farm_script: Path, toolchain: str,
                    expect_resolved: dict[str, str], tree: Path | None, prefix: str) -> list[Command]:
     py = sys.executable
@@ -215,11 +228,13 @@ def shell_commands(homes: dict[str, dict[str, str]], model: Path, farm_script: P
                                                toolchain, expect_resolved[kind])
         out += [build_cmd, resolve_cmd]
         if tree is None:
-            # A cached re-submission (cluster mode, no --server): the release recorded over a bare
-            # connection. --sdk and --allow-queue: the toolchain given, no live worker needed.
-            submit = ["submit", *build_cmd.argv[2:], "--sdk", toolchain, "--allow-queue"]
-            out.append(Command(f"{kind}: cached `farm submit` ({len(TARGETS)} targets, records a release)",
-                               [str(farm_script), *submit], build_cmd.env, " succeeded ", len(TARGETS)))
+            # A cached re-submission (cluster mode, no --server): the toolchains from the live
+            # worker row in_process recorded (heartbeats an hour apart keep it live through the
+            # runs), the release recorded over a bare connection.
+            submit = ["submit", *build_cmd.argv[2:]]
+            out.append(Command(f"{kind}: cached `farm submit` ({len(TARGETS)} targets)",
+                               [str(farm_script), *submit], {**build_cmd.env, "FARM_HEARTBEAT_SECONDS": "3600"},
+                               " succeeded ", len(TARGETS)))
         if tree is None and kind == "SQLite":
             out.append(Command("SQLite: `python -m farm.cli resolve`", [py, "-m", "farm.cli", *resolve_cmd.argv[1:]],
                                resolve_cmd.env, resolve_cmd.expect))

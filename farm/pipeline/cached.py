@@ -32,6 +32,9 @@ What it checks, in order; the first "no" gives None:
 ``--require-full-offload`` is not in the build keys: a gated request is answered here from the
 ungated build, failed with unsupported-ops where the artifact left CPU nodes (their op types read
 from its manifest in the store, only then).
+
+``resubmit`` is the same for a cached ``farm submit`` (cluster, no ``--server``), with one write:
+the release row and its builds, in one transaction over the same bare connection.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from farm.pipeline.submission import (
     Progress,
     ReleaseStatus,
     gate_outcome,
+    gate_view,
     no_progress,
     parse_build_request,
 )
@@ -144,21 +148,18 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
     ``submit_release`` (it records the tag, stores the snapshot, queues and sends).
 
     The same checks as ``answer`` (request, schema head, model by its bytes, snapshot stored,
-    NAME:TAG already on this model) plus the live workers: the toolchains come from them when no
-    ``--sdk`` is given, and an unserved one raises ``no-worker`` as the full path does (unless
-    ``--allow-queue``). ``--require-full-offload`` and ``--force-tag`` take the full path."""
+    NAME:TAG already on this model, so ``--force-tag`` moves nothing) plus the live workers: the
+    toolchains come from them when no ``--sdk`` is given, and an unserved one raises ``no-worker``
+    as the full path does (unless ``--allow-queue``). ``--require-full-offload`` fails the builds
+    whose artifact left CPU nodes (their op types read from its manifest in the store, only then)."""
     from farm.core.bundle import match_recorded
     from farm.core.options import parse_pairs
     from farm.pipeline.submission import ReleaseRequest
     from registry.lite import open_index
     from registry.reads import builds_by_key, live_toolchains, models_by_onnx, tag_digest
 
-    if require_full_offload or force_tag:
-        return None
     request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                   retry_failed)
-    if request.require_full_offload:  # the old -o spelling of the gate
-        return None
+                                   retry_failed, force_tag, require_full_offload)
     model_path = Path(model)
     try:
         if not model_path.is_file():
@@ -196,18 +197,24 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
                 return None  # queued or running (the full path answers it), or to be reopened
             builds.append(b)
         label = f"{request.name}:{request.tag}" if request.name else (bundle.stem[:255] or bundle.digest[:19])
+        views = []
+        for b in sorted(builds, key=lambda b: (b.target, b.toolchain)):
+            ok = b.state == "succeeded"
+            view: dict[str, Any] = {
+                "build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": b.state,
+                "note": None, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
+                "artifact": b.artifact if ok else None, "compile_seconds": b.compile_seconds if ok else None,
+                "worker": b.worker}
+            if request.require_full_offload and ok and b.artifact is not None:
+                # Before the commit, as the full path: a manifest that cannot be read records nothing.
+                view = gate_view(view, b.nodes_cpu, _op_types(settings, b.artifact))
+            views.append(view)
         release_id = _record_release(index, bundle.digest, label, {
             "targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
-            "options": request.raw_options, "require_full_offload": False}, [b.id for b in builds])
+            "options": request.raw_options, "require_full_offload": request.require_full_offload},
+            [b.id for b in builds])
         index.commit()
-    st = ReleaseStatus(release_id, label)
-    for b in sorted(builds, key=lambda b: (b.target, b.toolchain)):
-        ok = b.state == "succeeded"
-        st.builds.append({"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain,
-                          "state": b.state, "note": None, "attempts": b.attempts, "error_code": b.error_code,
-                          "error_message": b.error_message, "artifact": b.artifact if ok else None,
-                          "compile_seconds": b.compile_seconds if ok else None, "worker": b.worker})
-    return st
+    return ReleaseStatus(release_id, label, views)
 
 
 def _record_release(index: Any, model_digest: str, label: str, matrix: dict[str, Any], build_ids: list[int]) -> int:

@@ -43,6 +43,7 @@ from farm.pipeline.submission import (  # noqa: F401
     check_name_tag,
     check_versions,
     gate_outcome,
+    gate_view,
     no_progress,
     offload_refusal,
     parse_build_request,
@@ -471,18 +472,12 @@ def build_view(b: Any, art: Any) -> dict[str, Any]:
 
 
 def _gate_view(view: dict[str, Any], art: Any, blobs: Any) -> dict[str, Any]:
-    """A build as a --require-full-offload release sees it: a succeeded build whose artifact left
-    nodes on the CPU is failed with unsupported-ops naming their op types (from the manifest in
-    ``blobs``); the build row and its artifact stay as they are."""
+    """``submission.gate_view``, the op types read from the artifact's manifest in ``blobs``."""
     from registry.manifest import cpu_op_types
 
-    if view["state"] != states.BuildState.SUCCEEDED or art is None:
+    if art is None:
         return view
-    refusal = offload_refusal(art.nodes_cpu, art.digest, lambda: cpu_op_types(blobs, art.digest))
-    if refusal is None:
-        return view
-    return {**view, "state": states.BuildState.FAILED, "error_code": refusal.code, "error_message": refusal.message,
-            "note": f"built with {art.nodes_cpu} node(s) on the CPU; this release requires full offload"}
+    return gate_view(view, art.nodes_cpu, lambda: cpu_op_types(blobs, art.digest))
 
 
 def _status(session: Any, release_id: int, builds: list[Any], blobs: Any) -> ReleaseStatus:

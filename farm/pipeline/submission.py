@@ -146,6 +146,20 @@ def gate_outcome(outcome: BuildOutcome, cpu_op_types: Callable[[], Sequence[str]
     return outcome
 
 
+def gate_view(view: dict[str, Any], nodes_cpu: int | None, cpu_op_types: Callable[[], Sequence[str]]
+              ) -> dict[str, Any]:
+    """A release's build (``plan.build_view``) as a --require-full-offload release sees it: a
+    succeeded build whose artifact left ``nodes_cpu`` nodes on the CPU is failed with
+    unsupported-ops; the build row and its artifact stay as they are."""
+    if view["state"] != "succeeded":
+        return view
+    refusal = offload_refusal(nodes_cpu, view["artifact"], cpu_op_types)
+    if refusal is None:
+        return view
+    return {**view, "state": "failed", "error_code": refusal.code, "error_message": refusal.message,
+            "note": f"built with {nodes_cpu} node(s) on the CPU; this release requires full offload"}
+
+
 # ---- releases (cluster): the request and its status, for the full path and the CLI's fast one ----
 
 FINAL_STATES = ("succeeded", "failed")  # farm.pipeline.states.FINAL, without its SQLAlchemy import

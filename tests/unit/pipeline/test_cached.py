@@ -230,7 +230,7 @@ def live_worker(settings: Settings, version: str = "2.51.0") -> None:
         reg.close()
 
 
-def releases(settings: Settings) -> list[tuple[int, str, list[int]]]:
+def releases(settings: Settings) -> list[tuple[int, str | None, list[int]]]:
     from sqlalchemy import select
 
     from registry.models import Release, ReleaseBuild
@@ -289,15 +289,15 @@ def test_resubmit_steps_aside_and_writes_nothing_unless_every_build_is_final(set
 
     model = save(matmul_add(seed=3), tmp_path / "m.onnx")
     other = save(matmul_add(seed=4), tmp_path / "o.onnx")
-    build(settings, model, name="vision/m", tag="stable")
+    first = build(settings, model, name="vision/m", tag="stable")
     build(settings, other, name="vision/o", tag="stable")
     live_worker(settings)
     assert resubmit(settings, model, TARGETS, [], name="vision/o", tag="stable") is None  # a tag move: full path
     assert resubmit(settings, model, TARGETS, [], name="vision/m", tag="new") is None  # a new tag: a write
     assert resubmit(settings, model, ["qnn:SM8650", "qnn:SM8475"], []) is None  # a build never queued
-    assert resubmit(settings, model, TARGETS, [], require_full_offload=True) is None
-    assert resubmit(settings, model, TARGETS, [], ["require_full_offload=true"]) is None
     assert resubmit(settings, model, TARGETS, [], ["vtcm_mb=4"]) is None  # other options: other builds
+    sql(settings, update(Artifact).where(Artifact.build_id == first.outcomes[0].build_id).values(status="broken"))
+    assert resubmit(settings, model, TARGETS, []) is None  # enqueue reopens a broken artifact's build
     assert resubmit(settings, save(matmul_add(seed=5), tmp_path / "m.onnx"), TARGETS, []) is None  # new bytes
     sql(settings, update(Build).where(Build.target == "SM8650").values(state="queued"))
     assert resubmit(settings, other, TARGETS, []) is None  # queued: the full path answers it
@@ -309,3 +309,28 @@ def test_resubmit_steps_aside_and_writes_nothing_unless_every_build_is_final(set
     failed = resubmit(settings, other, TARGETS, [])  # failed for good: answered
     assert failed is not None and [b["state"] for b in failed.builds] == ["failed", "succeeded"]
     assert failed.builds[0]["error_code"] == "unsupported-ops" and failed.builds[0]["artifact"] is None
+    same_release(failed, plan.submit_release(settings, other, TARGETS, []))
+
+
+def test_resubmit_answers_force_tag_allow_queue_and_the_gate_as_submit_release(
+        settings: Settings, tmp_path: Path, instant_runner: InstantRunner) -> None:
+    """Flags that change nothing written but the release: --force-tag with the tag already on the
+    model, --allow-queue for an unserved toolchain, --require-full-offload (either spelling)."""
+    from farm.pipeline.cached import resubmit
+
+    instant_runner.placement = {"ep_nodes": 1, "cpu_nodes": 2, "cpu_op_types": ["Erf", "Mod"]}
+    model = save(matmul_add(seed=3), tmp_path / "m.onnx")
+    build(settings, model, name="vision/m", tag="stable")
+    live_worker(settings, "2.52.0")  # the builds' 2.51.0 is served by no live worker
+    for kw, options in (({"force_tag": True, "name": "vision/m", "tag": "stable"}, []),
+                        ({"require_full_offload": True}, []), ({}, ["require_full_offload=true"])):
+        fast = resubmit(settings, model, TARGETS, ["2.51.0"], options, allow_queue=True, **kw)  # type: ignore[arg-type]
+        full = plan.submit_release(settings, model, TARGETS, ["2.51.0"], options, allow_queue=True,
+                                   **kw)  # type: ignore[arg-type]
+        same_release(fast, full)
+        assert plan.release_status(settings, fast.release_id).builds == full.builds  # type: ignore[union-attr]
+    assert [b["error_code"] for b in full.builds] == ["unsupported-ops"] * 2 and not full.ok
+    assert "2 node(s) stay on the CPU (Erf, Mod)" in full.builds[0]["error_message"]
+    with pytest.raises(FarmError, match="no live worker serves qnn 2.51.0"):
+        resubmit(settings, model, TARGETS, ["2.51.0"])
+    assert len(releases(settings)) == 6
