@@ -64,9 +64,8 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
            retry_failed: bool = False, require_full_offload: bool = False) -> BuildReport | None:
     """The report of a fully cached ``plan.build(...)`` with these arguments, or None (see the
     module docstring). Raises what plan.build's validation raises, nothing else of its own."""
-    from farm.core.bundle import match_recorded
     from registry.lite import open_index
-    from registry.reads import builds_by_key, models_by_onnx, tag_digest
+    from registry.reads import builds_by_key
     from workers.runner import get_runner
 
     start = time.perf_counter()
@@ -79,25 +78,15 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
                 toolchains[t.backend] = get_runner(t.backend).toolchain().version
             except FarmError:
                 return None  # the full path says which toolchain is missing (no-worker)
-    model_path = Path(model)
-    try:
-        if not model_path.is_file():
-            return None
-        onnx_digest, onnx_size = sha256_file(model_path)
-    except OSError:
+    model_file = _model_file(model)
+    if model_file is None:
         return None
     index = open_index(settings.database_url)
     if index is None:
         return None
     with index:
-        recorded = models_by_onnx(index, onnx_digest)
-        bundle = match_recorded(model_path, onnx_digest, onnx_size, recorded)
+        bundle = _stored_bundle(index, model_file, name, tag)
         if bundle is None:
-            return None
-        listing = dict(recorded)[bundle.digest]
-        if not listing or not all(f.get("stored") for f in listing):
-            return None
-        if name and tag and tag_digest(index, name, tag) != bundle.digest:
             return None
         keys = {t: build_key(bundle.digest, t.backend, t.name, toolchains[t.backend], options_digest(options[t]))
                 for t in targets}
@@ -126,6 +115,38 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
     return BuildReport(bundle.digest, name or bundle.stem, tag, outcomes)
 
 
+def _model_file(model: str | Path) -> tuple[Path, str, int] | None:
+    """(path, sha256 of the .onnx bytes, size), or None when it is not a readable file (the full
+    path says why)."""
+    path = Path(model)
+    try:
+        if not path.is_file():
+            return None
+        digest, size = sha256_file(path)
+    except OSError:
+        return None
+    return path, digest, size
+
+
+def _stored_bundle(index: Any, model_file: tuple[Path, str, int], name: str | None, tag: str | None) -> Any:
+    """The recorded bundle these bytes are (external data re-hashed), with every file stored and
+    NAME:TAG, when given, already on it; else None."""
+    from farm.core.bundle import match_recorded
+    from registry.reads import models_by_onnx, tag_digest
+
+    path, onnx_digest, onnx_size = model_file
+    recorded = models_by_onnx(index, onnx_digest)
+    bundle = match_recorded(path, onnx_digest, onnx_size, recorded)
+    if bundle is None:
+        return None
+    listing = dict(recorded)[bundle.digest]
+    if not listing or not all(f.get("stored") for f in listing):
+        return None
+    if name and tag and tag_digest(index, name, tag) != bundle.digest:
+        return None
+    return bundle
+
+
 def _op_types(settings: Settings, manifest_digest: str) -> Callable[[], list[str]]:
     def read() -> list[str]:
         from registry.manifest import cpu_op_types
@@ -152,20 +173,15 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
     toolchains come from them when no ``--sdk`` is given, and an unserved one raises ``no-worker``
     as the full path does (unless ``--allow-queue``). ``--require-full-offload`` fails the builds
     whose artifact left CPU nodes (their op types read from its manifest in the store, only then)."""
-    from farm.core.bundle import match_recorded
     from farm.core.options import parse_pairs
     from farm.pipeline.submission import ReleaseRequest
     from registry.lite import open_index
-    from registry.reads import builds_by_key, live_toolchains, models_by_onnx, tag_digest
+    from registry.reads import builds_by_key, live_toolchains
 
     request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
                                    retry_failed, force_tag, require_full_offload)
-    model_path = Path(model)
-    try:
-        if not model_path.is_file():
-            return None
-        onnx_digest, onnx_size = sha256_file(model_path)
-    except OSError:
+    model_file = _model_file(model)
+    if model_file is None:
         return None
     index = open_index(settings.database_url, write=True)
     if index is None:
@@ -173,14 +189,8 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
     with index:
         served = live_toolchains(index, stale_after=settings.worker_stale_after)
         request.check_served(served)
-        recorded = models_by_onnx(index, onnx_digest)
-        bundle = match_recorded(model_path, onnx_digest, onnx_size, recorded)
+        bundle = _stored_bundle(index, model_file, request.name, request.tag)
         if bundle is None:
-            return None
-        listing = dict(recorded)[bundle.digest]
-        if not listing or not all(f.get("stored") for f in listing):
-            return None
-        if request.name and request.tag and tag_digest(index, request.name, request.tag) != bundle.digest:
             return None
         matrix = request.matrix(served)
         keys = [build_key(bundle.digest, t.backend, t.name, v, options_digest(request.options[t])) for t, v in matrix]
