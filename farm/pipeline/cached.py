@@ -52,6 +52,7 @@ from farm.pipeline.submission import (
     BuildReport,
     Progress,
     ReleaseStatus,
+    build_view_of,
     gate_outcome,
     gate_view,
     no_progress,
@@ -210,11 +211,7 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
         views = []
         for b in sorted(builds, key=lambda b: (b.target, b.toolchain)):
             ok = b.state == "succeeded"
-            view: dict[str, Any] = {
-                "build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": b.state,
-                "note": None, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
-                "artifact": b.artifact if ok else None, "compile_seconds": b.compile_seconds if ok else None,
-                "worker": b.worker}
+            view = build_view_of(b, b.artifact if ok else None, b.compile_seconds if ok else None)
             if request.require_full_offload and ok and b.artifact is not None:
                 # Before the commit, as the full path: a manifest that cannot be read records nothing.
                 view = gate_view(view, b.nodes_cpu, _op_types(settings, b.artifact))

@@ -40,6 +40,7 @@ from farm.pipeline.submission import (  # noqa: F401
     Progress,
     ReleaseRequest,
     ReleaseStatus,
+    build_view_of,
     check_name_tag,
     check_versions,
     gate_outcome,
@@ -459,16 +460,12 @@ def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseR
 
 def build_view(b: Any, art: Any) -> dict[str, Any]:
     """One build as status shows it (also for a single build)."""
-    state = b.state
     note = None
     if states.lease_expired(b):
         note = "lease expired, waiting for a worker"
     elif b.state == states.BuildState.QUEUED and b.error_code:
         note = f"retrying after {b.error_code}"
-    return {"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": state,
-            "note": note, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
-            "artifact": art.digest if art else None, "compile_seconds": art.compile_seconds if art else None,
-            "worker": b.worker}
+    return build_view_of(b, art.digest if art else None, art.compile_seconds if art else None, note)
 
 
 def _gate_view(view: dict[str, Any], art: Any, blobs: Any) -> dict[str, Any]:

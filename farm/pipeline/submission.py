@@ -146,6 +146,15 @@ def gate_outcome(outcome: BuildOutcome, cpu_op_types: Callable[[], Sequence[str]
     return outcome
 
 
+def build_view_of(b: Any, artifact: str | None, compile_seconds: float | None, note: str | None = None
+                  ) -> dict[str, Any]:
+    """One build of a release as status shows it, from a build row (the ORM's or the fast path's
+    plain one: both have these fields) and its artifact's digest and compile time."""
+    return {"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": b.state,
+            "note": note, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
+            "artifact": artifact, "compile_seconds": compile_seconds, "worker": b.worker}
+
+
 def gate_view(view: dict[str, Any], nodes_cpu: int | None, cpu_op_types: Callable[[], Sequence[str]]
               ) -> dict[str, Any]:
     """A release's build (``plan.build_view``) as a --require-full-offload release sees it: a
