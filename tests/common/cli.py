@@ -5,13 +5,29 @@ from __future__ import annotations
 import subprocess
 import sys
 
+# What the CLI's fast paths must not import (their start-up budget): checked with -X importtime.
+HEAVY = ("sqlalchemy", "alembic", "onnx", "onnxruntime", "onnxruntime_qnn", "numpy", "boto3", "botocore", "psycopg",
+         "importlib.metadata")
 
-def farm(env: dict[str, str], *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+def farm(env: dict[str, str], *args: str, check: bool = True, timeout: float = 300,
+         importtime: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m farm.cli ARGS``; ``importtime``: with ``-X importtime`` (read stderr with ``modules``)."""
+    argv = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "farm.cli", *args]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def modules(stderr: str) -> set[str]:
+    """The modules a ``-X importtime`` run imported."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def heavy(found: set[str]) -> list[str]:
+    return sorted(m for m in found if any(m == h or m.startswith(h + ".") for h in HEAVY))
 
 
 def in_pty(env: dict[str, str], *args: str, timeout: float = 300) -> tuple[int, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,13 @@ from farm.core.settings import Settings
 from registry.db import Database, alembic_config
 from registry.lite import open_index
 from registry.resolve import Device, resolve
+from tests.common import cli
+from tests.common.cli import heavy, modules
 from tests.common.onnx_models import conv_relu_add
-
-HEAVY = ("sqlalchemy", "alembic", "onnx", "onnxruntime", "onnxruntime_qnn", "numpy", "boto3", "botocore", "psycopg",
-         "importlib.metadata")
 
 
 def farm(env: dict[str, str], *args: str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "farm.cli", *args]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL,
-                          check=False)
-
-
-def modules(stderr: str) -> set[str]:
-    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
-            if line.startswith("import time:") and "|" in line}
-
-
-def heavy(found: set[str]) -> list[str]:
-    return sorted(m for m in found if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    return cli.farm(env, *args, check=False, importtime=importtime)
 
 
 def test_cached_build_and_resolve_from_the_shell(cluster_settings: Settings, cluster_env: dict[str, str],
