@@ -278,7 +278,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             return Response(status_code=304, headers={"ETag": etag})
         presign = getattr(reg.store, "presign", None)
         info = reg.store.stat(digest)
-        if presign is not None:
+        if presign is not None and info.encoding is None:
+            # A blob stored compressed (one part at most: S3BlobStore) is sent decoded from here:
+            # the object behind a presigned URL is the zstd frame.
             return RedirectResponse(presign(digest, 3600), status_code=307, headers={"ETag": etag})
         return _ranged(reg, digest, info.size, range_, etag, metrics)
 

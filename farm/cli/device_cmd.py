@@ -142,9 +142,15 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 presign = getattr(reg.store, "presign", None)
                 if presign is None:
                     raise UsageError("this store cannot presign URLs", hint="presigned URLs need an s3:// store")
+                # A URL serves the object as stored: ``encoding`` zstd for a blob stored compressed
+                # (digest and size are of the decoded file; `curl --compressed` decodes it).
                 info["manifest_url"] = presign(artifact.digest, args.presign)
+                if (encoding := reg.store.stat(artifact.digest).encoding) is not None:
+                    info["manifest_encoding"] = encoding
                 for f in info["files"]:
                     f["url"] = presign(f["digest"], args.presign)
+                    if (encoding := reg.store.stat(f["digest"]).encoding) is not None:
+                        f["encoding"] = encoding
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
@@ -215,9 +221,11 @@ def _print_resolved(info: dict[str, Any]) -> None:
     print(f"{info['artifact'][7:19]}  {info.get('backend', '')}:{info['target']}  {runtime} {info['toolchain']}")
     print(f"  {_picked_text(info)}")
     for f in info["files"]:
-        print(f"  {f['name']}  {human_size(f['size'])}  {f['digest']}" + (f"  {f['url']}" if f.get("url") else ""))
+        url = f"  {f['url']}" + (f" ({f['encoding']})" if f.get("encoding") else "") if f.get("url") else ""
+        print(f"  {f['name']}  {human_size(f['size'])}  {f['digest']}{url}")
     if info.get("manifest_url") and "url" in (info["files"][0] if info["files"] else {}):
-        print(f"  manifest  {info['manifest_url']}")
+        encoding = f" ({info['manifest_encoding']})" if info.get("manifest_encoding") else ""
+        print(f"  manifest  {info['manifest_url']}{encoding}")
 
 
 def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:

@@ -24,6 +24,9 @@ class BlobInfo:
     size: int
     modified: datetime | None = None
     foreign: str | None = None  # the key of an entry under blobs/ that is not a blob of ours
+    # How the store holds it: None as it is, "zstd" compressed (S3BlobStore). ``size`` is the
+    # blob's own size, except from ``iter_blobs`` of such a store: the bytes as stored.
+    encoding: str | None = None
 
 
 def foreign_entry(key: str, size: int = 0) -> BlobInfo:

@@ -44,9 +44,19 @@ def test_build_resolve_fetch_load(cluster_settings: Settings, cluster_env: dict[
                               "--qnn", "2.51.0", "--presign", "120", "--json").stdout)
         import urllib.request
 
+        import zstandard
+
+        from farm.core.keys import sha256_bytes
+
         for f in res["files"]:
             with urllib.request.urlopen(f["url"], timeout=10) as r:
-                assert len(r.read()) == f["size"]
+                body, encoding = r.read(), r.headers.get("Content-Encoding")
+            # The .bin is stored compressed (it shrinks ~70x): the URL serves the zstd frame and
+            # says so, in the header and in the resolve answer.
+            assert encoding == f.get("encoding")
+            data = zstandard.ZstdDecompressor().decompress(body) if encoding == "zstd" else body
+            assert len(data) == f["size"] and sha256_bytes(data) == f["digest"]
+        assert [f.get("encoding") for f in res["files"] if f["name"].endswith(".bin")] == ["zstd"]
         # Without --json too: each file with its URL, and the manifest's.
         text = farm(cluster_env, "resolve", "--model", "squeezenet:stable", "--soc", "SM8650", "--qnn", "2.51.0",
                     "--presign", "120").stdout

@@ -7,6 +7,7 @@ import io
 import os
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,125 @@ def test_s3_unreachable_is_storage_unavailable() -> None:
 
     with pytest.raises(StorageUnavailable):
         S3BlobStore("ctxfarm-down", "x", endpoint=f"http://127.0.0.1:{free_port()}", max_attempts=1)
+
+
+# -- compressed storage (S3BlobStore: one-part blobs that zstd shrinks by a tenth or more) ------
+
+def compressible(n: int) -> bytes:
+    """Like a context binary of the light test models: long runs, a little structure."""
+    return (b"\x00" * 4000 + os.urandom(96)) * (n // 4096) + b"\x07" * (n % 4096)
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 3 * 1024 * 1024 + 17])
+def test_compressible_blob_reads_back_as_itself(store: BlobStore, tmp_path: Path, size: int) -> None:
+    data = compressible(size)
+    info = put_bytes(store, data)
+    assert info.size == size and store.stat(info.digest).size == size
+    assert read_bytes(store, info.digest) == data
+    with store.open(info.digest) as f:  # small reads, as the API's ranged reads and the bundle cache do
+        got = b"".join(iter(lambda: f.read(1000), b""))
+    assert got == data
+    download(store, info.digest, tmp_path / "d.bin", size=size)
+    assert (tmp_path / "d.bin").read_bytes() == data
+
+
+def _object(store: Any, digest: str) -> dict[str, Any]:
+    from registry.store.base import blob_key
+
+    head: dict[str, Any] = store.client.head_object(Bucket=store.bucket, Key=store._key(blob_key(digest)))
+    return head
+
+
+def test_s3_stores_a_compressible_blob_compressed(s3_url: str) -> None:
+    from registry.store import open_store
+
+    store: Any = open_store(s3_url)
+    data = compressible(2 * 1024 * 1024)
+    info = put_bytes(store, data)
+    head = _object(store, info.digest)
+    assert head.get("ContentEncoding") == "zstd" and head["Metadata"] == {"ctxfarm-size": str(len(data))}
+    assert head["ContentLength"] < len(data) // 10
+    assert store.stat(info.digest).encoding == "zstd" and info.encoding == "zstd"
+    # A listing sees the bytes as stored (what gc frees), a stat the blob's own size.
+    assert [(b.digest, b.size) for b in store.iter_blobs()] == [(info.digest, head["ContentLength"])]
+    # A presigned URL serves the object as stored, and says so.
+    with urllib.request.urlopen(store.presign(info.digest, 60), timeout=10) as r:
+        assert r.headers.get("Content-Encoding") == "zstd"
+        import zstandard
+
+        assert zstandard.ZstdDecompressor().decompress(r.read()) == data
+
+
+@pytest.mark.parametrize("data", [os.urandom(256 * 1024), b"\x00" * (60 * 1024)], ids=["incompressible", "small"])
+def test_s3_stores_as_is_what_compression_would_not_pay_for(s3_url: str, data: bytes) -> None:
+    from registry.store import open_store
+
+    store: Any = open_store(s3_url)
+    info = put_bytes(store, data)
+    head = _object(store, info.digest)
+    assert head.get("ContentEncoding") is None and head["ContentLength"] == len(data)
+    assert store.stat(info.digest).encoding is None and read_bytes(store, info.digest) == data
+
+
+def test_s3_compress_off_stores_as_is_and_still_reads_compressed_blobs(s3_url: str) -> None:
+    from registry.store import open_store
+
+    on: Any = open_store(s3_url)
+    off: Any = open_store(s3_url + "&compress=0")
+    a, b = compressible(1024 * 1024), compressible(512 * 1024)
+    packed, plain = put_bytes(on, a), put_bytes(off, b)
+    assert _object(on, packed.digest).get("ContentEncoding") == "zstd"
+    assert _object(off, plain.digest).get("ContentEncoding") is None
+    assert read_bytes(off, packed.digest) == a and read_bytes(on, plain.digest) == b
+
+
+@pytest.mark.parametrize("query", ["&compress=maybe", "&retries=many"])
+def test_s3_bad_store_url_options_are_config_errors(s3_url: str, query: str) -> None:
+    from farm.core.errors import ConfigError
+    from registry.store import open_store
+
+    with pytest.raises(ConfigError) as exc:
+        open_store(s3_url + query)
+    assert exc.value.hint
+
+
+def _plant(store: Any, digest: str, body: bytes, **extra: Any) -> None:
+    from registry.store.base import blob_key
+
+    store.client.put_object(Bucket=store.bucket, Key=store._key(blob_key(digest)), Body=body, **extra)
+
+
+def test_s3_tampered_compressed_objects_never_read_as_the_blob(s3_url: str, tmp_path: Path) -> None:
+    """An object altered in the bucket: garbage behind the zstd header, a bomb that decodes far
+    past its recorded size, a missing size. Each read fails with digest-mismatch, writes no
+    more than the recorded size, and leaves no partial file."""
+    import zstandard
+
+    from registry.store import open_store
+
+    store: Any = open_store(s3_url)
+    data = compressible(1024 * 1024)
+    digest = sha256_bytes(data)
+    meta = {"Metadata": {"ctxfarm-size": str(len(data))}, "ContentEncoding": "zstd"}
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\x00" * (256 * 1024 * 1024))
+    cases = {
+        "garbage": (os.urandom(5000), meta),
+        "bomb": (bomb, meta),
+        "no-size": (zstandard.ZstdCompressor().compress(data), {"ContentEncoding": "zstd"}),
+        "wrong-content": (zstandard.ZstdCompressor().compress(compressible(len(data))), meta),
+    }
+    for name, (body, extra) in cases.items():
+        _plant(store, digest, body, **extra)
+        with pytest.raises(DigestMismatchError):
+            read_bytes(store, digest)
+        dest = tmp_path / name / "f.bin"
+        with pytest.raises(DigestMismatchError):
+            download(store, digest, dest, size=len(data))
+        assert not dest.parent.exists() or list(dest.parent.iterdir()) == [], name
+    _plant(store, digest, bomb, **meta)
+    with store.open(digest) as f:
+        n = 0
+        with pytest.raises(DigestMismatchError):
+            while chunk := f.read(1 << 20):
+                n += len(chunk)
+        assert n <= len(data), "a bomb is stopped at the recorded size"
