@@ -215,3 +215,42 @@ def test_phases_keep_child_seconds_in_ms_and_counts_as_counts() -> None:
     assert ph.ms["child.fork"] == 2.0 and ph.ms["child.job"] == 515.0
     assert ph.ms["child.page_faults"] == 4566 and isinstance(ph.ms["child.page_faults"], int)
 
+
+class CountingStore(InMemoryBlobStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts = 0
+
+    def put_stream(self, stream: BinaryIO, *, expected: str | None = None) -> BlobInfo:
+        self.puts += 1
+        return super().put_stream(stream, expected=expected)
+
+
+def test_a_publication_waits_for_the_next_build_to_start_compiling(db: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker hand-off, claim and bundle of the next build go first (its critical path);
+    the publication of the one before starts once the next compile has."""
+    from farm.core.settings import Settings
+    from farm.pipeline import execute
+    from farm.pipeline.execute import Executor, Result
+    from tests.common.fake_runner import InstantRunner
+
+    monkeypatch.setattr(execute, "PUBLISH_DEFER_S", 600.0)  # only the next compile releases it here
+    store = CountingStore()
+    b1, b2 = two_queued_builds(db, store)
+    runner = InstantRunner()
+    ex = Executor(Settings.from_env({"FARM_HOME": str(tmp_path / "home")}), Registry(db, store),  # type: ignore[arg-type]
+                  runner, background_publish=True)
+    done: list[Result] = []
+    before = store.puts
+    assert ex.execute(b1, then=done.append).outcome == "publishing"
+    assert ex._pending is not None
+    # Given time, it still has not started (an in-memory store publishes in a few ms).
+    from concurrent.futures import wait
+
+    assert not wait([ex._pending], timeout=0.3).done and store.puts == before
+    # b1's publication waits (600 s) until b2 compiles; b2's, with no build after it, 0.05 s.
+    monkeypatch.setattr(execute, "PUBLISH_DEFER_S", 0.05)
+    assert ex.execute(b2, then=done.append).outcome == "publishing"
+    ex.drain()
+    assert [(r.build_id, r.outcome) for r in done] == [(b1, "succeeded"), (b2, "succeeded")]
