@@ -388,8 +388,12 @@ def main() -> int:
                     help="rounds of (embedded, cluster runs, loop), each compared with the loops either side")
     ap.add_argument("--sdk", default="2.51.0")
     ap.add_argument("--repeat", type=int, default=10, help="cached re-submissions per model")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                    help="A/B: in each round also run the first worker count with these worker settings "
+                         "(e.g. noprefault:FARM_PREFAULT_MB=0); the order alternates round by round")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "farm.json"))
     args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variant]
     models, socs = args.models.split(","), args.socs.split(",")
     counts = [int(x) for x in args.workers.split(",") if x]
     venv = ROOT / ".venvs" / f"qnn-{args.sdk}"
@@ -427,12 +431,21 @@ def main() -> int:
                         if runs[-1]["then"] is not None:
                             results["cached"] = runs[-1]["then"]
                         runs[-1].pop("then")
+                # Variants of the first worker count, before or after the plain runs' loop turn by
+                # turn (their share of the round's drift evens out).
+                extra = []
+                for label, overrides in (variants if r % 2 else variants[::-1]):
+                    with fresh_farm(base_env, tmp, f"r{r}{label}") as env:
+                        extra.append({"label": label, **cluster_run({**env, **overrides}, venv, counts[0], models,
+                                                                    socs, args.sdk, tmp)})
+                        extra[-1].pop("then")
                 loops.append(loop_baseline(python, models, socs))
-                results["rounds"].append({"embedded": emb, "cluster": runs})
+                results["rounds"].append({"embedded": emb, "cluster": runs, "variants": extra})
                 loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
                 print(f"round {r + 1}: loop {loops[-2]['loop_s']:.2f}/{loops[-1]['loop_s']:.2f} s; embedded CLI "
                       f"{emb['cli_wall_s'] / loop:.2f} x; " + ", ".join(
-                          f"{c['workers']} worker(s) {c['wall_s']:.2f} s = {c['wall_s'] / loop:.2f} x" for c in runs),
+                          [f"{c['workers']} worker(s) {c['wall_s']:.2f} s = {c['wall_s'] / loop:.2f} x" for c in runs]
+                          + [f"{v['label']} {v['wall_s']:.2f} s = {v['wall_s'] / loop:.2f} x" for v in extra]),
                       flush=True)
     results["load_at_end"] = os.getloadavg()
     report(results)
@@ -441,6 +454,14 @@ def main() -> int:
     out.write_text(json.dumps(results, indent=2, default=str))
     print(f"wrote {out}")
     return 0
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    label, _, pairs = spec.partition(":")
+    overrides = dict(p.split("=", 1) for p in pairs.split(",") if "=" in p)
+    if not label.isidentifier() or not overrides:
+        raise SystemExit(f"--variant {spec!r}: expected LABEL:KEY=VALUE[,KEY=VALUE]")
+    return label, overrides
 
 
 def merged_cluster(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -477,6 +498,12 @@ def report(r: dict[str, Any]) -> None:
         ratio[k] = [w / lp for w, lp in zip(walls, loop_of, strict=True)]
         rows.append((f"cluster, {k} worker(s): {len(r['models'])} releases submitted in-process -> all done", walls,
                      ratio[k]))
+    labels = [v["label"] for v in rounds[0].get("variants", [])]
+    by_label = {lb: [next(v for v in x["variants"] if v["label"] == lb) for x in rounds] for lb in labels}
+    for lb, vs in by_label.items():
+        walls = [v["wall_s"] for v in vs]
+        rows.append((f"  variant {lb}, {vs[0]['workers']} worker(s)", walls,
+                     [w / lp for w, lp in zip(walls, loop_of, strict=True)]))
     print()
     loop_list = ", ".join(f"{x['loop_s']:.2f}" for x in loops)
     print(f"{len(loops)} loops: {loop_list} s; load average "
@@ -500,7 +527,9 @@ def report(r: dict[str, Any]) -> None:
     print()
     emb_phases = phase_p50([{"phases": ph} for x in rounds for ph in x["embedded"]["per_build"]])
     cluster = [merged_cluster([x["cluster"][i] for x in rounds]) for i in range(len(counts))]
-    modes = [("embedded", emb_phases)] + [(f"{x['workers']} worker(s)", x["phases"]) for x in cluster]
+    extras = {lb: merged_cluster(vs) for lb, vs in by_label.items()}
+    modes = ([("embedded", emb_phases)] + [(f"{x['workers']} worker(s)", x["phases"]) for x in cluster]
+             + [(lb, x["phases"]) for lb, x in extras.items()])
     names = list(dict.fromkeys(k for _, ph in modes for k in ph if k not in ("uploads", "bundle_cache")))
     print("per-build phases, p50 ms over every build of every round (builds.phases):")
     print(f"  {'phase':22s}" + "".join(f"{m:>14s}" for m, _ in modes))
@@ -511,12 +540,14 @@ def report(r: dict[str, Any]) -> None:
                                                     for _, ph in modes))
     print(f"  {'bundle cache hit/miss':22s}" + "".join(
         f"{ph['bundle_cache']['hit']:>8d}/{ph['bundle_cache']['miss']:<5d}" for _, ph in modes))
-    for i, x in enumerate(cluster):
-        ep = [rd["cluster"][i]["ep_compile_sum_s"] / (sum(loops[j]["compiles_s"]) + sum(loops[j + 1]["compiles_s"])) * 2
-              for j, rd in enumerate(rounds)]
-        print(f"  {x['workers']} worker(s): the EP compiles alone took {p50(ep):.2f} x the same compiles in the loop's "
+    runs_of = [(f"{x['workers']} worker(s)", x, [rd["cluster"][i] for rd in rounds]) for i, x in enumerate(cluster)]
+    runs_of += [(f"variant {lb}", extras[lb], vs) for lb, vs in by_label.items()]
+    for name, x, per_round_runs in runs_of:
+        ep = [run["ep_compile_sum_s"] / (sum(loops[j]["compiles_s"]) + sum(loops[j + 1]["compiles_s"])) * 2
+              for j, run in enumerate(per_round_runs)]
+        print(f"  {name}: the EP compiles alone took {p50(ep):.2f} x the same compiles in the loop's "
               f"process (median of rounds: {' '.join(f'{e:.2f}' for e in ep)})")
-        print(f"  {x['workers']} worker(s): worker gap between builds (broker + task) p50 {x['gap_ms_p50']} ms over "
+        print(f"  {name}: worker gap between builds (broker + task) p50 {x['gap_ms_p50']} ms over "
               f"{x['gaps']} gaps; waiter woke {x['waiter_latency_ms']:.0f} ms (p50 of rounds) after the last build "
               f"finished ({x['wakeups']} events)")
     # The worker's own time outside the EP compile: its critical path (claim to hand-over, less

@@ -308,9 +308,6 @@ def signer_for(settings: Settings) -> Any:
     return load_signer(settings.signing_key)
 
 
-PUBLISH_DEFER_S = 0.05  # the most a publication waits for the next build to start compiling
-
-
 class Executor:
     """Runs builds of one toolchain. One per process (SQL engines must not cross a fork)."""
 
@@ -324,14 +321,6 @@ class Executor:
         self._publisher = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
                            if background_publish else None)
         self._pending: Future[None] | None = None
-        # Set once the next build's compile has started (or when nothing else is on the critical
-        # path): a publication waits for it, up to PUBLISH_DEFER_S, so that the broker hand-off
-        # and the claim of the build that follows have the CPUs to themselves. Measured with
-        # 1 worker (bench/farm.py, run-queue waits from /proc/thread-self/schedstat): with the
-        # publication starting at once, 14 ms between builds (2.4 ms of it CPU, 4.8 ms waiting for
-        # a CPU) and a 12.6 ms claim (5.3 ms waiting for a CPU); deferred, 6 and 4.5 ms.
-        self._critical_free = threading.Event()
-        self._critical_free.set()
         self.runner: Runner = runner or get_runner(backend)
         self.toolchain: Toolchain = self.runner.toolchain()
         self.owner = owner or states.owner_base()
@@ -354,13 +343,10 @@ class Executor:
         caller's next build compiles while this one uploads and commits (its lease still held
         and renewed), and ``then`` gets the final result from that thread. Any other outcome is
         returned here and ``then`` is not called."""
-        self._critical_free.clear()
         try:
             return self._execute(build_id, then)
         finally:
             self._last_end = time.perf_counter()
-            if self._pending is None or self._pending.done():
-                self._critical_free.set()  # nothing handed over: no publication to hold back
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait for the publication in flight (a worker stopping)."""
@@ -420,7 +406,6 @@ class Executor:
                                  verify_load=True,
                                  cancel=keeper.lost if self.interrupt is None else _Either(keeper.lost, self.interrupt))
                 t = time.perf_counter()
-                self._critical_free.set()  # the compile takes a core of its own: publish beside it
                 out = self.runner.compile(job, Path(tmp) / "work")
                 ph.compile(out, time.perf_counter() - t)
                 keeper.check()
@@ -473,12 +458,7 @@ class Executor:
             with ph.timed("publish_wait"):
                 self.drain()
 
-        self._critical_free.clear()
-
         def run() -> None:
-            # Until the next build's compile starts (the broker's next message, its claim and
-            # bundle go first), or PUBLISH_DEFER_S when no build follows.
-            self._critical_free.wait(PUBLISH_DEFER_S)
             try:
                 with owned:  # the lease keeper stops and the job dir goes when this ends
                     result = self._publish(lease, row, target, out, ph)
