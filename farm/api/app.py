@@ -270,7 +270,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     @app.get("/v1/blobs/{digest}", tags=["read"], dependencies=[read],
              responses={200: {"content": {"application/octet-stream": {}}}, 206: {}, 304: {}, 307: {}})
     def get_blob(digest: str, range_: Annotated[str | None, Header(alias="range")] = None,
-                 if_none_match: Annotated[str | None, Header()] = None) -> Response:
+                 if_none_match: Annotated[str | None, Header()] = None,
+                 accept_encoding: Annotated[str | None, Header()] = None) -> Response:
         if not is_digest(digest):
             raise E.UsageError(f"{digest[:80]!r} is not a sha256 digest")
         etag = f'"{digest}"'
@@ -278,9 +279,10 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             return Response(status_code=304, headers={"ETag": etag})
         presign = getattr(reg.store, "presign", None)
         info = reg.store.stat(digest)
-        if presign is not None and info.encoding is None:
-            # A blob stored compressed (one part at most: S3BlobStore) is sent decoded from here:
-            # the object behind a presigned URL is the zstd frame.
+        # A blob the store holds compressed (one part at most: S3BlobStore) goes straight from S3
+        # only to a client that takes that Content-Encoding, whole; any other gets it decoded here.
+        if presign is not None and (info.encoding is None
+                                    or (not range_ and _accepts(accept_encoding, info.encoding))):
             return RedirectResponse(presign(digest, 3600), status_code=307, headers={"ETag": etag})
         return _ranged(reg, digest, info.size, range_, etag, metrics)
 
@@ -528,6 +530,20 @@ def _manifest(reg: Registry, digest: str) -> dict[str, Any]:
         if len(_MANIFESTS) > _MANIFESTS_MAX:
             _MANIFESTS.popitem(last=False)
     return dict(json.loads(data))
+
+
+def _accepts(accept_encoding: str | None, coding: str) -> bool:
+    """Whether an Accept-Encoding header takes ``coding`` (named, or ``*``, with q above 0)."""
+    for item in (accept_encoding or "").split(","):
+        name, _, params = item.strip().partition(";")
+        q = params.strip().removeprefix("q=").strip() if params.strip().startswith("q=") else "1"
+        try:
+            weight = float(q)
+        except ValueError:
+            continue
+        if name.strip().lower() in (coding, "*") and weight > 0:
+            return True
+    return False
 
 
 def _ranged(reg: Registry, digest: str, size: int, range_: str | None, etag: str, metrics: Any) -> Response:

@@ -314,3 +314,46 @@ def test_device_client_resumes_and_places_atomically(service: dict[str, Any], tm
     finally:
         server.should_exit = True
         t.join(10)
+
+
+def test_a_blob_stored_compressed_is_served_decoded_or_redirected_to_who_takes_zstd(
+        s3_url: str, tmp_path: Path) -> None:
+    """With an S3 store: a blob held as is goes 307 to S3; one held zstd-compressed is streamed
+    decoded (whole or a Range) unless the client takes zstd, whole."""
+    import urllib.request
+
+    import zstandard
+
+    from farm.core.keys import sha256_bytes
+    from registry.store.base import put_bytes
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_STORE_URL": s3_url})
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            read = create_token(s, "t-read", "read")
+        packed = b"".join(bytes([i % 7]) * 4000 + bytes(range(96)) for i in range(300))
+        plain = bytes(range(256)) * 5
+        assert put_bytes(reg.store, packed).encoding == "zstd" and put_bytes(reg.store, plain).encoding is None
+    finally:
+        reg.close()
+    with TestClient(create_app(settings)) as c:
+        def get(digest: str, **headers: str) -> Any:
+            return c.get(f"/v1/blobs/{digest}", headers={**auth(read), **headers}, follow_redirects=False)
+
+        d = sha256_bytes(packed)
+        whole = get(d, **{"Accept-Encoding": "gzip, deflate"})
+        assert whole.status_code == 200 and whole.content == packed and "content-encoding" not in whole.headers
+        part = get(d, Range="bytes=4000-4099")
+        assert part.status_code == 206 and part.content == packed[4000:4100]
+        assert part.headers["content-range"] == f"bytes 4000-4099/{len(packed)}"
+        for takes in ("zstd", "gzip, zstd;q=0.5", "br, *"):
+            moved = get(d, **{"Accept-Encoding": takes})
+            assert moved.status_code == 307, takes
+            with urllib.request.urlopen(moved.headers["location"], timeout=10) as r:
+                assert r.headers["Content-Encoding"] == "zstd"
+                assert zstandard.ZstdDecompressor().decompress(r.read()) == packed
+        for refuses in ("zstd;q=0", "gzip", "zstd;q=nope"):
+            assert get(d, **{"Accept-Encoding": refuses}).status_code == 200, refuses
+        assert get(d, **{"Accept-Encoding": "zstd"}, Range="bytes=0-9").content == packed[:10]
+        assert get(sha256_bytes(plain)).status_code == 307
