@@ -33,6 +33,7 @@ from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
 PART_SIZE = 16 * 1024 * 1024  # memory per upload is about one part
 COMPRESS_MIN = 64 * 1024  # smaller blobs are stored as they are
 COMPRESS_KEEP = 0.9  # stored compressed only when that saves at least a tenth
+COMPRESS_SAMPLE = 256 * 1024  # a larger blob is tried on this much of its middle first
 ZSTD_LEVEL = 3
 SIZE_META = "ctxfarm-size"  # a compressed object's own size (x-amz-meta-ctxfarm-size)
 COPY_PART_SIZE = 1024 * 1024 * 1024
@@ -301,7 +302,15 @@ def _pack(data: bytes) -> bytes | None:
         import zstandard
     except ModuleNotFoundError:  # an install without it stores blobs as they are
         return None
-    packed: bytes = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+    z = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    if len(data) > 4 * COMPRESS_SAMPLE:
+        # Bytes that will not shrink by a tenth (measured: random-normal fp16 weights 8%, int8
+        # 12.5%; random 0%): a sample says so for a fraction of a ms, not the whole blob's worth
+        # (zstd level 3 on such bytes here: 460-900 MB/s).
+        mid = (len(data) - COMPRESS_SAMPLE) // 2
+        if len(z.compress(data[mid:mid + COMPRESS_SAMPLE])) > COMPRESS_SAMPLE * COMPRESS_KEEP:
+            return None
+    packed: bytes = z.compress(data)
     return packed if len(packed) <= len(data) * COMPRESS_KEEP else None
 
 

@@ -182,7 +182,8 @@ def test_s3_stores_a_compressible_blob_compressed(s3_url: str) -> None:
         assert zstandard.ZstdDecompressor().decompress(r.read()) == data
 
 
-@pytest.mark.parametrize("data", [os.urandom(256 * 1024), b"\x00" * (60 * 1024)], ids=["incompressible", "small"])
+@pytest.mark.parametrize("data", [os.urandom(256 * 1024), os.urandom(3 * 1024 * 1024), b"\x00" * (60 * 1024)],
+                         ids=["incompressible", "incompressible-sampled", "small"])
 def test_s3_stores_as_is_what_compression_would_not_pay_for(s3_url: str, data: bytes) -> None:
     from registry.store import open_store
 
