@@ -390,7 +390,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=10, help="cached re-submissions per model")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                     help="A/B: in each round also run the first worker count with these worker settings "
-                         "(e.g. noprefault:FARM_PREFAULT_MB=0); the order alternates round by round")
+                         "(e.g. noprefault:FARM_PREFAULT_MB=0; a value may use the run's own settings: "
+                         "'plain:FARM_STORE_URL={FARM_STORE_URL}&compress=0'); the order alternates round by round")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "farm.json"))
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
@@ -436,8 +437,10 @@ def main() -> int:
                 extra = []
                 for label, overrides in (variants if r % 2 else variants[::-1]):
                     with fresh_farm(base_env, tmp, f"r{r}{label}") as env:
-                        extra.append({"label": label, **cluster_run({**env, **overrides}, venv, counts[0], models,
-                                                                    socs, args.sdk, tmp)})
+                        # A value may name the run's own settings: FARM_STORE_URL={FARM_STORE_URL}&compress=0
+                        env = {**env, **{k: v.format_map(env) for k, v in overrides.items()}}
+                        extra.append({"label": label, **cluster_run(env, venv, counts[0], models, socs, args.sdk,
+                                                                    tmp)})
                         extra[-1].pop("then")
                 loops.append(loop_baseline(python, models, socs))
                 results["rounds"].append({"embedded": emb, "cluster": runs, "variants": extra})
