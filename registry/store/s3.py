@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlparse
 
 from farm.core.errors import BlobNotFound, ConfigError, DigestMismatchError, StorageError, StorageUnavailable
+from farm.core.settings import parse_bool
 from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
 
 PART_SIZE = 16 * 1024 * 1024  # memory per upload is about one part
@@ -89,10 +90,7 @@ class S3BlobStore:
         if not parsed.netloc:
             raise ConfigError(f"store URL {url!r} names no bucket", hint="s3://BUCKET/PREFIX?endpoint=http://...")
         q = parse_qs(parsed.query)
-        compress = q.get("compress", ["1"])[0].lower()
-        if compress not in ("1", "0", "true", "false", "on", "off"):
-            raise ConfigError(f"store URL {url!r}: compress={compress!r} is not one of 1, 0, on, off",
-                              hint="s3://BUCKET/PREFIX?endpoint=http://...&compress=0")
+        compress = parse_bool(f"store URL {url!r}: compress", q.get("compress", [None])[0], default=True)
         try:
             retries = int(q.get("retries", ["5"])[0])
         except ValueError:
@@ -100,7 +98,7 @@ class S3BlobStore:
                               hint="s3://BUCKET/PREFIX?endpoint=http://...&retries=5") from None
         return cls(parsed.netloc, parsed.path, endpoint=q.get("endpoint", [None])[0],
                    region=q.get("region", [None])[0], max_attempts=retries,
-                   compress=compress in ("1", "true", "on"))
+                   compress=compress)
 
     # ---- keys and errors -----------------------------------------------------------------------
 
