@@ -424,27 +424,29 @@ def main() -> int:
             for r in range(args.rounds):
                 last = r == args.rounds - 1
                 emb = embedded(python, models, socs, tmp / f"round{r}")
-                runs = []
-                for k in counts:
-                    with fresh_farm(base_env, tmp, f"r{r}w{k}") as env:
+                runs: list[dict[str, Any]] = []
+                extra: list[dict[str, Any]] = []
+                # The variants go after the plain runs in even rounds and before them in odd ones:
+                # neither side always sits next to the same loop.
+                jobs: list[tuple[str, dict[str, str], int]] = [("", {}, k) for k in counts]
+                tried = [(label, overrides, counts[0]) for label, overrides in variants]
+                for label, overrides, k in (jobs + tried if r % 2 == 0 else tried + jobs):
+                    with fresh_farm(base_env, tmp, f"r{r}v{label}" if label else f"r{r}w{k}") as env:
+                        # A value may name the run's own settings: FARM_STORE_URL={FARM_STORE_URL}&compress=0
+                        env = {**env, **{key: v.format_map(env) for key, v in overrides.items()}}
+
                         def then(env: dict[str, str] = env) -> dict[str, Any]:
                             return cached(env, models, socs, args.sdk, args.repeat, tmp)
 
-                        runs.append(cluster_run(env, venv, k, models, socs, args.sdk, tmp,
-                                                then=then if last and k == counts[-1] else None))
-                        if runs[-1]["then"] is not None:
-                            results["cached"] = runs[-1]["then"]
-                        runs[-1].pop("then")
-                # Variants of the first worker count, before or after the plain runs' loop turn by
-                # turn (their share of the round's drift evens out).
-                extra = []
-                for label, overrides in (variants if r % 2 else variants[::-1]):
-                    with fresh_farm(base_env, tmp, f"r{r}{label}") as env:
-                        # A value may name the run's own settings: FARM_STORE_URL={FARM_STORE_URL}&compress=0
-                        env = {**env, **{k: v.format_map(env) for k, v in overrides.items()}}
-                        extra.append({"label": label, **cluster_run(env, venv, counts[0], models, socs, args.sdk,
-                                                                    tmp)})
-                        extra[-1].pop("then")
+                        run = cluster_run(env, venv, k, models, socs, args.sdk, tmp,
+                                          then=then if last and not label and k == counts[-1] else None)
+                        after = run.pop("then")
+                        if after is not None:
+                            results["cached"] = after
+                        if label:
+                            extra.append({"label": label, **run})
+                        else:
+                            runs.append(run)
                 loops.append(loop_baseline(python, models, socs))
                 results["rounds"].append({"embedded": emb, "cluster": runs, "variants": extra})
                 loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
