@@ -251,7 +251,8 @@ class ReleaseBuild(Base):
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), primary_key=True, index=True)
 
 
-TOKEN_SCOPES = ("read", "submit", "admin")
+# ``report``: devices posting load reports (issue 23); outside the read < submit < admin ladder.
+TOKEN_SCOPES = ("read", "submit", "admin", "report")
 
 
 class ApiToken(Base):
@@ -271,3 +272,90 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+ACCURACY_STATUSES = ("ok", "runtime-crashed", "skipped", "unverified")
+
+
+class AccuracyResult(Base):
+    """Numerical evidence (issue 23): an artifact run under a runtime (the HTP simulator) against
+    the source model on onnxruntime's CPU EP, same inputs; per output PSNR, cosine, max abs error.
+    ``inputs`` names the inputs (``seeded:0`` or an uploaded sample's digest); ``numerics_key``
+    lets another artifact with the same model, context bytes, runtime and inputs reuse a row."""
+
+    __tablename__ = "accuracy_results"
+    __table_args__ = (
+        UniqueConstraint("artifact_id", "runtime_backend", "runtime_version", "inputs", name="uq_accuracy_results_key"),
+        CheckConstraint(f"status IN {ACCURACY_STATUSES!r}", name="status_known"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), index=True)
+    runtime_backend: Mapped[str] = mapped_column(String(16))
+    runtime_version: Mapped[str] = mapped_column(String(64))
+    inputs: Mapped[str] = mapped_column(String(80))
+    numerics_key: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    outputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    min_psnr_db: Mapped[float | None] = mapped_column(Float)
+    worst_output: Mapped[str | None] = mapped_column(String(255))
+    detail: Mapped[str | None] = mapped_column(Text)
+    run_seconds: Mapped[float | None] = mapped_column(Float)
+    reference_seconds: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ModelSample(Base):
+    """A submitter's sample inputs for a model (an ``.npz`` blob, validated against the model's
+    inputs on upload): what accuracy runs feed instead of seeded inputs."""
+
+    __tablename__ = "model_samples"
+    __table_args__ = (_digest_check("digest"),)
+
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    size: Mapped[int] = mapped_column(BigInteger)
+    inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+REPORT_OUTCOMES = ("loads", "fails", "crashed")
+
+
+class DeviceReport(Base):
+    """What a device saw when it loaded an artifact (``POST /v1/reports``). One row per (artifact,
+    token, device, runtime): a device reporting again replaces its row (``count`` goes up), so
+    one device never outvotes the fleet. ``revoked_at``: an admin struck the token's reports."""
+
+    __tablename__ = "device_reports"
+    __table_args__ = (
+        UniqueConstraint("artifact_id", "token_id", "device_id", "runtime_backend", "runtime_version",
+                         name="uq_device_reports_key"),
+        CheckConstraint(f"outcome IN {REPORT_OUTCOMES!r}", name="outcome_known"),
+        Index(None, "artifact_id", "runtime_backend", "runtime_version"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"))
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    device_id: Mapped[str] = mapped_column(String(128))
+    device_model: Mapped[str] = mapped_column(String(128))
+    soc: Mapped[str] = mapped_column(String(64))
+    os: Mapped[str] = mapped_column(String(128))
+    runtime_backend: Mapped[str] = mapped_column(String(16))
+    runtime_version: Mapped[str] = mapped_column(String(64))
+    ort_version: Mapped[str] = mapped_column(String(32))
+    ep_package: Mapped[str | None] = mapped_column(String(64))
+    ep_version: Mapped[str | None] = mapped_column(String(32))
+    driver: Mapped[str | None] = mapped_column(String(128))
+    outcome: Mapped[str] = mapped_column(String(8))
+    error: Mapped[str | None] = mapped_column(Text)
+    load_ms: Mapped[float | None] = mapped_column(Float)
+    first_inference_ms: Mapped[float | None] = mapped_column(Float)
+    peak_memory_mb: Mapped[float | None] = mapped_column(Float)
+    fingerprint: Mapped[str | None] = mapped_column(String(128))
+    psnr_db: Mapped[float | None] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -16,7 +16,9 @@ from farm.core.errors import NotFoundError, UsageError
 from farm.core.names import check_name
 from registry.models import TOKEN_SCOPES, ApiToken
 
-RANK = {scope: i for i, scope in enumerate(TOKEN_SCOPES)}
+# read < submit < admin; ``report`` (devices posting load reports) stands apart: it can report and
+# nothing else, and only it and admin can report.
+RANK = {"read": 0, "submit": 1, "admin": 2}
 PREFIX = "cfk_"
 
 
@@ -36,7 +38,7 @@ def _hash(token: str) -> str:
 def create_token(session: Session, name: str, scope: str) -> str:
     """A new token (returned once; only its hash is kept)."""
     check_name(name)
-    if scope not in RANK:
+    if scope not in TOKEN_SCOPES:
         raise UsageError(f"unknown scope {scope!r}", hint=f"scopes: {', '.join(TOKEN_SCOPES)}")
     token = PREFIX + secrets.token_urlsafe(32)
     try:
@@ -68,4 +70,10 @@ def scope_of(session: Session, token: str) -> str | None:
 
 
 def allows(scope: str | None, needed: str) -> bool:
-    return scope is not None and RANK[scope] >= RANK[needed]
+    if scope is None:
+        return False
+    if needed == "report":
+        return scope in ("report", "admin")
+    if scope == "report":
+        return False
+    return RANK[scope] >= RANK[needed]

@@ -22,7 +22,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "token":
         p.add_argument("action", choices=["create", "list", "revoke"])
         p.add_argument("name", nargs="?", help="create/revoke: the token's name, e.g. pixel-fleet")
-        p.add_argument("--scope", choices=["read", "submit", "admin"], default="read")
+        p.add_argument("--scope", choices=["read", "submit", "admin", "report"], default="read",
+                       help="read (devices) < submit (pipelines) < admin (ops); report: devices posting load "
+                            "reports, nothing else")
         p.add_argument("--json", action="store_true")
         return
     # install
