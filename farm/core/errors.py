@@ -9,6 +9,8 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── InvalidModelError        invalid-model      not ONNX, truncated, external data escaping
     ├── UnknownTargetError       unknown-target     not in the catalog (lists the known ones)
     ├── BadOptionsError          bad-options        unknown option, bad value, bad combination
+    ├── SharingUnsupportedError  sharing-unsupported  weight sharing on a target below HTP v73 / with multi-SoC
+    ├── MultiSocUnsupportedError multi-soc-unsupported  a multi-SoC build on QNN < 2.48 or another backend
     ├── UnsupportedOpsError      unsupported-ops    full offload required, ops left on CPU
     ├── NoWorkerError            no-worker          no toolchain installed / serving
     ├── ToolchainError           toolchain-error    the EP/SDK failed to compile or load
@@ -31,6 +33,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── MissingExtraError        missing-extra      optional dependency not installed
     ├── UsageError               usage              a bad argument (exit 2): missing flag, bad version/name
     ├── BadNameError             bad-name           a model name or tag outside the name grammar (exit 2)
+    ├── BadGroupError            bad-group          a graph group with a bad or repeated graph name (exit 2)
     ├── ResourceLimitError       resource-limit     a compile went past its memory or time cap
     ├── LeaseLostError           lease-lost         another executor took the build over (internal)
     ├── SchemaMismatchError      schema-mismatch    index schema older/newer than this code
@@ -95,6 +98,20 @@ class BadOptionsError(FarmError):
     summary = "unknown build option, bad value or combination"
     exit_code = 2  # a bad argument, like usage (a build that fails with it in a worker: exit 1)
     default_hint = "see the options of each backend in the README (farm build --option key=value)"
+
+
+class SharingUnsupportedError(FarmError):
+    code = "sharing-unsupported"
+    summary = "a weight-shared graph group for a target below HTP v73, or combined with a multi-SoC build"
+    exit_code = 2  # a bad argument, like bad-options
+    default_hint = "shared weights need HTP v73 or newer (SM8550, SC8380XP, SM8650, SM8750, ...), one SoC per build"
+
+
+class MultiSocUnsupportedError(FarmError):
+    code = "multi-soc-unsupported"
+    summary = "a multi-SoC build (qnn:SM8650+SM8750) on a QNN SDK older than 2.48, or for another backend"
+    exit_code = 2
+    default_hint = "multi-SoC context binaries need QNN >= 2.48 (onnxruntime-qnn >= 2.5.0); or build each SoC alone"
 
 
 class UnsupportedOpsError(FarmError):
@@ -228,6 +245,13 @@ class BadNameError(UsageError):
     summary = "a model name or tag outside the name grammar"
     default_hint = ("names are lowercase alphanumerics separated by '.', '_' or '-', with optional '/' "
                     "namespaces (e.g. vision/super-res); tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class BadGroupError(UsageError):
+    code = "bad-group"
+    summary = "a graph group with a bad or repeated graph name, too few graphs, or an unreadable group file"
+    default_hint = ("graph names are lowercase identifiers, optionally dotted (prefill, part1.decode), "
+                    "unique within the group")
 
 
 class ResourceLimitError(FarmError):
