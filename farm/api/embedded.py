@@ -1,0 +1,42 @@
+"""Builds inside the service process when there is no broker (the embedded farm)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from farm.core.settings import Settings
+from farm.pipeline import states
+from registry.index import Registry
+
+
+class EmbeddedRunner:
+    """Without a broker the service builds in-process, one build at a time, on the executor."""
+
+    def __init__(self, settings: Settings, reg: Registry):
+        self.settings, self.reg = settings, reg
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build")
+        self.lock = threading.Lock()
+        self.executors: dict[str, Any] = {}
+
+    def submit(self, build_ids: list[int]) -> None:
+        for build_id in build_ids:
+            self.pool.submit(self._run, build_id)
+
+    def _run(self, build_id: int) -> None:
+        from farm.pipeline.execute import Executor
+
+        with self.reg.db.session() as s:
+            backend = states.get_build(s, build_id).backend
+        if backend not in self.executors:
+            self.executors[backend] = Executor(self.settings, self.reg, backend=backend)
+        for _ in range(self.settings.max_attempts + 1):
+            r = self.executors[backend].execute(build_id)
+            if r.outcome != "retry":
+                return
+            time.sleep(min(r.countdown, 30))
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,63 @@
+"""Releases: ``POST /v1/releases`` (submit) and ``GET /v1/releases/ID`` with its long poll (read)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from farm.api.deps import RegistryDep, RunnerDep, SettingsDep, read, submit
+from farm.api.schemas import BuildOut, ReleaseIn, ReleaseOut
+from farm.core import errors as E
+from farm.core.settings import Settings
+from farm.pipeline import plan
+from registry.index import Registry
+
+router = APIRouter()
+
+
+@router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"], dependencies=[submit])
+def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep) -> ReleaseOut:
+    from registry.index import resolve_model_ref
+
+    request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, allow_queue=body.allow_queue,
+                                        retry_failed=body.retry_failed,
+                                        require_full_offload=body.require_full_offload)
+    with reg.db.session() as s:
+        digest = resolve_model_ref(s, body.model)
+    served = _served(settings, reg, request)
+    request.check_served(served)
+    st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model)
+    if runner is not None:
+        runner.submit([b["build"] for b in st.builds])
+    return release_out(st)
+
+
+@router.get("/v1/releases/{release_id}", response_model=ReleaseOut, tags=["read"], dependencies=[read])
+def get_release(release_id: int, settings: SettingsDep, reg: RegistryDep,
+                wait: Annotated[float, Query(ge=0, le=60)] = 0) -> ReleaseOut:
+    """``wait=S``: a long poll, answered once the release is done, once one of its builds
+    changes state (woken by the executors' events), or after S seconds."""
+    return release_out(plan.watch_release(settings, plan.check_id(release_id, "release"), wait=wait,
+                                          registry=reg))
+
+
+def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> dict[tuple[str, str], list[str]]:
+    if settings.embedded:
+        # The service builds in-process: it serves the toolchains installed here.
+        from workers.backends import get_runner
+
+        out: dict[tuple[str, str], list[str]] = {}
+        for t in request.targets:
+            try:
+                tc = get_runner(t.backend).toolchain()
+            except E.FarmError:
+                continue
+            out[(tc.backend, tc.version)] = ["embedded"]
+        return out
+    return plan.served_toolchains(settings, reg)
+
+
+def release_out(st: plan.ReleaseStatus) -> ReleaseOut:
+    return ReleaseOut(release=st.release_id, model=st.model, done=st.done, ok=st.ok,
+                      builds=[BuildOut(**b) for b in st.builds])
