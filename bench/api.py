@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.resolve import RUNTIMES, populate  # noqa: E402
-from farm.services import free_port, start_seaweedfs  # noqa: E402
+from infra.devfarm.services import free_port, start_seaweedfs  # noqa: E402
 from tests.common.service import serve  # noqa: E402
 
 

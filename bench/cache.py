@@ -206,7 +206,7 @@ def live_worker(reg: Registry) -> None:
     """A worker row for the local QNN toolchain (the one the builds used): what `farm submit`
     with no --sdk takes its toolchains from."""
     from registry.index import register_worker
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     with reg.db.session() as s:
         register_worker(s, name="bench-worker", host="bench", pid=os.getpid(), queues=["bench"],

@@ -9,7 +9,7 @@ The set: 6 light models from the onnx wheel x SM8650/SM8750, QNN 2.51.0 (the wor
 1. embedded ``farm build`` of the set: one CLI run from the shell (all 6 models and both SoCs in
    one call: the 12 builds share one pool of parallel compiles), and 6 ``build()`` calls (a model
    each) in one process;
-2. cluster: private Redis, PostgreSQL and SeaweedFS (farm.devfarm) and Celery workers of the
+2. cluster: private Redis, PostgreSQL and SeaweedFS (infra.devfarm) and Celery workers of the
    venv; the 6 releases submitted in-process and awaited on build events, with 1 worker and
    with 2 (a fresh database, S3 prefix and FARM_HOME each: nothing cached);
 3. the loop again.
@@ -52,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from farm.devfarm import services, wait_live, workers  # noqa: E402
+from infra.devfarm.launcher import services, wait_live, workers  # noqa: E402
 from tests.common.onnx_models import light  # noqa: E402
 
 DEFAULT_MODELS = "squeezenet,resnet50,inception_v1,shufflenet,densenet121,inception_v2"
@@ -306,7 +306,7 @@ def cached(env: dict[str, str], models: list[str], socs: list[str], sdk: str, re
 
     from farm.core.settings import Settings
     from farm.pipeline import plan
-    from farm.services import free_port
+    from infra.devfarm.services import free_port
     from registry.index import Registry
     from tests.common.service import serve, token
 

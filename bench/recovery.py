@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from farm.devfarm import services, wait_live  # noqa: E402
+from infra.devfarm.launcher import services, wait_live  # noqa: E402
 from tests.common.onnx_models import light  # noqa: E402
 from tests.common.procs import compile_children, wait_for  # noqa: E402
 

@@ -257,7 +257,7 @@ def main() -> int:
 
     import boto3
 
-    from farm.services import start_seaweedfs
+    from infra.devfarm.services import start_seaweedfs
 
     phases = [p for p in PHASES if not (args.no_default_config and p[0] == "boto3-put-default")]
     size = args.size_mib * MIB

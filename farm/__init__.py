@@ -1,7 +1,6 @@
-"""ctxfarm control plane: settings, keys, catalog, submission, CLI.
-
-Kept import-light: nothing here imports onnxruntime, SQLAlchemy or boto3 at package import.
-"""
+"""ctxfarm's product package: front doors (cli/, api/, client.py), the build pipeline (pipeline/)
+and the core every layer uses (core/); they are different layers (the contracts in pyproject.toml).
+Import-light: importing ``farm`` loads nothing; no module under farm/ imports onnxruntime or infra/."""
 
 from __future__ import annotations
 

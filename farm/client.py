@@ -244,10 +244,10 @@ def _check_signatures(artifact: str, sigs: list[dict[str, str]], trusted: list[s
 
 def detect_qnn() -> str:
     """The QNN SDK version of the onnxruntime-qnn installed here (for ``farm install --detect``)."""
-    from workers.qnn.runner import detect_toolchain
+    from workers.backends import qnn_toolchain
 
     try:
-        return detect_toolchain().version
+        return qnn_toolchain().version
     except FarmError as exc:
         raise NoWorkerError(f"--detect: {exc.message}", hint="pass --qnn VERSION instead") from None
 

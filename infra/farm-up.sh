@@ -13,4 +13,4 @@ if [ "${1:-}" = "--dir" ]; then DIR=$2; shift 2; fi
   || { cat .venv/pip.log; exit 1; }
 ./infra/workers/create-venvs.sh
 export PATH="$PWD/.venv/bin:$PATH"
-exec .venv/bin/python -m farm.devfarm --dir "$DIR" "$@"
+exec .venv/bin/python -m infra.devfarm --dir "$DIR" "$@"

@@ -1,4 +1,5 @@
-"""Backend workers. Only ``workers/qnn`` and ``workers/trt`` child modules import onnxruntime,
-and only inside the compile/load child process."""
+"""Compile workers, top down: the Celery front door (tasks, main), the runner registry (backends),
+the backends (qnn/, trt/), then what they share (runner: types + child harness; host; epcontext; childproc).
+Each imports only what is below it, farm.pipeline (tasks, main), registry/ and farm.core; onnxruntime only in */child.py."""
 
 from __future__ import annotations

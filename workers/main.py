@@ -22,7 +22,7 @@ log = logging.getLogger("ctxfarm.worker")
 def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: str = "INFO") -> int:
     from farm.pipeline.queues import compile_queue, probe_queue
     from registry.index import Registry, heartbeat, register_worker
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     toolchain = get_runner(backend).toolchain()
     target = _trt_target(backend)
@@ -100,7 +100,7 @@ def _warm_compile_host(backend: str, concurrency: int) -> None:
     ~60 ms of executor set-up before its claim and ~90 ms importing onnx after its compile."""
     from celery import signals
 
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     warm = getattr(get_runner(backend), "warm", None)  # None: TensorRT compiles in a fresh child
 
@@ -157,8 +157,8 @@ def _interrupt_builds_on_signals() -> None:
 def _trt_target(backend: str) -> str | None:
     if backend != "trt":
         return None
-    from workers.trt.runner import detect_gpu, serves
+    from workers.backends import detect_gpu, trt_serves
 
     target = detect_gpu().target
-    serves(target, target, {})  # a GPU missing from the catalog: a clear error, before registering
+    trt_serves(target, target, {})  # a GPU missing from the catalog: a clear error, before registering
     return target

@@ -4,7 +4,8 @@ A compile runs in a child process (``python -m workers.<backend>.child``, ``run_
 job forked from a warm compile host (``workers.host``), in a fresh temp dir: ORT refuses to
 overwrite an existing context file, a crashing SDK library must not take the caller down, and a
 hung compile must be killable. Both read a finished child the same way (``child_outcome``).
-This module imports no onnxruntime.
+This module imports no onnxruntime, and no backend: the backends import it (their shared types),
+and the lookup of a backend's runner lives above them, in ``workers.backends``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from farm.core.catalog import Target
 from farm.core.errors import (
     FarmError,
     LeaseLostError,
-    MissingExtraError,
     ResourceLimitError,
     ToolchainError,
     WorkerLostError,
@@ -168,18 +168,6 @@ def _op_types(model_path: Path) -> list[str]:
     except Exception:  # noqa: BLE001 - only for the message
         return []
     return sorted({n.op_type for n in model.graph.node})
-
-
-def get_runner(backend: str) -> Runner:
-    if backend == "qnn":
-        from workers.qnn.runner import QnnRunner
-
-        return QnnRunner()
-    if backend == "trt":
-        from workers.trt.runner import TrtRunner
-
-        return TrtRunner()
-    raise MissingExtraError(f"no runner for backend {backend!r}")
 
 
 def read_log(path: Path) -> str:

@@ -1,7 +1,10 @@
-"""The ``farm`` command. Subcommands import their heavy modules lazily, so ``farm --help``
-imports no SQLAlchemy, boto3 or onnx. User errors (FarmError) print code, message and hint and
-exit non-zero without a traceback; any other exception is translated at the same boundary
-(``translate``), and a real bug prints its traceback only with FARM_DEBUG=1."""
+"""The ``farm`` command, a front door: this parser and one ``*_cmd`` module per group of subcommands.
+May import every layer below (farm.pipeline, workers.backends, registry/, farm.core) and farm.client,
+farm.api (``farm serve``), workers.main (``farm worker``); heavy modules only inside the commands.
+
+``farm --help`` imports no SQLAlchemy, boto3 or onnx. User errors (FarmError) print code, message
+and hint and exit non-zero without a traceback; any other exception is translated at the same
+boundary (``translate``), and a real bug prints its traceback only with FARM_DEBUG=1."""
 
 from __future__ import annotations
 

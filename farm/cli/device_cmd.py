@@ -233,7 +233,7 @@ def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:
     would not work on the device is an error (not-found, not-a-context, target-mismatch,
     runtime-too-old, runtime-crashed, toolchain-error), never a zero exit."""
     from farm.core.errors import RuntimeCrashedError
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     runner = get_runner(target.backend)
     check = getattr(runner, "check_load", None)

@@ -1,4 +1,3 @@
-"""Core types every layer may use: errors, settings, keys, catalog, options, bundle, names.
-
-The lowest layer: it imports nothing else from the project (an import-linter contract checks it).
-"""
+"""The bottom layer, for every other: errors (the leaf), settings, keys, catalog/ (targets as data),
+options, bundle, names, placement, text, times.
+Imports nothing from the project outside farm.core (an import-linter contract checks it)."""

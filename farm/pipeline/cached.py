@@ -67,7 +67,7 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
     module docstring). Raises what plan.build's validation raises, nothing else of its own."""
     from registry.lite import open_index
     from registry.reads import builds_by_key
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     start = time.perf_counter()
     req = parse_build_request(target_refs, option_pairs, name, tag, require_full_offload)

@@ -48,7 +48,8 @@ from farm.pipeline import states
 from farm.pipeline.bundles import BundleCache, download_bundle, open_cache
 from farm.pipeline.events import Publisher
 from registry.index import Registry
-from workers.runner import CompileJob, CompileOutput, Runner, Toolchain, get_runner
+from workers.backends import get_runner
+from workers.runner import CompileJob, CompileOutput, Runner, Toolchain
 
 log = logging.getLogger("ctxfarm.pipeline")
 
@@ -478,9 +479,9 @@ class Executor:
             raise _Misrouted(f"misrouted: this executor serves {tc.backend} {tc.version}, the build needs "
                              f"{row.backend} {row.toolchain}")
         if row.backend == "trt" and self.gpu:
-            from workers.trt.runner import serves
+            from workers.backends import trt_serves
 
-            if not serves(self.gpu, row.target, row.options):
+            if not trt_serves(self.gpu, row.target, row.options):
                 raise _Misrouted(f"misrouted: this worker's GPU is {self.gpu}, the build is for {row.target}")
 
     def _failed(self, lease: states.Lease, code: str, message: str, text: str | None,

@@ -145,7 +145,7 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
     every model's snapshot and builds are recorded before the first compile starts.
     ``name``/``tag`` name one model: with several, a usage error."""
     from farm.pipeline.execute import Executor, interruptible
-    from workers.runner import get_runner
+    from workers.backends import get_runner
 
     if not models:
         raise UsageError("no model given", hint="farm build MODEL.onnx [MODEL.onnx ...] -t qnn:SM8650")

@@ -35,7 +35,7 @@ for kind in "${kinds[@]}"; do
   cp pyproject.toml "$venv/.pyproject"
   "$venv/bin/python" - "${kind%%-*}" <<'PY' || echo "   (toolchain not usable on this machine: see above)"
 import sys
-from workers.runner import get_runner
+from workers.backends import get_runner
 print("  ", get_runner(sys.argv[1]).toolchain())
 PY
 done

@@ -1,4 +1,6 @@
-"""Blob stores, chosen by URL: ``file:///dir`` or ``s3://bucket/prefix?endpoint=http://...``."""
+"""Blob stores, chosen by URL: the BlobStore protocol (base), LocalBlobStore (``file:///dir``) and
+S3BlobStore (``s3://bucket/prefix?endpoint=http://...``), each translating its errors at the boundary.
+Imports only farm.core (and boto3 inside s3); nothing else in registry/ or above."""
 
 from __future__ import annotations
 

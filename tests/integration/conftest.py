@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.settings import Settings
-from farm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
+from infra.devfarm.services import Service, reachable, start_postgres, start_redis, start_seaweedfs
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

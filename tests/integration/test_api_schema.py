@@ -11,7 +11,7 @@ from pathlib import Path
 
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
-from farm.services import free_port
+from infra.devfarm.services import free_port
 from tests.common.onnx_models import light
 from tests.common.service import serve, token
 

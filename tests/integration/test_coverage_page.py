@@ -13,7 +13,7 @@ import pytest
 
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
-from farm.services import free_port
+from infra.devfarm.services import free_port
 from tests.common.onnx_models import light, partly_unsupported
 from tests.common.service import serve, token
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from farm.services import Service, start_redis
+from infra.devfarm.services import Service, start_redis
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
 from tests.common.procs import alive, compile_children, wait_for
 from tests.common.schemas import valid
@@ -320,7 +320,7 @@ def test_full_offload_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> N
     ungated and publishes; the release answers unsupported-ops naming the CPU op types (submit
     --wait, status, exit 1). A plain release of the model is answered from that build, and so is
     a gated one through the HTTP service: one compile in all."""
-    from farm.services import free_port
+    from infra.devfarm.services import free_port
     from tests.common.service import serve
 
     f = farm_cluster
@@ -400,7 +400,7 @@ def test_lost_queue_is_resent_by_the_reconciler(farm_cluster: Farm) -> None:
 
 
 def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
-    from farm.services import free_port
+    from infra.devfarm.services import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env.update({"FARM_HOME": str(tmp_path), "FARM_BROKER_URL": "redis://127.0.0.1:6379/15",
@@ -417,7 +417,7 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
     """The real stack behind `farm serve`: a pipeline with only a URL and a submit token uploads
     and releases; a device with only a URL and a read token installs into an empty directory and
     the context loads with onnxruntime-qnn."""
-    from farm.services import free_port
+    from infra.devfarm.services import free_port
     from tests.common.service import serve
 
     f = farm_cluster

@@ -1,4 +1,4 @@
-"""The local farm (python -m farm.devfarm, what infra/farm-up.sh runs) end to end: it comes up
+"""The local farm (python -m infra.devfarm, what infra/farm-up.sh runs) end to end: it comes up
 with the HTTP service, a release of 2 SDKs x 2 SoCs is submitted over HTTP and installed by a
 device, a killed worker is restarted, and SIGTERM stops every process it started."""
 
@@ -23,7 +23,7 @@ def test_farm_up_end_to_end(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env.setdefault("AWS_ACCESS_KEY_ID", "ctxfarm")
     env.setdefault("AWS_SECRET_ACCESS_KEY", "ctxfarm-secret")
-    farm = subprocess.Popen([sys.executable, "-m", "farm.devfarm", "--dir", str(base), "--api-port", "0",
+    farm = subprocess.Popen([sys.executable, "-m", "infra.devfarm", "--dir", str(base), "--api-port", "0",
                              "--ephemeral"], env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=ROOT)
     try:

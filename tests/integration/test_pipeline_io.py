@@ -12,7 +12,7 @@ from farm.pipeline import states
 from farm.pipeline.events import Subscription
 from farm.pipeline.execute import Executor
 from farm.pipeline.plan import ReleaseStatus, submit_release, wait_release
-from farm.services import start_redis
+from infra.devfarm.services import start_redis
 from registry.index import Registry
 from tests.common.onnx_models import light
 

@@ -244,7 +244,7 @@ def test_probe_evidence_is_visible_in_show_coverage_and_resolve(settings: Settin
 def test_submit_moves_a_tag_only_with_force_tag(tmp_path: Path, farm_env: dict[str, str]) -> None:
     """`farm submit --name --tag`: queued (queue_release), answered from the index (every build
     final), and through the HTTP service (--server): the same refusal and the same report."""
-    from farm.services import free_port, start_redis
+    from infra.devfarm.services import free_port, start_redis
     from tests.common.service import serve, token
 
     redis = start_redis(tmp_path / "redis")  # its own: the messages sent here reach no worker

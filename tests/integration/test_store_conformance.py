@@ -128,7 +128,7 @@ def test_s3_presigned_get(s3_url: str) -> None:
 
 
 def test_s3_unreachable_is_storage_unavailable() -> None:
-    from farm.services import free_port
+    from infra.devfarm.services import free_port
     from registry.store.s3 import S3BlobStore
 
     with pytest.raises(StorageUnavailable):

@@ -1,4 +1,4 @@
-"""infra/farm-up.sh hands its process over to farm.devfarm (tests/integration/test_farm_up.py
+"""infra/farm-up.sh hands its process over to infra.devfarm (tests/integration/test_farm_up.py
 shows that one stopping everything on SIGTERM and restarting a dead worker): a SIGTERM sent to
 the script's PID must reach devfarm, so the script must `exec` it, not run it as a child. And the
 farm it makes in the checkout (.farm/) is ignored by git."""
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_farm_up_execs_devfarm_so_sigterm_reaches_it() -> None:
     script = (ROOT / "infra" / "farm-up.sh").read_text()
     commands = [line.strip() for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    assert commands[-1].startswith("exec ") and "-m farm.devfarm" in commands[-1], commands[-1]
+    assert commands[-1].startswith("exec ") and "-m infra.devfarm" in commands[-1], commands[-1]
     assert "&" not in commands[-1].replace("&&", "")  # not in the background either
     assert 'DIR=${FARM_UP_DIR:-$PWD/.farm}' in script
 

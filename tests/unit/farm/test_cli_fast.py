@@ -51,7 +51,7 @@ def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Settings, di
         pytest.skip(f"no QNN toolchain here to key the builds by: {exc.message}")
     runner = InstantRunner()
     monkeypatch.setattr(runner, "toolchain", lambda: toolchain)
-    monkeypatch.setattr("workers.runner.get_runner", lambda backend: runner)
+    monkeypatch.setattr("workers.backends.get_runner", lambda backend: runner)
     settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
     model = save(matmul_add(seed=3), tmp_path / "m.onnx")
     report = plan.build(settings, model, TARGETS, name="m", tag="stable")

@@ -26,7 +26,7 @@ TARGETS = ["qnn:SM8650", "qnn:SM8750"]
 @pytest.fixture(autouse=True)
 def instant_runner(monkeypatch: pytest.MonkeyPatch) -> InstantRunner:
     runner = InstantRunner()
-    monkeypatch.setattr("workers.runner.get_runner", lambda backend: runner)
+    monkeypatch.setattr("workers.backends.get_runner", lambda backend: runner)
     return runner
 
 

@@ -1,4 +1,4 @@
-"""``python -m farm.devfarm``: bring up a local farm (services, one worker per QNN SDK venv, the
+"""``python -m infra.devfarm``: bring up a local farm (services, one worker per QNN SDK venv, the
 HTTP service). A dead worker is reported and restarted; Ctrl-C or SIGTERM stops everything.
 
 Used by ``infra/farm-up.sh`` and ``bench/farm.py``. Every process started here is stopped here,
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from farm.services import Service, free_port, reachable, start_postgres, start_redis, start_seaweedfs
+from infra.devfarm.services import Service, free_port, reachable, start_postgres, start_redis, start_seaweedfs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def worker_venvs() -> list[Path]:

@@ -1,8 +1,8 @@
 """Dev/test launcher for the real services: SeaweedFS (S3), Redis, PostgreSQL.
 
-Used by the test fixtures and ``infra/farm-up.sh``. Each service binds 127.0.0.1 on free
-ports, is started as our own child process (stopped by its PID, never by name) and waited for
-until it answers. Where a machine already runs Redis/PostgreSQL on the standard ports, callers
+Used by the test fixtures, bench/ and ``infra/farm-up.sh`` (infra.devfarm.launcher). Each
+service binds 127.0.0.1 on free ports, is started as our own child process (stopped by its PID,
+never by name) and waited for until it answers. Where a machine already runs Redis/PostgreSQL on the standard ports, callers
 use those instead (``reachable``).
 """
 

@@ -1,0 +1,53 @@
+"""The runner registry: backend name -> its Runner, and the few backend facts the layers above need.
+
+This is the only module above the backends that imports them (``workers.qnn``, ``workers.trt``);
+they import the shared types below them (``workers.runner``) and never this module, so the
+imports in ``workers/`` form no circle (an import-linter contract says so). Imports are inside
+the functions: choosing a backend costs nothing until one is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from farm.core.errors import MissingExtraError
+
+if TYPE_CHECKING:
+    from workers.runner import Runner, Toolchain
+    from workers.trt.runner import GpuInfo
+
+BACKENDS = ("qnn", "trt")
+
+
+def get_runner(backend: str) -> Runner:
+    """The Runner of ``backend`` (``qnn`` or ``trt``); MissingExtraError for any other name."""
+    if backend == "qnn":
+        from workers.qnn.runner import QnnRunner
+
+        return QnnRunner()
+    if backend == "trt":
+        from workers.trt.runner import TrtRunner
+
+        return TrtRunner()
+    raise MissingExtraError(f"no runner for backend {backend!r}")
+
+
+def qnn_toolchain() -> Toolchain:
+    """The QNN toolchain installed here, read without importing onnxruntime."""
+    from workers.qnn.runner import detect_toolchain
+
+    return detect_toolchain()
+
+
+def detect_gpu(index: int = 0) -> GpuInfo:
+    """This machine's NVIDIA GPU (nvidia-smi), for a TensorRT worker."""
+    from workers.trt.runner import detect_gpu as detect
+
+    return detect(index)
+
+
+def trt_serves(gpu_target: str, build_target: str, options: dict[str, Any]) -> bool:
+    """Can a TensorRT worker on ``gpu_target`` build for ``build_target`` with ``options``?"""
+    from workers.trt.runner import serves
+
+    return serves(gpu_target, build_target, options)
