@@ -44,6 +44,9 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── UnauthorizedError        unauthorized       HTTP: no, unknown or revoked token
     ├── ForbiddenError           forbidden          HTTP: the token's scope does not allow it
     ├── ServerError              server-error       HTTP client: the service is unreachable or broken
+    ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
+    ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
+    ├── RateLimitedError         rate-limited       HTTP: too many device reports from one token
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
@@ -365,6 +368,24 @@ class ServerError(FarmError):
     code = "server-error"
     summary = "HTTP client: the service is unreachable, broken, or answered a code this ctxfarm does not know"
     default_hint = "check FARM_SERVER / --server and that the service is up"
+
+
+class AccuracyBelowThresholdError(FarmError):
+    code = "accuracy-below-threshold"
+    summary = "an output's PSNR against the CPU reference is under `--min-psnr` (the artifact is still published)"
+    default_hint = "the artifact is built and published; lower --min-psnr or fix the model's numerics"
+
+
+class AccuracyUnverifiedError(FarmError):
+    code = "accuracy-unverified"
+    summary = "`--min-psnr` asked, but no runtime here gave a figure (cannot load, crashed, over its time budget)"
+    default_hint = "drop --min-psnr for artifacts only devices can verify"
+
+
+class RateLimitedError(FarmError):
+    code = "rate-limited"
+    summary = "HTTP: a token sent more device reports than `FARM_REPORTS_PER_MINUTE` allows"
+    default_hint = "wait a minute and send again; reports of one device are counted once anyway"
 
 
 class Interrupted(KeyboardInterrupt):

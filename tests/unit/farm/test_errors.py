@@ -50,6 +50,9 @@ STABLE_CODES = {
     "ForbiddenError": "forbidden",
     "TooLargeError": "too-large",
     "ServerError": "server-error",
+    "AccuracyBelowThresholdError": "accuracy-below-threshold",
+    "AccuracyUnverifiedError": "accuracy-unverified",
+    "RateLimitedError": "rate-limited",
 }
 
 
