@@ -143,6 +143,10 @@ class Artifact(Base):
     nodes_cpu: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default="active")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # What the context binaries say about themselves, read through the QNN System API of the
+    # toolchain that built them (graphs, inputs/outputs, SoC, sizes), the check against the
+    # requested graphs, and ``unverified`` (why no runtime here can load it) where that applies.
+    description: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     build: Mapped[Build] = relationship(back_populates="artifact")
     files: Mapped[list[ArtifactFile]] = relationship(
@@ -169,6 +173,16 @@ class ArtifactFile(Base):
     media_type: Mapped[str] = mapped_column(String(128))
 
     artifact: Mapped[Artifact] = relationship(back_populates="files")
+
+
+class ArtifactTarget(Base):
+    """A target an artifact serves: its own, or each SoC of a multi-SoC build (SM8650+SM8750).
+    Resolve and coverage read this to answer a device of any covered SoC."""
+
+    __tablename__ = "artifact_targets"
+
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
 
 
 class Signature(Base):
