@@ -1,0 +1,143 @@
+"""The Performance page's figures, made from what the benches wrote (bench/out/<name>.json), so a
+figure in the docs is always one a bench printed. Each bench's JSON is laid out as tables as it
+is (no figure is typed by hand); long per-run series are summarised as count, median, min, max.
+
+    python docs/gen/perf.py [bench/out]      # print the Markdown
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_ROWS = 40  # a list of more rows than this (one per build, per request) is summarised, not listed
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.0f}"
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        if value and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value) and len(value) > 6:
+            return _series(value)
+        value = ", ".join(_num(v) for v in value)
+    return " ".join(_num(value).split()).replace("|", "\\|")
+
+
+def _series(values: list[Any]) -> str:
+    return (f"{len(values)} values: median {_num(statistics.median(values))}, "
+            f"min {_num(min(values))}, max {_num(max(values))}")
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool) or (
+        isinstance(value, list) and all(isinstance(v, str | int | float | bool) for v in value))
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k, v in row.items() if _scalar(v) and k not in columns]
+    if not columns:
+        return []
+    out = ["| " + " | ".join(c.replace("_", " ") for c in columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return out + [""]
+
+
+def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
+    """Scalars of a dict in one key/value table, each nested dict or list of records below it."""
+    heading = "#" * min(level, 6)
+    if isinstance(data, dict):
+        scalars = {k: v for k, v in data.items() if _scalar(v)}
+        nested = {k: v for k, v in data.items() if not _scalar(v)}
+        if title:
+            out += [f"{heading} {title}", ""]
+        if scalars:
+            out += ["| measure | value |", "|---|---|"]
+            out += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in scalars.items()]
+            out.append("")
+        if nested and all(isinstance(v, dict) and all(_scalar(x) for x in v.values()) for v in nested.values()) \
+                and len(nested) > 1:
+            out += _table([{"": k, **v} for k, v in nested.items()])
+            return
+        for key, value in nested.items():
+            _walk(key.replace("_", " "), value, level + 1, out)
+    elif isinstance(data, list):
+        records = [r for r in data if isinstance(r, dict)]
+        if not records:
+            out += [f"{heading} {title}", "", _series(data) if all(isinstance(v, int | float) for v in data)
+                    else ", ".join(_num(v) for v in data), ""]
+            return
+        if len(records) > MAX_ROWS:
+            out += [f"{heading} {title}", "", f"{len(records)} rows; per field over the rows:", ""]
+            keys = [k for k, v in records[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+            out += ["| field | count | median | min | max |", "|---|---|---|---|---|"]
+            for k in keys:
+                vals = [r[k] for r in records if isinstance(r.get(k), int | float)]
+                out.append(f"| {k.replace('_', ' ')} | {len(vals)} | {_num(statistics.median(vals))} | "
+                           f"{_num(min(vals))} | {_num(max(vals))} |")
+            out.append("")
+            return
+        out += [f"{heading} {title}", ""]
+        out += _table(records)
+        for i, record in enumerate(records):
+            for key, value in record.items():
+                if not _scalar(value):
+                    label = record.get("label") or record.get("mode") or record.get("name") or f"{title} {i + 1}"
+                    _walk(f"{label}: {key.replace('_', ' ')}", value, level + 1, out)
+
+
+def usage(bench: Path) -> str:
+    """The bench's own command line, from the first ``python bench/...`` line of its docstring."""
+    if not bench.exists():
+        return ""
+    doc = ast.get_docstring(ast.parse(bench.read_text())) or ""
+    for line in doc.splitlines():
+        if line.strip().startswith(f"python bench/{bench.name}"):
+            return line.strip()
+    return f"python bench/{bench.name}"
+
+
+def summary(bench: Path) -> str:
+    doc = ast.get_docstring(ast.parse(bench.read_text())) if bench.exists() else None
+    return " ".join(doc.split("\n\n")[0].split()) if doc else ""
+
+
+def render(out_dir: Path) -> str:
+    """One section per bench/out/*.json: what the bench measures, how to rerun it, its figures."""
+    files = sorted(out_dir.glob("*.json")) if out_dir.is_dir() else []
+    lines: list[str] = []
+    benches = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
+    recorded = {p.stem for p in files}
+    for path in files:
+        bench = ROOT / "bench" / f"{path.stem}.py"
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc}); rerun the bench") from None
+        lines += [f"## {path.stem}", ""]
+        if summary(bench):
+            lines += [summary(bench), ""]
+        lines += [f"From `bench/out/{path.name}`; rerun: `{usage(bench)}`.", ""]
+        _walk("", data, 3, lines)
+    missing = [b for b in benches if b not in recorded]
+    if missing:
+        lines += ["## Not recorded", "",
+                  "These benches have no recorded run in `bench/out/`, so this page shows no figure of theirs: "
+                  + ", ".join(f"`python bench/{b}.py`" for b in missing) + ".", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench" / "out"), end="")
