@@ -34,6 +34,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── UsageError               usage              a bad argument (exit 2): missing flag, bad version/name
     ├── BadNameError             bad-name           a model name or tag outside the name grammar (exit 2)
     ├── BadGroupError            bad-group          a graph group with a bad or repeated graph name (exit 2)
+    ├── LocalOnlyError           local-only         a command with no remote form, in a shell with only FARM_SERVER (exit 2)
     ├── ResourceLimitError       resource-limit     a compile went past its memory or time cap
     ├── LeaseLostError           lease-lost         another executor took the build over (internal)
     ├── SchemaMismatchError      schema-mismatch    index schema older/newer than this code
@@ -255,6 +256,13 @@ class BadGroupError(UsageError):
     summary = "a graph group with a bad or repeated graph name, too few graphs, or an unreadable group file"
     default_hint = ("graph names are lowercase identifiers, optionally dotted (prefill, part1.decode), "
                     "unique within the group")
+
+
+class LocalOnlyError(UsageError):
+    code = "local-only"
+    summary = "a command that needs the index itself, in a shell that has only a service (`FARM_SERVER`)"
+    default_hint = ("run it where the index is (FARM_DATABASE_URL and FARM_STORE_URL set, e.g. on the service's "
+                    "host), or unset FARM_SERVER to use this machine's own index")
 
 
 class ResourceLimitError(FarmError):
