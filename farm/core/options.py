@@ -224,3 +224,20 @@ def _parse_shapes(key: str, text: str) -> dict[str, tuple[int, ...]]:
                 f"{key}: {item!r} is not name:DxDxD", hint="e.g. profile_min_shapes=input:1x3x224x224"
             ) from None
     return out
+
+
+# A protobuf message, hence an ONNX model serialized whole, can't exceed 2 GiB. With
+# ``embed_mode=1`` the context is written inside the ctx model: a model whose weights are declared
+# above the limit would reach it (measured: a 2.25 GiB model with embed_mode=1 ran 50 s and died
+# with std::bad_alloc). Checked on the declared sizes of the model's files, before compiling.
+PROTOBUF_LIMIT = 2**31
+
+
+def check_embed_size(opts: Mapping[str, Any], model_bytes: int, limit: int | None = None) -> None:
+    """Refuse ``embed_mode=1`` for a model whose files declare more than the protobuf limit."""
+    limit = PROTOBUF_LIMIT if limit is None else limit
+    if int(opts.get("embed_mode") or 0) == 1 and model_bytes > limit:
+        raise BadOptionsError(
+            f"embed_mode=1 would put the context of a {model_bytes / 2**30:.2f} GiB model inside one protobuf "
+            f"message, whose limit is {limit / 2**30:.2f} GiB",
+            hint="use embed_mode=0 (the default: the context in a .bin beside the ctx model)")

@@ -1,0 +1,196 @@
+"""Memory planning for compiles: predict a build's peak RSS, know what this host holds, admit
+compiles so that what runs at once fits.
+
+A compile's peak grows with its model: the EP holds the graph, the weights and the context it
+writes. The prediction is a line, ``base + ratio x model size``, fitted per (backend, toolchain)
+from the peaks recorded on earlier builds (``builds.phases["child.peak_rss_kib"]``, the compile
+process's VmHWM); with no history it starts from measured facts (QNN 2.51.0, x86_64: vgg19,
+548 MiB of weights, peaked at 1.6 GiB RSS; a 2.25 GiB external-data model at 4.9 GB).
+
+``MemoryGate`` admits compiles against a capacity (MemAvailable when the gate was made, within a
+cgroup's limit): a build waits while the predicted peaks of those running would not leave room
+for its own, and one whose prediction exceeds the whole capacity is refused before it starts
+(``resource-limit``, with the numbers) instead of being killed by the kernel halfway through.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import ResourceLimitError
+
+MIB = 1024 * 1024
+
+# The line through two measured peaks (QNN 2.51.0, HTP, x86_64): vgg19 (548 MiB of weights)
+# at 1,638 MiB RSS, and a 2.25 GiB external-data model (4 layers, hidden 4096) at 4,673 MiB.
+DEFAULT_BASE_MB = 690.0
+DEFAULT_RATIO = 1.73
+# Models this small say nothing about the ratio (their peak is the runtime itself): they fit the
+# base only; models at least this big fit the ratio.
+RATIO_MIN_MODEL_MB = 256.0
+HISTORY = 200  # the most recent successful builds of a toolchain the fit reads
+# What admission keeps free beside the compiles (the executor, the page cache the store needs).
+RESERVE_MB = 512
+# RLIMIT_AS counts address space, which runs above RSS (vgg19: VmPeak 2.5 GiB at RSS 1.6 GiB):
+# the default cap of a compile is this many times its predicted peak, never below the floor
+# (FARM_COMPILE_MEMORY_MB, 6 GiB by default).
+CAP_FACTOR = 2.0
+PEAK_KEY = "child.peak_rss_kib"
+
+
+@dataclass(frozen=True)
+class Sample:
+    model_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """``peak = base_mb + ratio x model MiB``; ``samples``: how many measured peaks it was fitted on."""
+
+    base_mb: float = DEFAULT_BASE_MB
+    ratio: float = DEFAULT_RATIO
+    samples: int = 0
+
+    def predict_mb(self, model_bytes: int) -> int:
+        return int(round(self.base_mb + self.ratio * model_bytes / MIB))
+
+    def cap_mb(self, model_bytes: int, floor_mb: int) -> int:
+        """The address-space cap for a compile of this model: CAP_FACTOR x the prediction, at least
+        ``floor_mb``; 0 (no cap) stays 0."""
+        if floor_mb <= 0:
+            return 0
+        return max(floor_mb, int(CAP_FACTOR * self.predict_mb(model_bytes)))
+
+
+def fit(samples: Iterable[Sample]) -> PeakModel:
+    """A robust line through measured (model size, peak RSS) pairs: medians, not least squares,
+    so one odd build does not move it. Small models fit the base; big ones the ratio; what is
+    missing keeps its default."""
+    pts = [(s.model_bytes / MIB, s.peak_bytes / MIB) for s in samples if s.model_bytes >= 0 and s.peak_bytes > 0]
+    if not pts:
+        return PeakModel()
+    small = [p for p in pts if p[0] < RATIO_MIN_MODEL_MB]
+    big = [p for p in pts if p[0] >= RATIO_MIN_MODEL_MB]
+    ratio = DEFAULT_RATIO
+    base = DEFAULT_BASE_MB
+    for _ in range(8 if big and small else 1):  # each refines the other; a few rounds settle both
+        if small:
+            base = statistics.median(peak - ratio * size for size, peak in small)
+        if big:
+            ratio = max(statistics.median((peak - base) / size for size, peak in big), 0.1)
+    return PeakModel(max(base, 64.0), ratio, len(pts))
+
+
+def history(session: Any, backend: str, toolchain: str, limit: int = HISTORY) -> list[Sample]:
+    """The recorded (model size, peak) of this toolchain's latest successful builds."""
+    from sqlalchemy import select
+
+    from registry.models import Build, Model
+
+    rows = session.execute(
+        select(Model.size, Build.phases).join(Model, Model.digest == Build.model_digest)
+        .where(Build.backend == backend, Build.toolchain == toolchain, Build.state == "succeeded",
+               Build.phases.is_not(None))
+        .order_by(Build.id.desc()).limit(limit)).all()
+    out = []
+    for size, phases in rows:
+        peak = (phases or {}).get(PEAK_KEY)
+        if isinstance(peak, int | float) and not isinstance(peak, bool) and peak > 0:
+            out.append(Sample(int(size), int(peak) * 1024))
+    return out
+
+
+# ---- what this host holds ------------------------------------------------------------------------
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def meminfo_mb(field: str = "MemAvailable", path: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cgroup_free_mb(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process's cgroup (v2) may still use: memory.max less memory.current; None when
+    unlimited or not a cgroup v2 host."""
+    limit, used = _read_int(root / "memory.max"), _read_int(root / "memory.current")
+    if limit is None or used is None:
+        return None
+    return max(limit - used, 0) // MIB
+
+
+def available_mb() -> int | None:
+    """Memory a compile started now may use: MemAvailable, within the cgroup's limit."""
+    figures = [v for v in (meminfo_mb(), cgroup_free_mb()) if v is not None]
+    return min(figures) if figures else None
+
+
+# ---- admission -----------------------------------------------------------------------------------
+
+class MemoryGate:
+    """Admits compiles whose predicted peaks fit ``capacity_mb`` together (threads of one process:
+    the embedded pool, a worker's executor). The first build always runs if it fits the capacity
+    at all; the others wait for room. ``capacity_mb`` None: no accounting (nothing known)."""
+
+    def __init__(self, capacity_mb: int | None):
+        self.capacity_mb = capacity_mb
+        self.reserved_mb = 0
+        self.running = 0
+        self._cond = threading.Condition()
+
+    @classmethod
+    def for_host(cls) -> MemoryGate:
+        free = available_mb()
+        return cls(None if free is None else max(free - RESERVE_MB, 0))
+
+    def check(self, need_mb: int, what: str) -> None:
+        """Refuse a compile that would not fit this host even alone."""
+        if self.capacity_mb is not None and need_mb > self.capacity_mb:
+            raise ResourceLimitError(
+                f"{what}: the compile is predicted to peak at {need_mb} MiB and this host has {self.capacity_mb} MiB "
+                f"for compiles (MemAvailable less {RESERVE_MB} MiB): not started",
+                hint="build it on a worker with more memory, or cut the model into parts; the prediction is "
+                     "fitted on this toolchain's recorded peaks (docs/large-models.md)")
+
+    @contextmanager
+    def admit(self, need_mb: int, what: str, stop: Any = None, poll: float = 0.5) -> Iterator[None]:
+        """Hold ``need_mb`` while the block runs; wait until it fits beside those running (``stop``:
+        an Event-like flag that ends the wait by raising Interrupted)."""
+        self.check(need_mb, what)
+        with self._cond:
+            while (self.capacity_mb is not None and self.running
+                   and self.reserved_mb + need_mb > self.capacity_mb):
+                if stop is not None and stop.is_set():
+                    from farm.core.errors import Interrupted, LeaseLostError
+
+                    if getattr(stop, "signum", None):
+                        raise Interrupted(stop.signum)
+                    raise LeaseLostError(f"{what}: stopped while waiting for memory")
+                self._cond.wait(poll)
+            self.reserved_mb += need_mb
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.reserved_mb -= need_mb
+                self.running -= 1
+                self._cond.notify_all()
