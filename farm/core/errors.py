@@ -42,6 +42,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── ManifestError            bad-manifest       a manifest that is not a valid ctxfarm manifest
     ├── InstallConflictError     install-conflict   the install destination can't take the artifact
     ├── InterruptedBuildError    interrupted        SIGTERM/SIGINT while working (exit 130)
+    ├── CancelledError           cancelled          the build was cancelled (farm cancel); not a verdict
     ├── UnauthorizedError        unauthorized       HTTP: no, unknown or revoked token
     ├── ForbiddenError           forbidden          HTTP: the token's scope does not allow it
     ├── ServerError              server-error       HTTP client: the service is unreachable or broken
@@ -309,6 +310,12 @@ class InterruptedBuildError(FarmError):
     default_hint = "the lease was released and the attempt recorded; run the command again to continue"
 
 
+class CancelledError(FarmError):
+    code = "cancelled"
+    summary = "the build was cancelled (`farm cancel`); submitting it again queues it again"
+    default_hint = "submit the release again to build it (a cancel is not a verdict on the model)"
+
+
 class InternalError(FarmError):
     code = "internal-error"
     summary = "a bug in ctxfarm (`FARM_DEBUG=1` adds the traceback)"
@@ -329,6 +336,7 @@ BUILD_FAILURE_CODES = (
     "storage-error",
     "resource-limit",
     "interrupted",
+    "cancelled",
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
 DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit"})

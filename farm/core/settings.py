@@ -51,8 +51,11 @@ class Settings:
     store_url: str
     broker_url: str | None = None
     compile_timeout: float = 1800.0
-    # Address-space cap (RLIMIT_AS) of each compile child, in MiB; 0 = none.
+    # Address-space cap (RLIMIT_AS) of each compile child, in MiB; 0 = none. Unless
+    # FARM_COMPILE_MEMORY_MB is set (``compile_memory_auto`` False), each compile's cap is
+    # derived from its predicted peak (farm.pipeline.memory), with this as its floor.
     compile_memory_mb: int = DEFAULT_COMPILE_MEMORY_MB
+    compile_memory_auto: bool = True
     signing_key: str | None = None
     trusted_keys: tuple[str, ...] = field(default_factory=tuple)
     require_signature: bool = False
@@ -143,6 +146,7 @@ class Settings:
             broker_url=broker_url,
             compile_timeout=number("FARM_COMPILE_TIMEOUT", 1800.0),
             compile_memory_mb=integer("FARM_COMPILE_MEMORY_MB", DEFAULT_COMPILE_MEMORY_MB, allow_zero=True),
+            compile_memory_auto=not env.get("FARM_COMPILE_MEMORY_MB", "").strip(),
             signing_key=env.get("FARM_SIGNING_KEY") or None,
             trusted_keys=trusted,
             require_signature=parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),

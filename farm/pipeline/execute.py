@@ -43,15 +43,20 @@ from farm.core.errors import (
     StorageError,
 )
 from farm.core.keys import sha256_bytes, sha256_file
+from farm.core.options import check_embed_size
 from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.bundles import BundleCache, download_bundle, open_cache
 from farm.pipeline.events import Publisher
+from farm.pipeline.memory import MemoryGate, PeakModel, fit
+from farm.pipeline.memory import history as peak_history
 from registry.index import Registry
 from workers.backends import get_runner
 from workers.runner import CompileJob, CompileOutput, Runner, Toolchain
 
 log = logging.getLogger("ctxfarm.pipeline")
+PEAKS_TTL_S = 60.0
+RENEW_MAX_S = 5.0
 
 
 def backoff(attempt: int) -> float:
@@ -162,7 +167,8 @@ class LeaseKeeper:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        interval = max(self.lease_seconds / 3, 0.2)
+        # At most every RENEW_MAX_S: a cancelled build (states.cancel) stops within seconds.
+        interval = max(min(self.lease_seconds / 3, RENEW_MAX_S), 0.2)
         while not self._stop.wait(interval):
             try:
                 with self.registry.db.session() as s:
@@ -330,6 +336,10 @@ class Executor:
         self.gpu = os.environ.get("CTXFARM_GPU_TARGET")
         self.bundles: BundleCache | None = open_cache(settings.home, settings.bundle_cache_mb)
         self.events = Publisher(settings.broker_url)
+        # Compiles of this process (the embedded pool's threads, a worker's builds) admitted so
+        # that their predicted peaks fit the memory this host had free (farm.pipeline.memory).
+        self.memory = MemoryGate.for_host()
+        self._peaks: dict[tuple[str, str], tuple[float, PeakModel]] = {}
         self._last_end: float | None = None  # when this executor's previous build ended
         # Set by embedded ``farm build`` while it compiles in several threads: SIGTERM/SIGINT reach
         # the main thread only, which sets it; each compile then stops and unwinds as Interrupted.
@@ -396,6 +406,15 @@ class Executor:
         try:
             self._check_route(row)
             target = load_catalog().get(row.target, backend=row.backend)
+            # Refusals on declared sizes, before a byte is fetched or a compile started.
+            model_bytes = sum(int(f.get("size") or 0) for f in row.files)
+            check_embed_size(row.options, model_bytes)
+            peaks = self._peak_model(row.backend, row.toolchain)
+            need_mb = peaks.predict_mb(model_bytes)
+            what = f"build {lease.build_id} ({model_bytes / 2**30:.2f} GiB model)"
+            self.memory.check(need_mb, what)
+            ph.ms["predicted_peak_mb"] = need_mb
+            cap_mb = peaks.cap_mb(model_bytes, s_.compile_memory_mb) if s_.compile_memory_auto else s_.compile_memory_mb
             with ExitStack() as stack:
                 keeper = stack.enter_context(LeaseKeeper(self.registry, lease, s_.lease_seconds))
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
@@ -403,11 +422,15 @@ class Executor:
                     model_path, ph.ms["bundle_cache"] = fetch_bundle(
                         self.registry, row.files, Path(tmp) / "model", cache=self.bundles,
                         model_digest=row.model_digest)
-                job = CompileJob(model_path, target, row.options, s_.compile_timeout, s_.compile_memory_mb,
-                                 verify_load=True,
-                                 cancel=keeper.lost if self.interrupt is None else _Either(keeper.lost, self.interrupt))
-                t = time.perf_counter()
-                out = self.runner.compile(job, Path(tmp) / "work")
+                cancel = keeper.lost if self.interrupt is None else _Either(keeper.lost, self.interrupt)
+                job = CompileJob(model_path, target, row.options, s_.compile_timeout, cap_mb,
+                                 verify_load=True, cancel=cancel)
+                waited = time.perf_counter()
+                with self.memory.admit(need_mb, what, stop=cancel):
+                    t = time.perf_counter()
+                    if t - waited >= 0.001:
+                        ph.ms["memory_wait"] = _ms(t - waited)
+                    out = self.runner.compile(job, Path(tmp) / "work")
                 ph.compile(out, time.perf_counter() - t)
                 keeper.check()
                 if then is not None and self._publisher is not None:
@@ -427,6 +450,21 @@ class Executor:
             log.error("build %s: unexpected error", lease.build_id, exc_info=True)
             return self._failed(lease, "toolchain-error", f"unexpected {type(exc).__name__}: {exc}",
                                 traceback.format_exc()[-8000:], ph)
+
+    def _peak_model(self, backend: str, toolchain: str) -> PeakModel:
+        """This toolchain's peak line, fitted on its recorded builds (read again after a minute)."""
+        key = (backend, toolchain)
+        cached = self._peaks.get(key)
+        if cached is not None and time.monotonic() - cached[0] < PEAKS_TTL_S:
+            return cached[1]
+        try:
+            with self.registry.db.session() as s:
+                model = fit(peak_history(s, backend, toolchain))
+        except Exception:  # planning must not fail a build: the defaults are measured facts
+            log.warning("could not read the recorded compile peaks", exc_info=True)
+            model = PeakModel()
+        self._peaks[key] = (time.monotonic(), model)
+        return model
 
     def _publish(self, lease: states.Lease, row: BuildRow, target: Target, out: CompileOutput,
                  ph: Phases) -> Result:

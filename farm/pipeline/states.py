@@ -9,6 +9,8 @@
                          │    (SIGTERM/SIGINT:   interrupted)    │
                          └───────── enqueue (infra failure, --retry-failed) ◀── failed ◀──fail── running
     running, lease expired ──claim──▶ running (attempt + 1)   or ──▶ failed/worker-lost at the cap
+    queued | running ──cancel──▶ failed/cancelled (``farm cancel``: the running attempt's next lease
+                                 renewal finds the row changed, and its compile child is killed)
 
 A claim hands out a ``Lease`` (build id, a unique owner token, the attempt number). Every later
 transition of that attempt is an UPDATE whose WHERE repeats all three plus the expected state,
@@ -223,6 +225,31 @@ def release(session: Session, lease: Lease, reason: str) -> bool:
         state=BuildState.QUEUED.value, attempts=lease.attempt - 1, error_code="interrupted",
         error_message=f"attempt {lease.attempt} interrupted ({reason}) at {now().isoformat(timespec='seconds')}",
         lease_owner=None, lease_expires_at=None, enqueued_at=now())) == 1
+
+
+def cancel(session: Session, build_id: int, reason: str) -> str:
+    """queued | running -> failed with code ``cancelled``: one guarded UPDATE on the state,
+    attempt and lease owner that were read (a race with a claim or a finish is read again).
+    The running attempt loses its lease: its keeper's next renewal changes no row, and the
+    executor kills the compile and publishes nothing. A queued build's message, when a worker
+    takes it, finds the row final and is dropped. Returns ``cancelled``, or the final state the
+    build already had."""
+    for _ in range(5):
+        row = session.get(Build, build_id, populate_existing=True)
+        if row is None:
+            raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
+        if row.state in FINAL:
+            return str(row.state)
+        was = f"{row.state}, attempt {row.attempts}" if row.state == BuildState.RUNNING else str(row.state)
+        n = _changed(session, update(Build).where(
+            Build.id == row.id, Build.state == row.state, Build.attempts == row.attempts,
+            Build.lease_owner.is_(None) if row.lease_owner is None else Build.lease_owner == row.lease_owner)
+            .values(state=BuildState.FAILED.value, error_code="cancelled",
+                    error_message=f"cancelled ({reason}) while {was} at {now().isoformat(timespec='seconds')}",
+                    lease_owner=None, lease_expires_at=None, finished_at=now()))
+        if n == 1:
+            return "cancelled"
+    return "busy"
 
 
 # ---- what the reconciler re-sends -----------------------------------------------------------------

@@ -94,7 +94,21 @@ def compile_model(req: dict[str, Any]) -> dict[str, Any]:
             result["self_load"] = {"ok": True, "load_seconds": time.perf_counter() - t0}
         except Exception as exc:
             result["self_load"] = {"ok": False, "error": str(exc)[:2000]}
+    # The process's peak RSS (compile and self-probe): what memory planning (farm.pipeline.memory)
+    # fits its predictions on. A forked job's figure counts the pages it shares with its host.
+    result["peak_rss_kib"] = _vm_hwm_kib()
     return result
+
+
+def _vm_hwm_kib() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def load_model(req: dict[str, Any]) -> dict[str, Any]:

@@ -175,6 +175,8 @@ class QnnRunner:
         # Minor page faults during the EP compile (a count, not seconds): what the standby's warm
         # heap saves (workers.childproc); bench/host.py reports it.
         out.timings = {**timings, "page_faults": float(result.get("page_faults") or 0)}
+        if result.get("peak_rss_kib"):  # a count too: builds.phases["child.peak_rss_kib"]
+            out.timings["peak_rss_kib"] = float(result["peak_rss_kib"])
         return out
 
     def load_check(self, ctx_model: Path, target: Target, *, timeout: float = 300.0) -> dict[str, Any]:

@@ -53,6 +53,7 @@ STABLE_CODES = {
     "AccuracyBelowThresholdError": "accuracy-below-threshold",
     "AccuracyUnverifiedError": "accuracy-unverified",
     "RateLimitedError": "rate-limited",
+    "CancelledError": "cancelled",
 }
 
 
