@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import DigestMismatchError, ManifestError, SignatureError, UnsignedError
-from farm.core.keys import is_digest
-from farm.core.names import UnsafePathError, check_tree, inside, safe_relative
+from farm.core.names import inside, safe_relative
 from farm.core.placement import destination, staged
+from farm.core.untrusted import check_manifest
 from registry import manifest as mf
 from registry.models import Artifact
 from registry.store.base import BlobStore, download, read_bytes
@@ -52,39 +52,9 @@ class FetchResult:
 
 
 def validate_manifest(manifest: Any) -> dict[str, Any]:
-    """Shape and safety of a manifest, before any of it is trusted. Raises ManifestError."""
-    def bad(why: str) -> ManifestError:
-        return ManifestError(f"manifest is not valid: {why}")
-
-    if not isinstance(manifest, dict):
-        raise bad("not a JSON object")
-    for key, kind in (("model", str), ("backend", str), ("ctxModel", str), ("files", list), ("target", dict),
-                      ("toolchain", dict)):
-        if not isinstance(manifest.get(key), kind):
-            raise bad(f"{key!r} is missing or not a {kind.__name__}")
-    if not is_digest(manifest["model"]):
-        raise bad("'model' is not a sha256 digest")
-    if not isinstance(manifest["target"].get("name"), str) or not isinstance(manifest["toolchain"].get("version"), str):
-        raise bad("'target.name' or 'toolchain.version' is missing")
-    if not manifest["files"]:
-        raise bad("'files' is empty")
-    names = []
-    for f in manifest["files"]:
-        if not isinstance(f, dict):
-            raise bad("a file entry is not an object")
-        name, digest, size = f.get("name"), f.get("digest"), f.get("size")
-        if not isinstance(name, str) or not isinstance(digest, str) or not is_digest(digest):
-            raise bad(f"file entry {str(name)[:80]!r} has no valid name or digest")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > 1 << 50:
-            raise bad(f"file {name[:80]!r} has a size that is not a non-negative integer")
-        names.append(name)
-    try:
-        check_tree(names)
-    except UnsafePathError as exc:
-        raise ManifestError(f"manifest lists an unsafe file name: {exc}") from None
-    if manifest["ctxModel"] not in names:
-        raise bad("'ctxModel' is not one of its files")
-    return manifest
+    """Shape and safety of a manifest, before any of it is trusted (the device client runs the
+    same checks: ``farm.core.untrusted.check_manifest``). Raises ManifestError."""
+    return check_manifest(manifest)
 
 
 def check_binding(manifest: dict[str, Any], expected: Expected) -> None:

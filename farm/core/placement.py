@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from farm.core.errors import InstallConflictError
 
@@ -69,8 +68,37 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _lock(out: Path) -> Any:
-    return file_lock(out.parent / f".{out.name}{STAGING_MARK}lock")
+@contextmanager
+def _lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on ``out``'s place, whose file is removed when released: no empty
+    ``.<out>.ctxfarm-lock`` is left beside an install. Whoever opened the file before it was
+    removed finds, once it holds its lock, that the path names another file (or none) and
+    tries again: two holders never lock two different files."""
+    import fcntl
+
+    path = out.parent / f".{out.name}{STAGING_MARK}lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            held = os.fstat(fd)
+            if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            path.unlink(missing_ok=True)  # still holding it: a waiter re-checks and retries
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def _clean_leftovers(out: Path) -> None:

@@ -69,8 +69,8 @@ def test_install_swaps_the_whole_directory(store, tmp_path):
     (out / "old_ctx.onnx").write_bytes(b"previous artifact")
     fetch_artifact(store, publish(store, {"m_ctx.onnx": CTX, "m_qnn.bin": BIN}), out)
     assert sorted(os.listdir(out)) == ["m_ctx.onnx", "m_qnn.bin"]
-    # nothing but the lock is left beside it
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.ctxfarm-lock", "out"]
+    # nothing is left beside it, not even the lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_tampered_manifest_writes_nothing(store, tmp_path):
@@ -98,14 +98,14 @@ def test_a_failed_file_leaves_the_previous_content_whole(store, tmp_path):
     with pytest.raises(DigestMismatchError):
         fetch_artifact(store, art, out)
     assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.ctxfarm-lock", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_leftovers_of_a_killed_install_are_cleaned(store, tmp_path):
     (tmp_path / ".out.ctxfarm-new-abc").mkdir()
     (tmp_path / ".out.ctxfarm-new-abc" / "half.bin").write_bytes(b"x")
     fetch_artifact(store, publish(store, {"m_ctx.onnx": CTX}), tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.ctxfarm-lock", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_out_that_is_a_file_is_a_conflict_before_anything_moves(store, tmp_path):

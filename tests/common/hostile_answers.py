@@ -1,0 +1,247 @@
+"""The corpus of hostile service answers for the device client: each case mutates a consistent
+``Scenario`` (``tests/common/hostile_server.py``) and names the error code the client must give.
+A new attack is one more row. ``Where`` gives a case the paths outside ``--dest`` that it aims
+at: ``victim`` is an existing file that must survive, ``planted`` a path that must not appear."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.common.hostile_server import BIN, MODEL, Raw, Scenario, canonical
+
+
+@dataclass(frozen=True)
+class Where:
+    victim: Path
+    planted: Path
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    code: str  # the error the client must raise; "ok" for an answer it must accept
+    mutate: Callable[[Scenario, Where], None]
+    ask: dict[str, Any] = field(default_factory=dict)  # install() arguments over the defaults
+
+
+def _file(s: Scenario, name: str) -> dict[str, Any]:
+    return next(f for f in s.manifest["files"] if f["name"] == name)
+
+
+def _set(path: str, value: Any) -> Callable[[Scenario, Where], None]:
+    """Set ``answer.x`` or ``manifest.x.y`` (dots), or the ``.bin`` file entry's ``files.KEY``."""
+    def mutate(s: Scenario, w: Where) -> None:
+        where, *keys = path.split(".")
+        obj: Any = _file(s, "model_ctx_qnn.bin") if where == "files" else getattr(s, where)
+        for k in keys[:-1]:
+            obj = obj[k]
+        obj[keys[-1]] = value(w) if callable(value) else value
+    return mutate
+
+
+def _raw(path: str, raw: Callable[[Scenario], Raw]) -> Callable[[Scenario, Where], None]:
+    def mutate(s: Scenario, w: Where) -> None:
+        s.seal()
+        target = path.replace("{bin}", s.digest_of("model_ctx_qnn.bin")).replace("{manifest}", s.answer["artifact"])
+        s.routes[target] = raw(s)
+    return mutate
+
+
+def _manifest_bytes(data: bytes) -> Callable[[Scenario, Where], None]:
+    def mutate(s: Scenario, w: Where) -> None:
+        s.manifest_bytes = data
+    return mutate
+
+
+def _redirect(location: str, status: int = 302) -> Callable[[Scenario], Raw]:
+    return lambda s: Raw(status, [("Location", location.replace("{bin}", s.digest_of("model_ctx_qnn.bin")))])
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _lying_manifest_digest(s: Scenario, w: Where) -> None:
+    """The answer names one manifest digest, the blob under it is another manifest."""
+    s.seal()
+    other = dict(s.manifest, ctxModel="model_ctx_qnn.bin")
+    data = canonical(other)
+    s.keep_answer_digest = True
+    s.manifest_bytes = data
+    s.answer["manifest_size"] = len(data)
+
+
+def _blob_longer_declared(s: Scenario, w: Where) -> None:
+    s.seal()
+    s.routes[f"/v1/blobs/{s.digest_of('model_ctx_qnn.bin')}"] = Raw(200, [], BIN + b"X" * 100)
+
+
+def _blob_longer_undeclared(good: bool) -> Callable[[Scenario, Where], None]:
+    def mutate(s: Scenario, w: Where) -> None:
+        s.seal()
+        body = (BIN if good else b"Y" * len(BIN)) + b"X" * 4096
+        s.routes[f"/v1/blobs/{s.digest_of('model_ctx_qnn.bin')}"] = Raw(200, [], body, length=False)
+    return mutate
+
+
+def _loop(s: Scenario, w: Where) -> None:
+    s.seal()
+    path = f"/v1/blobs/{s.digest_of('model_ctx_qnn.bin')}"
+    s.routes[path] = Raw(302, [("Location", path)])
+
+
+def _chain(s: Scenario, w: Where) -> None:
+    s.seal()
+    s.routes[f"/v1/blobs/{s.digest_of('model_ctx_qnn.bin')}"] = Raw(302, [("Location", "/hop/0")])
+    for i in range(20):
+        s.routes[f"/hop/{i}"] = Raw(302, [("Location", f"/hop/{i + 1}")])
+
+
+def _good_redirect(s: Scenario, w: Where) -> None:
+    """A presigned-URL style 307 to another path of the same host: followed, without the token."""
+    s.seal()
+    digest = s.digest_of("model_ctx_qnn.bin")
+    s.routes[f"/v1/blobs/{digest}"] = Raw(307, [("Location", f"/store/{digest[7:]}?X-Amz-Signature=abc")])
+    s.routes[f"/store/{digest[7:]}"] = Raw(200, [], BIN)
+
+
+def _signature(sig: Any) -> Callable[[Scenario, Where], None]:
+    def mutate(s: Scenario, w: Where) -> None:
+        s.answer["signatures"] = sig
+    return mutate
+
+
+TRUSTED = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="  # an ed25519 public key (base64 of 32 bytes)
+
+CASES: list[Case] = [
+    # The control: the unmodified scenario installs.
+    Case("control", "ok", lambda s, w: None),
+    Case("presigned-style redirect", "ok", _good_redirect),
+    Case("blob longer, no length, right prefix: reading stops at the declared size", "ok", _blob_longer_undeclared(True)),
+    # Paths from digests and names (the critical class).
+    Case("digest path traversal", "bad-manifest", _set("files.digest", lambda w: "sha256:../victim/keep.txt")),
+    Case("digest absolute path", "bad-manifest", _set("files.digest", lambda w: f"sha256:{w.planted}")),
+    Case("digest uppercase hex", "bad-manifest", _set("files.digest", "sha256:" + "AB" * 32)),
+    Case("digest other algorithm", "bad-manifest", _set("files.digest", "md5:" + "ab" * 16)),
+    Case("digest not text", "bad-manifest", _set("files.digest", 12345)),
+    Case("name traversal", "bad-manifest", _set("files.name", "../victim/keep.txt")),
+    Case("name absolute", "bad-manifest", _set("files.name", lambda w: str(w.planted))),
+    Case("name backslash", "bad-manifest", _set("files.name", "..\\..\\evil.bin")),
+    Case("name drive", "bad-manifest", _set("files.name", "C:evil.bin")),
+    Case("name NUL", "bad-manifest", _set("files.name", "a\x00.bin")),
+    Case("name dot component", "bad-manifest", _set("files.name", "a/./b.bin")),
+    Case("name empty component", "bad-manifest", _set("files.name", "a//b.bin")),
+    Case("name hidden", "bad-manifest", _set("files.name", ".ctxfarm-lock")),
+    Case("name control character", "bad-manifest", _set("files.name", "a\x1b[2J.bin")),
+    Case("name too long", "bad-manifest", _set("files.name", "a" * 5000)),
+    Case("name is a list", "bad-manifest", _set("files.name", ["a"])),
+    Case("name twice", "bad-manifest", _set("files.name", "model_ctx.onnx")),
+    Case("name both file and directory", "bad-manifest", _set("files.name", "model_ctx.onnx/x.bin")),
+    Case("ctxModel outside the files", "bad-manifest", _set("manifest.ctxModel", "../victim/keep.txt")),
+    # Sizes.
+    Case("size negative", "bad-manifest", _set("files.size", -1)),
+    Case("size a string", "bad-manifest", _set("files.size", str(len(BIN)))),
+    Case("size a float", "bad-manifest", _set("files.size", float(len(BIN)))),
+    Case("size a bool", "bad-manifest", _set("files.size", True)),
+    Case("size astronomical", "bad-manifest", _set("files.size", 2**64)),
+    # Manifest shape.
+    Case("manifest not JSON", "bad-manifest", _manifest_bytes(b"\x89PNG not json")),
+    Case("manifest a list", "bad-manifest", _manifest_bytes(b"[1, 2, 3]")),
+    Case("manifest nested past the stack", "bad-manifest", _manifest_bytes(_nested(200_000))),
+    Case("manifest NaN", "bad-manifest", _manifest_bytes(b'{"model": NaN}')),
+    Case("manifest without files", "bad-manifest", _set("manifest.files", [])),
+    Case("manifest files not a list", "bad-manifest", _set("manifest.files", {"a": 1})),
+    Case("manifest target not an object", "bad-manifest", _set("manifest.target", "SM8650")),
+    Case("manifest unknown backend", "bad-manifest", _set("manifest.backend", "cuda")),
+    Case("manifest file entry a string", "bad-manifest", _set("manifest.files", ["model_ctx.onnx"])),
+    # The manifest must be the one named, and say what the answer said.
+    Case("manifest digest mismatch", "bad-manifest", _lying_manifest_digest),
+    Case("manifest for another target", "bad-manifest", _set("manifest.target.name", "SM8550")),
+    Case("manifest for another model", "bad-manifest", _set("manifest.model", "sha256:" + "cd" * 32)),
+    Case("manifest for another toolchain", "bad-manifest", _set("manifest.toolchain.version", "2.49.40")),
+    Case("manifest for another backend", "bad-manifest", _set("manifest.backend", "trt")),
+    # The answer: shape, size and binding to the question.
+    Case("answer not JSON", "server-error", _raw("/v1/resolve", lambda s: Raw(200, [], b"<html>hello</html>"))),
+    Case("answer a list", "server-error", lambda s, w: setattr(s, "answer", [])),
+    Case("answer oversized, declared", "server-error",
+         _raw("/v1/resolve", lambda s: Raw(200, [], b" " * (5 << 20)))),
+    Case("answer oversized, undeclared", "server-error",
+         _raw("/v1/resolve", lambda s: Raw(200, [], b" " * (5 << 20), length=False))),
+    Case("answer nested past the stack", "server-error", _raw("/v1/resolve", lambda s: Raw(200, [], _nested(200_000)))),
+    Case("answer artifact traversal", "server-error",
+         lambda s, w: (s.seal(), s.answer.update(artifact="sha256:../../victim/keep.txt"),
+                       setattr(s, "keep_answer_digest", True))),
+    Case("answer artifact absolute", "server-error",
+         lambda s, w: (s.seal(), s.answer.update(artifact=f"sha256:{w.planted}"), setattr(s, "keep_answer_digest", True))),
+    Case("answer artifact missing", "server-error",
+         lambda s, w: (s.seal(), s.answer.pop("artifact"), setattr(s, "keep_answer_digest", True))),
+    Case("answer model not a digest", "server-error", _set("answer.model", "../../x")),
+    Case("answer manifest_size a string", "server-error",
+         lambda s, w: (s.seal(), s.answer.update(manifest_size="10"), setattr(s, "keep_answer_digest", True))),
+    Case("answer manifest_size huge", "server-error",
+         lambda s, w: (s.seal(), s.answer.update(manifest_size=1 << 40), setattr(s, "keep_answer_digest", True))),
+    Case("answer manifest_size too small", "server-error",
+         lambda s, w: (s.seal(), s.answer.update(manifest_size=10), setattr(s, "keep_answer_digest", True))),
+    Case("answer signatures not a list", "server-error", _signature("all good")),
+    Case("answer signatures entries not objects", "server-error", _signature([1, 2])),
+    Case("answer for another backend", "server-error",
+         lambda s, w: (s.answer.update(backend="trt"), s.manifest.update(backend="trt"))),
+    Case("answer for another SoC", "server-error",
+         lambda s, w: (s.answer.update(target="SM8550"), s.manifest["target"].update(name="SM8550"))),
+    Case("answer for another model", "server-error",
+         lambda s, w: (s.answer.update(model="sha256:" + "cd" * 32), s.manifest.update(model="sha256:" + "cd" * 32)),
+         ask={"model": MODEL}),
+    Case("answer built by a newer QNN than the device runs", "server-error",
+         lambda s, w: (s.answer.update(toolchain="2.52.0"), s.manifest["toolchain"].update(version="2.52.0"))),
+    Case("answer a TensorRT engine for another TensorRT", "server-error",
+         lambda s, w: (s.answer.update(backend="trt", target="sm_89", toolchain="10.13.0.35+linux-x86-64"),
+                       s.manifest.update(backend="trt", target={"name": "sm_89"},
+                                         toolchain={"version": "10.13.0.35+linux-x86-64"})),
+         ask={"soc": None, "qnn": None, "gpu": "sm_89", "trt": "10.14.1.48"}),
+    # Error answers: relayed only as documented 4xx codes, cleaned; the service's failures are its own.
+    Case("500 internal-error", "server-error", _raw("/v1/resolve", lambda s: Raw(
+        500, [], json.dumps({"error": {"code": "internal-error", "message": "boom"}}).encode()))),
+    Case("500 bad-config", "server-error", _raw("/v1/resolve", lambda s: Raw(
+        500, [], json.dumps({"error": {"code": "bad-config", "message": "FARM_BROKER_URL is not set"}}).encode()))),
+    Case("4xx unknown code", "server-error", _raw("/v1/resolve", lambda s: Raw(
+        418, [], json.dumps({"error": {"code": "teapot", "message": "short and stout"}}).encode()))),
+    Case("4xx error body a string", "server-error", _raw("/v1/resolve", lambda s: Raw(400, [], b'"nope"'))),
+    Case("4xx error body oversized", "server-error", _raw("/v1/resolve", lambda s: Raw(400, [], b" " * (1 << 20)))),
+    Case("404 no-match relayed, escapes cleaned", "no-match", _raw("/v1/resolve", lambda s: Raw(
+        404, [], json.dumps({"error": {"code": "no-match", "message": "nothing \x1b[31mred\x1b[0m",
+                                       "hint": "\x1b]0;title\x07"}}).encode()))),
+    # Blobs: declared sizes, digests.
+    Case("blob longer than declared", "server-error", _blob_longer_declared),
+    Case("blob longer, no length, wrong bytes", "digest-mismatch", _blob_longer_undeclared(False)),
+    Case("blob shorter, declared", "server-error",
+         _raw("/v1/blobs/{bin}", lambda s: Raw(200, [], BIN[:100]))),
+    Case("blob shorter, connection closed", "server-error",
+         _raw("/v1/blobs/{bin}", lambda s: Raw(200, [], BIN[:100], length=False))),
+    Case("blob other bytes", "digest-mismatch", _raw("/v1/blobs/{bin}", lambda s: Raw(200, [], b"Z" * len(BIN)))),
+    Case("blob 206 to a request without Range", "server-error", _raw("/v1/blobs/{bin}", lambda s: Raw(
+        206, [("Content-Range", f"bytes 0-{len(BIN) - 1}/{len(BIN)}")], BIN))),
+    Case("manifest longer than declared", "server-error", _raw("/v1/blobs/{manifest}", lambda s: Raw(
+        200, [], s.blobs[s.answer["artifact"]] + b" " * 10))),
+    # Redirects: http(s) only, bounded, no loops.
+    Case("redirect to file://", "server-error", _raw("/v1/blobs/{bin}", _redirect("file:///etc/passwd"))),
+    Case("redirect to ftp://", "server-error", _raw("/v1/blobs/{bin}", _redirect("ftp://127.0.0.1/x"))),
+    Case("redirect to data:", "server-error", _raw("/v1/blobs/{bin}", _redirect("data:,hello"))),
+    Case("redirect of the answer to file://", "server-error", _raw("/v1/resolve", _redirect("file:///etc/passwd", 307))),
+    Case("redirect loop", "server-error", _loop),
+    Case("redirect chain past the bound", "server-error", _chain),
+    # Headers past http.client's bounds.
+    Case("too many headers", "server-error", _raw("/v1/resolve", lambda s: Raw(
+        200, [(f"X-H{i}", "v") for i in range(300)], b"{}"))),
+    Case("header line too long", "server-error", _raw("/v1/resolve", lambda s: Raw(200, [("X-Long", "v" * 70_000)], b"{}"))),
+    Case("status line garbage", "server-error", _raw("/v1/resolve", lambda s: Raw(999, [], b"{}"))),
+    # Signatures, with a trusted key configured: never internal-error.
+    Case("signature garbage", "signature-invalid",
+         _signature([{"public_key": TRUSTED, "signature": "!!not base64!!"}]), ask={"trusted_keys": [TRUSTED]}),
+    Case("signature missing", "unsigned", _signature([]), ask={"trusted_keys": [TRUSTED]}),
+    Case("signature by another key", "signature-invalid",
+         _signature([{"public_key": "AAAA", "signature": "AAAA"}]), ask={"trusted_keys": [TRUSTED]}),
+]

@@ -1,0 +1,149 @@
+"""The device client against a hostile service (``tests/common/hostile_server.py``) serving each
+crafted answer of the corpus (``tests/common/hostile_answers.py``): the right error code, no
+traceback, nothing written or deleted outside --dest, no token sent after a redirect."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.client import install, main
+from farm.core.errors import FarmError
+from tests.common.hostile_answers import CASES, Case, Where
+from tests.common.hostile_server import BIN, CTX, QNN, SOC, Scenario, fresh, hostile_service
+
+TOKEN = "cfk_device-secret"
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (with its content for a file), except the install's own."""
+    out: dict[str, bytes | None] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if rel.split("/")[0] in ("device",) and len(rel.split("/")) > 1 and rel.split("/")[1] in (
+                "sq", ".sq.ctxfarm-partial"):
+            continue
+        out[rel] = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+    return out
+
+
+def _ask(case: Case, dest: Path) -> dict[str, Any]:
+    return {"model": "sq:stable", "soc": SOC, "qnn": QNN, "dest": dest, **case.ask}
+
+
+def _argv(url: str, ask: dict[str, Any]) -> list[str]:
+    argv = ["--server", url, "--token", TOKEN, "--model", ask["model"], "--dest", str(ask["dest"]), "--json"]
+    for flag in ("soc", "qnn", "gpu", "trt"):
+        if ask.get(flag):
+            argv += [f"--{flag}", ask[flag]]
+    return argv
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_device_client_refuses_a_hostile_answer(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = tmp_path / "device" / "victim" / "keep.txt"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("keep")
+    where = Where(victim, tmp_path / "planted.txt")
+    scenario: Scenario = fresh()
+    case.mutate(scenario, where)
+    dest = tmp_path / "device" / "sq"
+    ask = _ask(case, dest)
+    before = _tree(tmp_path)
+    with hostile_service(scenario) as url:
+        kwargs = {k: v for k, v in ask.items() if k != "model"}
+        if case.code == "ok":
+            got = install(url, TOKEN, ask["model"], **kwargs)
+            assert (dest / "model_ctx.onnx").read_bytes() == CTX and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+            assert got.ctx_model == dest / "model_ctx.onnx" and got.bytes == len(CTX) + len(BIN)
+            # Nothing beside the install: no partial directory, no lock file.
+            assert sorted(os.listdir(dest.parent)) == ["sq", "victim"]
+        else:
+            with pytest.raises(FarmError) as exc:
+                install(url, TOKEN, ask["model"], **kwargs)
+            assert exc.value.code == case.code, exc.value.message
+            assert not dest.exists()
+            assert "\x1b" not in exc.value.message and "\x1b" not in (exc.value.hint or "")
+        # The token goes to the service only, never after a redirect.
+        assert all("authorization" not in h for p, h in scenario.seen if not p.startswith(("/v1/", )))
+        # The same through the device command: a documented code, no traceback.
+        if case.ask.get("trusted_keys"):
+            monkeypatch.setenv("FARM_TRUSTED_KEYS", ",".join(case.ask["trusted_keys"]))
+        capsys.readouterr()
+        rc = main(_argv(url, {**ask, "dest": tmp_path / "device" / "sq2"}))
+        out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if case.code == "ok":
+        assert rc == 0
+    else:
+        assert rc != 0 and f"error[{case.code}]" in err, err
+        assert json.loads(out.strip().splitlines()[-1])["error"]["code"] == case.code
+    assert victim.read_text() == "keep"
+    assert not where.planted.exists()
+    after = {k: v for k, v in _tree(tmp_path).items() if not k.startswith(("device/sq2", "device/.sq2.ctxfarm-"))}
+    assert after == before
+
+
+@pytest.mark.timeout(120)
+def test_farm_install_cli_refuses_without_a_traceback(tmp_path: Path) -> None:
+    """The full CLI (`farm install`) on two of the cases: the documented code, exit 1, no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env["FARM_HOME"] = str(tmp_path / "home")
+    for name in ("digest path traversal", "redirect to file://", "control"):
+        case = next(c for c in CASES if c.name == name)
+        scenario = fresh()
+        victim = tmp_path / "device" / "victim" / "keep.txt"
+        victim.parent.mkdir(parents=True, exist_ok=True)
+        victim.write_text("keep")
+        case.mutate(scenario, Where(victim, tmp_path / "planted.txt"))
+        dest = tmp_path / "device" / "sq"
+        with hostile_service(scenario) as url:
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", "install", "--server", url, "--token", TOKEN,
+                                   "--model", "sq:stable", "--soc", SOC, "--qnn", QNN, "--dest", str(dest)],
+                                  env=env, capture_output=True, text=True, timeout=60)
+        assert "Traceback" not in proc.stderr
+        if case.code == "ok":
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stdout.strip() == str(dest / "model_ctx.onnx")
+            assert sorted(os.listdir(dest.parent)) == ["sq", "victim"]
+        else:
+            assert proc.returncode == 1 and f"error[{case.code}]" in proc.stderr, proc.stderr
+        assert victim.read_text() == "keep"
+
+
+def test_an_interrupted_download_resumes_from_the_partial_file(tmp_path: Path) -> None:
+    """A connection cut mid-blob keeps what arrived; the next install asks for the rest (Range)
+    and the result is whole. A partial file longer than the blob is started over."""
+    from tests.common.hostile_server import Raw
+
+    scenario = fresh()
+    scenario.seal()
+    digest = scenario.digest_of("model_ctx_qnn.bin")
+    path = f"/v1/blobs/{digest}"
+    scenario.routes[path] = Raw(200, [], BIN[:1000], length=False)
+    dest = tmp_path / "device" / "sq"
+    with hostile_service(scenario) as url:
+        with pytest.raises(FarmError) as exc:
+            install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert exc.value.code == "server-error" and "resumes" in (exc.value.hint or "")
+        partial = dest.parent / ".sq.ctxfarm-partial" / digest[7:]
+        assert partial.read_bytes() == BIN[:1000]
+        del scenario.routes[path]
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert got.resumed_bytes == len(CTX) + 1000 and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+        ranges = [h.get("range") for p, h in scenario.seen if p == path]
+        assert ranges[-1] == "bytes=1000-"
+        # A partial file longer than the blob (another blob's, a corrupt one): started over.
+        partial.parent.mkdir()
+        partial.write_bytes(b"x" * (len(BIN) + 5))
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert got.resumed_bytes == 0 and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+    assert sorted(os.listdir(dest.parent)) == ["sq"]
