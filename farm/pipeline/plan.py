@@ -355,9 +355,10 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
 def queue_release(settings: Settings, reg: Registry, model_digest: str, request: ReleaseRequest, *,
                   served: dict[tuple[str, str], list[str]], app: Any = None,
                   store: Callable[[], list[dict[str, Any]]] | None = None, display: str = "",
-                  onnx_digest: str = "", size: int = 0) -> ReleaseStatus:
+                  onnx_digest: str = "", size: int = 0, dispatch: bool = True) -> ReleaseStatus:
     """Record the release and its queued builds in one transaction, then send the messages.
     ``store`` uploads the model snapshot (blobs first); a model already stored passes None.
+    ``dispatch=False``: no broker, the caller runs the queued builds itself (the embedded service).
 
     A re-submission whose builds are all answered by the index (succeeded, or failed for a
     deterministic reason) is one transaction of a few statements: read the builds with their
@@ -377,7 +378,7 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
                                             blobs=reg.store)
     if cached is not None:
         return cached
-    if needs_work:
+    if needs_work and dispatch:
         # Something will be sent: the broker must answer before anything is written.
         app = app or shared_app(settings)
         check_broker(app)
@@ -394,7 +395,7 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
             queue = compile_queue(t.backend, version, "ampere_plus" if hw_compat else t.name)
             build_id, queued = states.enqueue(s, spec, queue, retry_failed=request.retry_failed)
             s.add(ReleaseBuild(release_id=release.id, build_id=build_id))
-            if queued:
+            if queued and dispatch:
                 to_send.append((build_id, queue))
         release_id = release.id
     # After the commit: a worker that gets the message finds the row.

@@ -27,7 +27,8 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
         digest = resolve_model_ref(s, body.model)
     served = _served(settings, reg, request)
     request.check_served(served)
-    st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model)
+    st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
+                            dispatch=runner is None)
     if runner is not None:
         runner.submit([b["build"] for b in st.builds])
     return release_out(st)
