@@ -34,7 +34,7 @@ class Verdict:
     ``probe`` (it was loaded under exactly this runtime version, at ``recorded_at``)."""
 
     loads: bool
-    source: str  # rule | probe
+    source: str  # rule | probe | device (reports from devices: registry.reports)
     reason: str
     recorded_at: datetime | None = None
 
@@ -119,12 +119,22 @@ def _probes(arts: list[Candidate], device: Device) -> dict[tuple[int, str], Any]
     return {(a.id, device.runtime): a.probe for a in arts if a.probe is not None}
 
 
+# What picked an artifact, strongest first: devices that loaded it (reports), a probe here, the rules.
+SOURCE_RANK = {"device": 2, "probe": 1, "rule": 0}
+FAIL_DEVICES = 3  # default of FARM_REPORT_FAIL_DEVICES
+
+
 def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any] | None = None,
+         devices: dict[int, Any] | None = None, fail_devices: int = FAIL_DEVICES,
          ) -> tuple[list[tuple[Artifact, Verdict]], list[tuple[Artifact, Verdict]]]:
-    """(loadable best-first, not loadable nearest-first). A probe verdict recorded for exactly this
-    runtime version beats the rule; a different SoC is never served, whatever a probe said."""
+    """(loadable best-first, not loadable nearest-first). Device reports for exactly this runtime
+    version and SoC (``devices``: ``registry.reports.DeviceEvidence`` by artifact id) beat a probe,
+    a probe beats the rule: an artifact devices loaded is ``device``-verified; one that failed on
+    ``fail_devices`` distinct devices and loaded on none is not served. A different SoC is never
+    served, whatever a probe or report said."""
     default_opts = _default_options_digest(device.backend, device.target)
     probes = probes or {}
+    devices = devices or {}
     judged = []
     for a in arts:
         v = verdict(a, device)
@@ -136,12 +146,15 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
                         f"{what} under {RUNTIME_NAMES[device.backend]} {device.runtime}{when}"
                         + (f" ({probe.detail})" if probe.detail and probe.verdict == "fails" else ""),
                         probe.recorded_at)
+        dev = devices.get(a.id)
+        if dev is not None and device.target.name in a.target.split("+"):  # never another SoC
+            v = _device_verdict(dev, device, fail_devices) or v
         judged.append((a, v))
     good = [(a, v) for a, v in judged if v.loads]
     bad = [(a, v) for a, v in judged if not v.loads]
     good.sort(key=lambda av: (
         av[0].target == device.target.name,
-        av[1].source == "probe",
+        SOURCE_RANK.get(av[1].source, 0),
         parse_version(av[0].toolchain),
         av[0].options_digest == default_opts,
         av[0].created_at,
@@ -150,8 +163,27 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
     return good, bad
 
 
-def resolve(session: Session | Rows, model_digest: str, device: Device, *, model_label: str = ""
-            ) -> tuple[Candidate, Verdict]:
+def _device_verdict(dev: Any, device: Device, fail_devices: int) -> Verdict | None:
+    runtime = f"{RUNTIME_NAMES[device.backend]} {device.runtime}"
+    if dev.loads:
+        failed = f"; {dev.fails} failed" if dev.fails else ""
+        return Verdict(True, "device", f"loaded on {dev.loads} device(s) with {device.target.name} and {runtime}"
+                       f"{failed}", dev.last_at)
+    if dev.fails >= fail_devices:
+        why = f": {dev.last_error.strip().splitlines()[0][:200]}" if (dev.last_error or "").strip() else ""
+        return Verdict(False, "device", f"failed on {dev.fails} device(s) with {device.target.name} and {runtime}, "
+                       f"loaded on none{why}", dev.last_at)
+    return None
+
+
+def _devices(rows: Rows, arts: list[Candidate], device: Device) -> dict[int, Any]:
+    from registry.reports import device_verdicts
+
+    return device_verdicts(rows, [a.id for a in arts], device.backend, device.runtime, device.target.name)
+
+
+def resolve(session: Session | Rows, model_digest: str, device: Device, *, model_label: str = "",
+            fail_devices: int = FAIL_DEVICES) -> tuple[Candidate, Verdict]:
     """The artifact ``device`` should load, with the verdict that chose it; NoMatchError naming
     the nearest candidates otherwise. ``session``: a SQLAlchemy session (the service) or a bare
     connection (``registry.lite``, the CLI); the same statements run on either. A hit is two
@@ -160,11 +192,11 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
     if device.backend == "qnn":
         # The QNN rule never serves another SoC: look at this one first, the rest only to explain a miss.
         arts = candidates(rows, model_digest, device, device.target.name)
-        good, _ = rank(arts, device, _probes(arts, device))
+        good, _ = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
         if good:
             return _with_files(rows, good[0])
     arts = candidates(rows, model_digest, device)
-    good, bad = rank(arts, device, _probes(arts, device))
+    good, bad = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
     if good:
         return _with_files(rows, good[0])
     label = model_label or model_digest

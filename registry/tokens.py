@@ -77,3 +77,12 @@ def allows(scope: str | None, needed: str) -> bool:
     if scope == "report":
         return False
     return RANK[scope] >= RANK[needed]
+
+
+def token_identity(session: Session, token: str) -> tuple[int, str, str] | None:
+    """(id, name, scope) of a valid, unrevoked token; None otherwise (device reports are
+    attributed to the token that sent them)."""
+    if not token.startswith(PREFIX) or len(token) > 128:
+        return None
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == _hash(token), ApiToken.revoked_at.is_(None)))
+    return (row.id, row.name, row.scope) if row is not None else None

@@ -31,6 +31,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     from farm.api.embedded import EmbeddedRunner
     from farm.api.metrics import Metrics
     from farm.api.routes import blobs, builds, coverage, health, models, releases, resolve, tags, workers
+    from farm.api.routes import reports
 
     reg = registry or Registry.open(settings)
     runner = EmbeddedRunner(settings, reg) if settings.embedded else None
@@ -56,6 +57,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers):
         app.include_router(module.router)
+    app.include_router(reports.router)  # issue 23: device reports
     return app
 
 

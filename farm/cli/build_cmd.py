@@ -33,6 +33,12 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                    help="fail with unsupported-ops (naming the op types) if the build leaves any node on the CPU; "
                         "a gate on the answer, not a build input: the artifact is built and kept either way "
                         "(-o require_full_offload=true is the same)")
+    p.add_argument("--min-psnr", type=float, metavar="DB",
+                   help="run the context on the HTP simulator against onnxruntime's CPU EP (same seeded inputs) and "
+                        "fail with accuracy-below-threshold, naming the output, if any output's PSNR is below DB; "
+                        "a gate on the answer: the artifact is built and kept either way (docs/evidence.md)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="run that accuracy check and show its figures, without a gate")
     p.add_argument("--retry-failed", action="store_true",
                    help="compile again builds that failed (by default failures are answered from the index)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -72,6 +78,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             for i, r in zip(todo, built, strict=True):
                 found[i] = r
     reports = [r for r in found if r is not None]
+    if args.min_psnr is not None or args.accuracy:
+        _check_accuracy(settings, reports, args.min_psnr)
     for report in reports:
         if report.tag_moved:
             print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
@@ -97,8 +105,11 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 "compile_s": f"{o.compile_seconds:.2f}" if o.compile_seconds is not None else "",
                 "ctx_size": human_size(o.size),
                 "placement": f"{o.nodes_ep} ctx / {o.nodes_cpu} cpu" if o.nodes_ep is not None else "",
+                "accuracy": _accuracy_cell(o.accuracy),
             })
     columns = ["target", "toolchain", "state", "artifact", "compile_s", "ctx_size", "placement"]
+    if args.min_psnr is not None or args.accuracy:
+        columns.append("accuracy")
     table(rows, ["model", *columns] if several else columns)
     for label, report in zip(labels, reports, strict=True):
         for o in report.outcomes:
@@ -109,6 +120,28 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                       file=sys.stderr)
     print(f"{sum(len(r.outcomes) for r in reports)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _check_accuracy(settings: Settings, reports: list[Any], min_psnr: float | None) -> None:
+    """--min-psnr / --accuracy: the simulator check after the builds (farm.pipeline.accuracy)."""
+    from farm.pipeline.accuracy import check_min_psnr, gate_outcomes
+    from registry.index import Registry
+
+    min_psnr = check_min_psnr(min_psnr)
+    reg = Registry.open(settings)
+    try:
+        for report in reports:
+            gate_outcomes(settings, reg, report.outcomes, min_psnr)
+    finally:
+        reg.close()
+
+
+def _accuracy_cell(view: dict[str, Any] | None) -> str:
+    if view is None:
+        return ""
+    from registry.evidence import headline
+
+    return headline([view])
 
 
 def model_labels(models: list[str]) -> list[str]:
@@ -129,6 +162,6 @@ def build_json(report: Any, elapsed: float) -> dict[str, Any]:
                     "size_bytes": None if o.size is None else int(o.size), "nodes_ep": o.nodes_ep,
                     "nodes_cpu": o.nodes_cpu, "error_code": o.error_code,
                     "error_message": None if o.error_message is None else strip_ansi(o.error_message),
-                    "cached_failure": o.cached_failure}
+                    "cached_failure": o.cached_failure, "accuracy": o.accuracy}
                    for o in report.outcomes],
     }

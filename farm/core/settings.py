@@ -78,6 +78,16 @@ class Settings:
     # Read by the compile hosts from the environment (workers.childproc.prefault_limit_mb); here so
     # that a bad value is refused where settings are read.
     prefault_mb: int = 1024
+    # Evidence (issue 23; docs/evidence.md). FARM_ACCURACY: "gate" runs the simulator accuracy
+    # check only for requests with --min-psnr; "after" also after every QNN build (a follow-up
+    # task on the probe queue, off the answer's path); "off" never (a gated request then says
+    # accuracy-unverified). Each run gets FARM_ACCURACY_BUDGET seconds.
+    accuracy: str = "gate"
+    accuracy_budget: float = 300.0
+    # Device reports: per token and minute; an artifact failing on this many distinct devices of a
+    # runtime, and loading on none, is not served to that runtime again.
+    reports_per_minute: int = 600
+    report_fail_devices: int = 3
 
     @property
     def worker_stale_after(self) -> float:
@@ -159,10 +169,21 @@ class Settings:
             max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),
             bundle_cache_mb=integer("FARM_BUNDLE_CACHE_MB", 2048, allow_zero=True),
             prefault_mb=integer("FARM_PREFAULT_MB", 1024, allow_zero=True),
+            accuracy=_choice("FARM_ACCURACY", env.get("FARM_ACCURACY"), ("gate", "after", "off"), "gate"),
+            accuracy_budget=number("FARM_ACCURACY_BUDGET", 300.0),
+            reports_per_minute=integer("FARM_REPORTS_PER_MINUTE", 600),
+            report_fail_devices=integer("FARM_REPORT_FAIL_DEVICES", 3),
         )
 
 
 _DB_SCHEME = re.compile(r"(sqlite|postgresql)(\+[a-z0-9_]+)?")
+
+
+def _choice(name: str, raw: str | None, choices: tuple[str, ...], default: str) -> str:
+    value = (raw or "").strip().lower() or default
+    if value not in choices:
+        raise ConfigError(f"{name}={str(raw)[:40]!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def parse_trusted_keys(raw: str) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ class BuildOutcome:
     error_code: str | None = None
     error_message: str | None = None
     cached_failure: bool = False
+    accuracy: dict[str, Any] | None = None  # registry.evidence.view, when checked (--min-psnr, --accuracy)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -1,0 +1,306 @@
+"""Device reports (issue 23; docs/evidence.md): ``POST /v1/reports`` (scope ``report``) records
+what a device saw loading an artifact; ``GET /v1/reports?artifact=`` (read) sums them up;
+``DELETE /v1/reports/{id}`` and ``DELETE /v1/reports?token=NAME`` (admin) strike reports.
+
+The body is read up to ``MAX_BODY`` bytes before anything is parsed (413 ``too-large`` past it),
+then validated whole (unknown fields, wrong types, far-future timestamps: 400 ``usage``); an
+unknown artifact is 404 ``not-found``, an SoC the catalog lacks 400 ``unknown-target``. Each
+token may send ``FARM_REPORTS_PER_MINUTE`` reports a minute in this process (429 ``rate-limited``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from farm.api.deps import RegistryDep, SettingsDep, admin, read
+from farm.core import errors as E
+
+router = APIRouter(tags=["reports"])
+
+MAX_BODY = 16 * 1024  # bytes: a report is a few hundred
+FUTURE_SLACK = timedelta(minutes=10)  # device clocks drift; beyond this a timestamp is refused
+PAST_LIMIT = timedelta(days=365)
+IDENT = r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$"
+TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"  # printable (tabs and newlines allowed in error text)
+
+
+class ReportIn(BaseModel):
+    """What a device reports after loading (or failing to load) an artifact."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    artifact: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="the manifest digest resolve answered")
+    device_id: str = Field(min_length=1, max_length=128, pattern=IDENT,
+                           description="a stable id of this device (e.g. a hash of an install id); one device counts "
+                                       "once per artifact and runtime, however often it reports")
+    device_model: str = Field(min_length=1, max_length=128, pattern=TEXT)
+    soc: str = Field(min_length=1, max_length=64, description="Build.SOC_MODEL / part name, e.g. SM8650")
+    os: str = Field(min_length=1, max_length=128, pattern=TEXT, description="e.g. Android 15")
+    runtime_version: str = Field(pattern=r"^\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?$", max_length=64,
+                                 description="the QNN SDK (or TensorRT) version the device runtime reports")
+    onnxruntime: str = Field(min_length=1, max_length=32, pattern=IDENT)
+    ep_package: str | None = Field(default=None, max_length=64, pattern=IDENT)
+    ep_version: str | None = Field(default=None, max_length=32, pattern=IDENT)
+    driver: str | None = Field(default=None, max_length=128, pattern=TEXT)
+    outcome: Literal["loads", "fails", "crashed"]
+    error: str | None = Field(default=None, max_length=4000, pattern=TEXT,
+                              description="the runtime's error text (fails, crashed)")
+    load_ms: float | None = Field(default=None, ge=0, le=3_600_000)
+    first_inference_ms: float | None = Field(default=None, ge=0, le=3_600_000)
+    peak_memory_mb: float | None = Field(default=None, ge=0, le=1_048_576)
+    fingerprint: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z0-9:+/=_-]+$",
+                                    description="e.g. sha256 of the first output")
+    psnr_db: float | None = Field(default=None, ge=0, le=200)
+    reported_at: datetime | None = Field(default=None, description="ISO 8601 with a zone; not in the future")
+
+    @field_validator("load_ms", "first_inference_ms", "peak_memory_mb", "psnr_db", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        # JSON numbers only (strict mode refuses ints for floats): 12 and 12.5 are both fine.
+        if isinstance(v, bool):
+            raise ValueError("a number, not a boolean")
+        if isinstance(v, int):
+            return float(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("a finite number")
+        return v
+
+    @field_validator("reported_at", mode="before")
+    @classmethod
+    def _when(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, str) or len(v) > 40:
+            raise ValueError("an ISO 8601 timestamp with a zone, e.g. 2026-11-25T12:00:00Z")
+        try:
+            when = datetime.fromisoformat(v)
+        except ValueError:
+            raise ValueError("an ISO 8601 timestamp with a zone, e.g. 2026-11-25T12:00:00Z") from None
+        if when.tzinfo is None:
+            raise ValueError("the timestamp has no time zone (add Z or +00:00)")
+        now = datetime.now(UTC)
+        if when > now + FUTURE_SLACK:
+            raise ValueError("the timestamp is in the future (check the device clock)")
+        if when < now - PAST_LIMIT:
+            raise ValueError("the timestamp is over a year old")
+        return when
+
+
+class _Limiter:
+    """Reports per token and minute, in this process (a fixed one-minute window per token)."""
+
+    def __init__(self, size: int = 100_000):
+        self.lock = threading.Lock()
+        self.windows: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self.size = size
+
+    def allow(self, token_id: int, per_minute: int) -> bool:
+        minute = int(time.monotonic() // 60)
+        with self.lock:
+            window, n = self.windows.get(token_id, (minute, 0))
+            if window != minute:
+                n = 0
+            if n >= per_minute:
+                return False
+            self.windows[token_id] = (minute, n + 1)
+            self.windows.move_to_end(token_id)
+            if len(self.windows) > self.size:
+                self.windows.popitem(last=False)
+            return True
+
+
+class _Identities:
+    """Token -> (id, scope) for a few seconds, like the scope cache (a revoked token stops within TTL)."""
+
+    TTL = 5.0
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: OrderedDict[str, tuple[float, tuple[int, str] | None]] = OrderedDict()
+
+    def get(self, request: Request, raw: str) -> tuple[int, str] | None:
+        import hashlib
+
+        from registry.tokens import token_identity
+
+        key = hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()
+        with self.lock:
+            hit = self.items.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        with request.app.state.registry.db.session() as s:
+            found = token_identity(s, raw)
+        value = (found[0], found[2]) if found else None
+        with self.lock:
+            self.items[key] = (time.monotonic() + self.TTL, value)
+            if len(self.items) > 10_000:
+                self.items.popitem(last=False)
+        return value
+
+
+class _State:
+    """Per-app state of this router (made on first use: the app factory needs no line for it)."""
+
+    def __init__(self, request: Request):
+        from prometheus_client import Counter
+
+        registry = request.app.state.metrics.registry
+        self.received = Counter("ctxfarm_reports", "Device reports accepted, by runtime and outcome",
+                                ["runtime", "outcome"], registry=registry)
+        self.refused = Counter("ctxfarm_reports_refused", "Device reports refused, by error code", ["code"],
+                               registry=registry)
+        self.limiter = _Limiter()
+        self.identities = _Identities()
+        self.artifacts: OrderedDict[str, tuple[int, str, str]] = OrderedDict()
+
+
+_STATE_LOCK = threading.Lock()
+
+
+def _state(request: Request) -> _State:
+    st = getattr(request.app.state, "reports", None)
+    if st is None:
+        with _STATE_LOCK:
+            st = getattr(request.app.state, "reports", None)
+            if st is None:
+                st = request.app.state.reports = _State(request)
+    return st  # type: ignore[no-any-return]
+
+
+def _reporter(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> int:
+    """The id of a ``report`` (or ``admin``) token: 401 none/unknown, 403 any other scope."""
+    from registry.tokens import allows
+
+    scheme, _, raw = (authorization or "").strip().partition(" ")
+    raw = raw.strip()
+    if scheme.lower() != "bearer" or not raw:
+        raise E.UnauthorizedError("no token" if not authorization else "the Authorization header must be Bearer",
+                                  hint="send Authorization: Bearer <report token>")
+    found = _state(request).identities.get(request, raw)
+    if found is None:
+        raise E.UnauthorizedError("unknown or revoked token")
+    token_id, scope = found
+    if not allows(scope, "report"):
+        raise E.ForbiddenError(f"a {scope} token can't report (needs a report token)",
+                               hint="an admin makes one: farm token create NAME --scope report")
+    return token_id
+
+
+@router.post("/v1/reports", status_code=201, responses={201: {"description": "recorded"}, 429: {}})
+async def post_report(request: Request, reg: RegistryDep, settings: SettingsDep,
+                      token_id: Annotated[int, Depends(_reporter)]) -> JSONResponse:
+    """Record one device report (see ``ReportIn``). A device that reports the same artifact and
+    runtime again replaces its report: it counts once."""
+    from starlette.concurrency import run_in_threadpool
+
+    st = _state(request)
+    try:
+        if not st.limiter.allow(token_id, settings.reports_per_minute):
+            raise E.RateLimitedError(f"this token sent over {settings.reports_per_minute} reports this minute")
+        raw = await _bounded_body(request)
+        report = _parse(raw)
+        out = await run_in_threadpool(_record, reg, st, token_id, report)
+    except E.FarmError as exc:
+        st.refused.labels(exc.code).inc()
+        if isinstance(exc, E.RateLimitedError):
+            from farm.api.errors import error_response
+
+            resp = error_response(exc)
+            resp.status_code = 429
+            resp.headers["Retry-After"] = "60"
+            return resp
+        raise
+    st.received.labels(f"{out['runtime']}", report.outcome).inc()
+    return JSONResponse(out, status_code=201)
+
+
+async def _bounded_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+        raise E.TooLargeError(f"a report is at most {MAX_BODY} bytes", hint="send one report per request")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise E.TooLargeError(f"a report is at most {MAX_BODY} bytes", hint="send one report per request")
+    return bytes(body)
+
+
+def _parse(raw: bytes) -> ReportIn:
+    if not raw:
+        raise E.UsageError("the report body is empty", hint="POST a JSON object (see /openapi.json: ReportIn)")
+    try:
+        return ReportIn.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        msg = str(first.get("msg", "invalid"))[:200]
+        raise E.UsageError(f"report {where}: {msg}", hint="see /openapi.json (ReportIn)") from None
+
+
+def _record(reg: Any, st: _State, token_id: int, report: ReportIn) -> dict[str, Any]:
+    from farm.core.catalog import load_catalog
+    from registry.lite import SessionRows
+    from registry.reports import artifact_ref, record
+
+    with reg.db.session() as s:
+        ref = st.artifacts.get(report.artifact)
+        if ref is None:
+            ref = artifact_ref(SessionRows(s), report.artifact)
+            if ref is None:
+                raise E.NotFoundError(f"no artifact {report.artifact[:80]}",
+                                      hint="report the artifact digest that resolve or install answered")
+            st.artifacts[report.artifact] = ref  # artifacts are immutable by digest
+            if len(st.artifacts) > 50_000:
+                st.artifacts.popitem(last=False)
+        artifact_id, backend, _target = ref
+        soc = load_catalog().get(report.soc, backend=backend).name
+        fields = report.model_dump(exclude={"artifact", "onnxruntime"})
+        fields.update(soc=soc, runtime_backend=backend, ort_version=report.onnxruntime)
+        report_id = record(s, artifact_id, token_id, fields)
+    return {"report": report_id, "artifact": report.artifact, "runtime": f"{backend}:{report.runtime_version}",
+            "soc": soc, "outcome": report.outcome}
+
+
+@router.get("/v1/reports", dependencies=[read])
+def get_reports(reg: RegistryDep, artifact: Annotated[str, Query(pattern=r"^sha256:[0-9a-f]{64}$")]) -> dict[str, Any]:
+    """What devices reported about an artifact: per runtime and SoC, distinct devices by outcome,
+    load time p50/p90, first inference p50, peak memory."""
+    from registry.lite import SessionRows
+    from registry.reports import artifact_ref, summary
+
+    with reg.db.session() as s:
+        ref = artifact_ref(SessionRows(s), artifact)
+        if ref is None:
+            raise E.NotFoundError(f"no artifact {artifact}")
+        return {"artifact": artifact, "devices": summary(s, [ref[0]]).get(ref[0], [])}
+
+
+@router.delete("/v1/reports/{report_id}", dependencies=[admin])
+def revoke_report(reg: RegistryDep, report_id: int) -> dict[str, Any]:
+    from farm.pipeline.plan import check_id
+    from registry.reports import revoke
+
+    check_id(report_id, "report")
+    with reg.db.session() as s:
+        return {"revoked": revoke(s, report_id=report_id)}
+
+
+@router.delete("/v1/reports", dependencies=[admin])
+def revoke_token_reports(reg: RegistryDep, token: Annotated[str, Query(min_length=1, max_length=255)]
+                         ) -> dict[str, Any]:
+    """Strike every report a token sent (by the token's name). Revoke the token too
+    (``farm token revoke``) to stop new ones."""
+    from registry.reports import revoke
+
+    with reg.db.session() as s:
+        return {"revoked": revoke(s, token_name=token)}

@@ -1,0 +1,165 @@
+"""The accuracy check as a pipeline step (issue 23): after publication, never inside it.
+
+``evaluate`` takes an artifact id, returns early when its figures exist (or a byte-identical
+context's can be reused), else fetches the model snapshot and the artifact into a fresh temp dir
+and runs ``workers.qnn.accuracy.check_accuracy`` (a child under ``FARM_ACCURACY_BUDGET``), and
+records the result. It runs where the answer does not wait for it: embedded ``farm build`` only
+when asked (``--min-psnr``/``--accuracy``), a worker as a follow-up task on the probe queue.
+
+``gate_outcomes`` is ``--min-psnr`` on an embedded answer: a build whose worst output is below
+the threshold fails with ``accuracy-below-threshold`` naming it; its artifact stays published.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import FarmError, UsageError
+from farm.core.settings import Settings
+from registry.index import Registry
+
+log = logging.getLogger("ctxfarm.accuracy")
+
+MAX_PSNR_GATE = 200.0
+
+
+def check_min_psnr(value: float | None) -> float | None:
+    """A ``--min-psnr`` value: a finite number of dB in [0, 200]."""
+    import math
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_PSNR_GATE:
+        raise UsageError(f"--min-psnr {value!r} is not a number of dB from 0 to {MAX_PSNR_GATE:g}",
+                         hint="e.g. --min-psnr 30 (fp16 rounding of a well-scaled model gives 60-80 dB)")
+    return float(value)
+
+
+def runtime_version(backend: str) -> str | None:
+    """The toolchain version this environment runs accuracy checks under (None: none here)."""
+    if backend != "qnn":
+        return None
+    from workers.qnn.runner import detect_toolchain
+
+    try:
+        return detect_toolchain().version
+    except FarmError:
+        return None
+
+
+def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool = False,
+             seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """Run (or reuse) the accuracy check of one artifact under this environment's runtime and
+    record it; returns its view (``registry.evidence.view``), None for an unknown artifact."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import selectinload
+
+    from farm.core.catalog import load_catalog
+    from registry import evidence
+    from registry.install import download_artifact
+    from registry.models import Artifact, Model, ModelSample
+
+    with reg.db.session() as s:
+        art = s.scalar(select(Artifact).options(selectinload(Artifact.files)).where(Artifact.id == artifact_id))
+        if art is None:
+            return None
+        backend = art.backend
+        runtime = runtime_version(backend)
+        sample = s.get(ModelSample, art.model_digest)
+        inputs = sample.digest if sample is not None else evidence.SEEDED if not dims and seed == 0 else \
+            f"seeded:{seed}:" + ",".join(f"{k}={v}" for k, v in sorted((dims or {}).items()))
+        inputs = inputs[:80]
+        label = runtime or "none"
+        contexts = [f.digest for f in art.files if f.role in ("ctx-model", "context")]
+        key = evidence.numerics_key(art.model_digest, contexts, backend, label, inputs)
+        if not force:
+            have = evidence.existing(s, art.id, backend, label, inputs)
+            if have is not None:
+                return evidence.view(have)
+            reuse = evidence.reusable(s, key, art.id)
+            if reuse is not None:
+                result = {"status": reuse.status, "outputs": reuse.outputs, "run_seconds": reuse.run_seconds,
+                          "reference_seconds": reuse.reference_seconds,
+                          "detail": f"reused: the same model, context bytes, runtime and inputs were checked "
+                                    f"as artifact id {reuse.artifact_id}" + (f"; {reuse.detail}" if reuse.detail
+                                                                            else "")}
+                return evidence.view(evidence.record(s, art.id, backend, label, inputs, key, result))
+        model = s.get(Model, art.model_digest)
+        files = [dict(f) for f in (model.files if model else [])]
+        sample_digest = sample.digest if sample is not None else None
+        s.expunge_all()
+    if runtime is None:
+        result: dict[str, Any] = {"status": "unverified", "outputs": [],
+                                  "detail": f"no {backend} runtime in this environment can run the artifact"}
+    elif _newer(art.toolchain, runtime):
+        result = {"status": "unverified", "outputs": [],
+                  "detail": f"built with {backend.upper()} {art.toolchain}, newer than the runtime here ({runtime})"}
+    else:
+        result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact)
+    with reg.db.session() as s:
+        row = evidence.record(s, artifact_id, backend, label, inputs, key, result)
+        out = evidence.view(row)
+    log.info("accuracy of artifact %s under %s %s: %s", artifact_id, backend, label, evidence.headline([out]))
+    return out
+
+
+def _newer(built: str, runtime: str) -> bool:
+    from farm.core.keys import parse_version
+
+    return bool(parse_version(built) > parse_version(runtime))
+
+
+def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]], sample_digest: str | None,
+         seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any) -> dict[str, Any]:
+    from farm.pipeline.bundles import download_bundle
+    from workers.qnn.accuracy import check_accuracy
+
+    target = load_catalog().get(art.target, backend=art.backend)
+    with tempfile.TemporaryDirectory(prefix="ctxfarm-accuracy-") as tmp:
+        root = Path(tmp)
+        try:
+            model_path = download_bundle(reg.store, files, root / "model")
+            ctx = download_artifact(reg.store, art, root / "artifact")
+            sample = None
+            if sample_digest is not None:
+                from registry.store.base import download
+
+                sample = root / "sample.npz"  # fixed name: never one from outside
+                download(reg.store, sample_digest, sample)
+        except FarmError as exc:
+            return {"status": "unverified", "outputs": [], "detail": f"{exc.code}: {exc.message[:1000]}"}
+        (root / "work").mkdir()
+        return check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
+                              memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample)
+
+
+def gate_outcomes(settings: Settings, reg: Registry, outcomes: Sequence[Any], min_psnr: float | None,
+                  progress: Any = None) -> None:
+    """Embedded: check every built or cached outcome (``BuildOutcome``) and, with ``min_psnr``,
+    fail those below it. Sets ``outcome.accuracy`` (the view) on each checked outcome."""
+    from registry import evidence
+    from registry.index import find_artifact
+
+    for o in outcomes:
+        if o.state == "failed" or not o.artifact or not o.target.startswith("qnn:"):
+            continue
+        with reg.db.session() as s:
+            artifact_id = find_artifact(s, o.artifact).id
+        if progress is not None:
+            progress("checking", o.target, {"what": "accuracy"})
+        t = time.perf_counter()
+        o.accuracy = evaluate(settings, reg, artifact_id)
+        if o.accuracy is not None:
+            o.accuracy["wall_seconds"] = round(time.perf_counter() - t, 3)
+        if min_psnr is None:
+            continue
+        refusal = evidence.gate(o.accuracy, min_psnr, o.artifact)
+        if refusal is not None:
+            o.cached_failure = False
+            o.state, o.error_code, o.error_message = "failed", refusal.code, refusal.message

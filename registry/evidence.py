@@ -1,0 +1,136 @@
+"""Accuracy evidence (issue 23): what running an artifact gave against the CPU reference.
+
+One ``accuracy_results`` row per (artifact, runtime, inputs). ``numerics_key`` hashes what decides
+the numbers (model, context bytes, runtime, inputs): an artifact whose context is byte-identical to
+one already checked reuses that row instead of another simulator run. The gate (``--min-psnr``)
+reads the rows here and names the worst output and its figure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from farm.core.errors import AccuracyBelowThresholdError, AccuracyUnverifiedError, FarmError
+from registry.models import AccuracyResult
+
+SEEDED = "seeded:0"  # the inputs label of deterministic seeded inputs (seed 0)
+
+
+def numerics_key(model_digest: str, context_digests: Iterable[str], backend: str, runtime: str, inputs: str) -> str:
+    h = hashlib.sha256()
+    for part in (model_digest, *sorted(context_digests), backend, runtime, inputs):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def summarize(result: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(lowest PSNR over the outputs, that output's name) of an ``ok`` run; else (None, None)."""
+    if result.get("status") != "ok":
+        return None, None
+    worst: tuple[float, str] | None = None
+    for o in result.get("outputs") or []:
+        psnr = o.get("psnr_db")
+        if isinstance(psnr, int | float) and math.isfinite(psnr) and (worst is None or psnr < worst[0]):
+            worst = (float(psnr), str(o.get("name")))
+    return worst if worst is not None else (None, None)
+
+
+def record(s: Session, artifact_id: int, backend: str, runtime: str, inputs: str, key: str,
+           result: dict[str, Any]) -> AccuracyResult:
+    """Store a run (replacing an earlier one of the same artifact, runtime and inputs)."""
+    s.execute(delete(AccuracyResult).where(AccuracyResult.artifact_id == artifact_id,
+                                           AccuracyResult.runtime_backend == backend,
+                                           AccuracyResult.runtime_version == runtime,
+                                           AccuracyResult.inputs == inputs))
+    worst, name = summarize(result)
+    row = AccuracyResult(artifact_id=artifact_id, runtime_backend=backend, runtime_version=runtime, inputs=inputs,
+                         numerics_key=key, status=result["status"], outputs=list(result.get("outputs") or []),
+                         min_psnr_db=worst, worst_output=name, detail=(result.get("detail") or None),
+                         run_seconds=_num(result.get("run_seconds")),
+                         reference_seconds=_num(result.get("reference_seconds")))
+    if row.detail:
+        row.detail = row.detail[:4000]
+    s.add(row)
+    s.flush()
+    return row
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def reusable(s: Session, key: str, artifact_id: int) -> AccuracyResult | None:
+    """A finished run (``ok`` or ``unverified``: both depend on the bytes only) of another artifact
+    with the same numerics; crashes and time-outs are not reused (they may be the host's)."""
+    return s.scalar(select(AccuracyResult).where(AccuracyResult.numerics_key == key,
+                                                 AccuracyResult.artifact_id != artifact_id,
+                                                 AccuracyResult.status.in_(("ok", "unverified")))
+                    .order_by(AccuracyResult.recorded_at.desc()).limit(1))
+
+
+def existing(s: Session, artifact_id: int, backend: str, runtime: str, inputs: str) -> AccuracyResult | None:
+    return s.scalar(select(AccuracyResult).where(AccuracyResult.artifact_id == artifact_id,
+                                                 AccuracyResult.runtime_backend == backend,
+                                                 AccuracyResult.runtime_version == runtime,
+                                                 AccuracyResult.inputs == inputs))
+
+
+def view(row: AccuracyResult) -> dict[str, Any]:
+    """A row as `farm show`, resolve, the API and the coverage data show it."""
+    from farm.core.times import iso
+
+    return {"runtime": f"{row.runtime_backend}:{row.runtime_version}", "inputs": row.inputs, "status": row.status,
+            "min_psnr_db": row.min_psnr_db, "worst_output": row.worst_output, "detail": row.detail,
+            "outputs": list(row.outputs or []), "run_seconds": row.run_seconds, "recorded_at": iso(row.recorded_at)}
+
+
+def of_artifacts(s: Session, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Artifact id -> its accuracy views, newest first."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    if not artifact_ids:
+        return out
+    for row in s.scalars(select(AccuracyResult).where(AccuracyResult.artifact_id.in_(artifact_ids))
+                         .order_by(AccuracyResult.recorded_at.desc())):
+        out.setdefault(row.artifact_id, []).append(view(row))
+    return out
+
+
+def headline(views: list[dict[str, Any]]) -> str:
+    """One cell: ``78.6 dB`` / ``unverified`` / ``runtime-crashed`` / ``-``."""
+    if not views:
+        return "-"
+    v = views[0]
+    if v["status"] == "ok" and v["min_psnr_db"] is not None:
+        return f"{v['min_psnr_db']:.1f} dB"
+    return str(v["status"])
+
+
+def gate(view_: dict[str, Any] | None, min_psnr: float, artifact: str) -> FarmError | None:
+    """The refusal a ``--min-psnr`` request answers for an artifact's accuracy, or None when every
+    output is at or above ``min_psnr`` dB. No evidence or none usable is ``accuracy-unverified``."""
+    short = artifact.removeprefix("sha256:")[:12]
+    if view_ is None:
+        return AccuracyUnverifiedError(f"artifact {short} has no accuracy figure yet",
+                                       hint="the check runs after the build; ask again, or drop --min-psnr")
+    if view_["status"] != "ok":
+        return AccuracyUnverifiedError(
+            f"artifact {short}: accuracy {view_['status']}: {(view_.get('detail') or '')[:300]}",
+            hint=f"drop --min-psnr to use artifact {short} (built and published) without the check; "
+                 "a device report is the only evidence for contexts this runtime cannot run")
+    failing = [o for o in view_["outputs"] if not isinstance(o.get("psnr_db"), int | float)
+               or o["psnr_db"] < min_psnr]
+    if not failing:
+        return None
+    o = min(failing, key=lambda o: o.get("psnr_db") or 0.0)
+    figures = f"PSNR {o.get('psnr_db')} dB, cosine {o.get('cosine')}, max abs error {o.get('max_abs_error')}"
+    return AccuracyBelowThresholdError(
+        f"output {o.get('name')!r}: {figures} on {view_['runtime']}, below --min-psnr {min_psnr:g}",
+        hint=f"artifact {short} is built and published; the HTP runs float models in fp16: check the model for "
+             "values beyond fp16's range (65,504) or lower --min-psnr")

@@ -1,0 +1,181 @@
+"""Accuracy of a QNN context: the context run on the HTP backend (on x86_64: the simulator) against
+the source model on onnxruntime's CPU EP, with the same inputs, every output compared.
+
+    python -m workers.qnn.accuracy accuracy REQUEST.json RESULT.json
+
+The parent side (``check_accuracy``) imports no onnxruntime: it runs this module as a child
+under a time and memory budget (``workers.runner.run_child``), so a runtime that crashes or
+hangs costs one record (``runtime-crashed`` / ``skipped``), never the caller. A context the
+runtime here refuses to load is ``unverified`` with the runtime's own words (weight-shared and
+multi-SoC contexts on the simulator, measured).
+
+Figures per output: PSNR in dB (peak = the reference's largest magnitude; ``PSNR_CAP`` when the
+outputs are identical), cosine similarity and the largest absolute error.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from farm.core.catalog import Target
+from farm.core.errors import (
+    CompileTimeoutError,
+    FarmError,
+    ResourceLimitError,
+    WorkerLostError,
+)
+
+MODULE = "workers.qnn.accuracy"
+PSNR_CAP = 200.0  # dB: what identical outputs (zero error) are recorded as; JSON has no infinity
+DEFAULT_SEED = 0
+# onnx tensor type -> numpy dtype name, for seeded inputs and for checking sample inputs
+DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+          "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8",
+          "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(bool)": "bool"}
+
+
+# ---- figures (numpy only) -------------------------------------------------------------------------
+
+def compare(reference: Any, got: Any) -> dict[str, Any]:
+    """PSNR (dB), cosine similarity and max abs error of ``got`` against ``reference``."""
+    import numpy as np
+
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    out = np.asarray(got, dtype=np.float64).ravel()
+    if ref.shape != out.shape:
+        return {"psnr_db": 0.0, "cosine": 0.0, "max_abs_error": None,
+                "error": f"shape {list(np.shape(got))} != reference {list(np.shape(reference))}"}
+    if ref.size == 0:
+        return {"psnr_db": PSNR_CAP, "cosine": 1.0, "max_abs_error": 0.0}
+    finite = np.isfinite(out).all()
+    diff = ref - out if finite else np.where(np.isfinite(out), ref - out, np.inf)
+    mse = float(np.mean(diff * diff)) if finite else float("inf")
+    peak = float(np.max(np.abs(ref)))
+    if mse == 0.0:
+        psnr = PSNR_CAP
+    elif not np.isfinite(mse) or peak == 0.0:
+        psnr = 0.0
+    else:
+        psnr = min(PSNR_CAP, 10.0 * float(np.log10(peak * peak / mse)))
+    nr, no = float(np.linalg.norm(ref)), float(np.linalg.norm(out)) if finite else float("inf")
+    if nr == 0.0 and no == 0.0:
+        cosine = 1.0
+    elif nr == 0.0 or no == 0.0 or not np.isfinite(no):
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(ref, out) / (nr * no))
+    return {"psnr_db": round(psnr, 3), "cosine": round(cosine, 6),
+            "max_abs_error": float(np.max(np.abs(diff))) if finite else None}
+
+
+def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict[str, int]) -> dict[str, Any]:
+    """Deterministic inputs by (name, onnx type, shape): uniform [0, 1) for floats, 0..9 for
+    integers. A symbolic or unknown dimension takes ``dims[name]`` (the request's) or 1."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, Any] = {}
+    for name, type_, shape in specs:
+        dtype = DTYPES.get(type_)
+        if dtype is None:
+            raise ValueError(f"input {name!r} has type {type_}: no seeded input for it; upload sample inputs")
+        concrete = [d if isinstance(d, int) and d > 0 else int(dims.get(str(d), 1)) for d in shape]
+        if dtype == "bool":
+            feeds[name] = rng.random(concrete) < 0.5
+        elif dtype.startswith(("int", "uint")):
+            feeds[name] = rng.integers(0, 10, size=concrete).astype(dtype)
+        else:
+            feeds[name] = rng.random(concrete).astype(dtype)
+    return feeds
+
+
+# ---- the child ------------------------------------------------------------------------------------
+
+def accuracy(req: dict[str, Any]) -> dict[str, Any]:
+    """CPU reference first (it never fails on a valid model), then the context on QNN."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from workers.childproc import checkpoint
+    from workers.qnn.child import _session_options
+
+    t = time.perf_counter()
+    cpu = ort.InferenceSession(req["model"], providers=["CPUExecutionProvider"])
+    specs = [(i.name, i.type, list(i.shape)) for i in cpu.get_inputs()]
+    if req.get("sample"):
+        with np.load(req["sample"], allow_pickle=False) as z:
+            feeds = {name: z[name] for name, _, _ in specs}
+    else:
+        feeds = seeded_inputs(specs, int(req.get("seed", DEFAULT_SEED)), dict(req.get("dims") or {}))
+    names = [o.name for o in cpu.get_outputs()]
+    reference = cpu.run(names, feeds)
+    reference_seconds = time.perf_counter() - t
+    base = {"reference_seconds": reference_seconds, "status": "runtime-crashed",
+            "detail": "loading the context crashed the runtime"}
+    checkpoint(base)
+    ort_, so = _session_options(req["provider_options"])
+    t = time.perf_counter()
+    try:
+        sess = ort_.InferenceSession(req["ctx_model"], so, enable_fallback=0)
+    except Exception as exc:  # the runtime refused the context: nothing to compare
+        return {"reference_seconds": reference_seconds, "status": "unverified",
+                "detail": f"this runtime cannot load the context: {str(exc).strip()[:1500]}"}
+    load_seconds = time.perf_counter() - t
+    checkpoint({**base, "detail": "running the loaded context crashed the runtime", "load_seconds": load_seconds})
+    t = time.perf_counter()
+    got = sess.run(names, feeds)
+    run_seconds = time.perf_counter() - t
+    outputs = [{"name": n, "shape": list(np.shape(r)), **compare(r, g)}
+               for n, r, g in zip(names, reference, got, strict=True)]
+    return {"status": "ok", "outputs": outputs, "reference_seconds": reference_seconds,
+            "load_seconds": load_seconds, "run_seconds": run_seconds}
+
+
+# ---- the parent -----------------------------------------------------------------------------------
+
+def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
+                   memory_mb: int = 0, seed: int = DEFAULT_SEED, dims: dict[str, int] | None = None,
+                   sample: Path | None = None) -> dict[str, Any]:
+    """Run the comparison in a child within ``budget`` seconds. Always returns a record:
+    ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``."""
+    from workers.qnn.runner import provider_options
+    from workers.runner import run_child
+
+    request = {"model": str(model.resolve()), "ctx_model": str(ctx_model.resolve()),
+               "provider_options": provider_options(target, {}), "seed": seed, "dims": dims or {},
+               "sample": str(sample.resolve()) if sample else None}
+    start = time.perf_counter()
+    try:
+        result, _wall, _log = run_child(MODULE, "accuracy", request, work_dir, timeout=budget, memory_mb=memory_mb)
+    except (ResourceLimitError, CompileTimeoutError) as exc:
+        if "within" in exc.message or isinstance(exc, CompileTimeoutError):
+            return {"status": "skipped", "detail": f"skipped: over {budget:g} s", "outputs": []}
+        return {"status": "skipped", "detail": f"skipped: {exc.message[:500]}", "outputs": []}
+    except WorkerLostError as exc:
+        return {"status": "runtime-crashed", "detail": exc.message[:1000], "outputs": []}
+    except FarmError as exc:
+        return {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1500]}", "outputs": []}
+    result.pop("ok", None)
+    if result.pop("partial", None) or result.get("crashed"):
+        crashed = result.pop("crashed", "")
+        result["status"] = "runtime-crashed"
+        result["detail"] = f"{result.get('detail') or 'the runtime crashed'} ({crashed})".strip()
+    result.setdefault("outputs", [])
+    result["wall_seconds"] = time.perf_counter() - start
+    return result
+
+
+def main(argv: list[str]) -> int:
+    from workers.childproc import run_one
+
+    if len(argv) != 4 or argv[1] != "accuracy":
+        print(f"usage: python -m {MODULE} accuracy REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    return run_one(argv[1], argv[2], argv[3], {"accuracy": accuracy})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
