@@ -272,10 +272,14 @@ def get_build(session: Session, build_id: int) -> Build:
 
 def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, manifest_size: int,
                     ctx_model: str, files: list[dict[str, Any]], ep_sdk_version: str | None,
-                    compile_seconds: float, nodes_ep: int, nodes_cpu: int) -> Artifact:
+                    compile_seconds: float, nodes_ep: int, nodes_cpu: int,
+                    description: dict[str, Any] | None = None) -> Artifact:
     """Insert the artifact of a build, in the caller's transaction (which also moves the build
     to succeeded, guarded). A previous artifact of the build that was marked broken is replaced:
-    its rows go, its blobs stay for gc. Call only after every blob is in the store."""
+    its rows go, its blobs stay for gc. Call only after every blob is in the store. The targets
+    it serves (``artifact_targets``): its own, or each SoC of a multi-SoC target (``A+B``)."""
+    from registry.models import ArtifactTarget
+
     build = get_build(session, build_id)
     old = session.scalar(select(Artifact).where(Artifact.build_id == build_id))
     if old is not None:
@@ -286,7 +290,7 @@ def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, ma
         target=build.target, toolchain=build.toolchain, options_digest=build.options_digest,
         ctx_model=ctx_model, ep_sdk_version=ep_sdk_version, compile_seconds=compile_seconds,
         size=sum(int(f["size"]) for f in files if f["role"] in ("ctx-model", "context")),
-        nodes_ep=nodes_ep, nodes_cpu=nodes_cpu,
+        nodes_ep=nodes_ep, nodes_cpu=nodes_cpu, description=description,
     )
     artifact.files = [ArtifactFile(name=f["name"], role=f["role"], digest=f["digest"], size=f["size"],
                                    media_type=f["mediaType"]) for f in files]
@@ -294,6 +298,8 @@ def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, ma
                                        size=manifest_size, media_type="application/vnd.ctxfarm.manifest.v1+json"))
     session.add(artifact)
     session.flush()
+    covered = build.target.split("+") if build.backend == "qnn" else [build.target]
+    session.add_all([ArtifactTarget(artifact_id=artifact.id, target=t) for t in dict.fromkeys(covered)])
     return artifact
 
 

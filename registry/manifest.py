@@ -30,8 +30,19 @@ def make_manifest(
     compile_seconds: float,
     built_at: str,
     log: dict[str, Any] | None,
+    graphs: list[dict[str, Any]] | None = None,
+    description: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``graphs``: a graph group's graphs in order (name, source model digest, its context model
+    and the binaries it uses); ``description``: what the context binaries say about themselves
+    (QNN System API), checked against the request. Each key is present only when given."""
+    extra: dict[str, Any] = {}
+    if graphs is not None:
+        extra["graphs"] = graphs
+    if description is not None:
+        extra["description"] = description
     return {
+        **extra,
         "schemaVersion": SCHEMA_VERSION,
         "mediaType": MEDIA_MANIFEST,
         "model": model_digest,

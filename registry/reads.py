@@ -85,7 +85,9 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
     params: dict[str, Any] = {"model": model_digest, "backend": backend, "runtime": runtime, "probe": "probe",
                               "active": "active"}
     if target is not None:
-        sql += " AND a.target = :target"
+        # A multi-SoC artifact (SM8650+SM8750) serves each SoC it lists in artifact_targets.
+        sql += (" AND (a.target = :target OR a.id IN"
+                " (SELECT t.artifact_id FROM artifact_targets t WHERE t.target = :target))")
         params["target"] = target
     return [Candidate(id=r[0], digest=r[1], model_digest=model_digest, backend=backend, target=r[2],
                       toolchain=r[3], options_digest=r[4], ctx_model=r[5], created_at=as_datetime(r[6]),

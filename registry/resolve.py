@@ -1,5 +1,9 @@
 """Which artifact should a device load? Compatibility rules, candidate ordering, explained misses.
 
+A multi-SoC build (target ``SM8650+SM8750``) serves each SoC it lists, but a per-SoC build of the
+same model comes first: it was compiled for exactly that SoC, and the simulator here can load
+and probe it, while a multi-SoC context can only be examined (QNN System API), not loaded.
+
 Order: exact target -> loads (evidence beats rule) -> newest toolchain the runtime can load ->
 default options -> newest build. A miss raises NoMatchError naming the nearest candidates and
 what would make them match.
@@ -51,7 +55,16 @@ class Device:
 
 
 def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
-    """QNN: same SoC, and the runtime SDK is at least the SDK that built the context (measured)."""
+    """QNN: same SoC (or a multi-SoC build listing it), and the runtime SDK is at least the SDK
+    that built the context (measured)."""
+    covers = artifact.target.split("+")
+    if artifact.target != device.target.name and device.target.name in covers:
+        if parse_version(artifact.toolchain) > parse_version(device.runtime):
+            return Verdict(False, "rule",
+                           f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
+        return Verdict(True, "rule", f"multi-SoC build for {', '.join(covers)} covers {device.target.name}, "
+                                     f"built with QNN {artifact.toolchain} <= runtime {device.runtime} "
+                                     "(unverified here: the x86_64 simulator cannot load multi-SoC contexts)")
     if artifact.target != device.target.name:
         built = _qnn_target(artifact.target)
         if (built.htp_arch_number or 0) > (device.target.htp_arch_number or 0):

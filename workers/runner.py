@@ -98,6 +98,12 @@ class CompileOutput:
     # Finer parent-side timings of the call, where the runner has them (a warm host: waiting for
     # a host, the fork and the job's own wall): seconds by name.
     timings: dict[str, float] = field(default_factory=dict)
+    # A graph group (farm.core.groups): each graph's name, context model and binaries.
+    graphs: list[dict[str, Any]] | None = None
+    # What the context binaries say about themselves (QNN System API), checked; the evidence.
+    description: dict[str, Any] | None = None
+    # Why no runtime here can load it (weight-shared, multi-SoC): no self-probe verdict then.
+    unverified: str | None = None
 
 class Runner(Protocol):
     backend: str

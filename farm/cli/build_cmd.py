@@ -20,8 +20,9 @@ from farm.core.text import strip_ansi
 
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="+", help="path to the .onnx (external-data files beside it); several "
+    p.add_argument("model", nargs="*", help="path to the .onnx (external-data files beside it); several "
                    "models build in one pool of parallel compiles")
+    add_group_arguments(p)
     p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME",
                    help="target to build for, e.g. qnn:SM8650 (repeatable; see `farm targets`)")
     p.add_argument("--name", help="model name; NAME:TAG then points at this model's digest (one model only)")
@@ -44,9 +45,40 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_group_arguments(p: argparse.ArgumentParser) -> None:
+    """``--graph NAME=PATH`` / ``--group-file FILE``: a graph group (farm build and farm submit)."""
+    p.add_argument("--graph", action="append", default=[], metavar="NAME=PATH",
+                   help="a graph of a weight-shared group, in order (repeatable): --graph prefill=p.onnx "
+                        "--graph decode=d.onnx compiles them together into shared context binaries (QNN, HTP v73+)")
+    p.add_argument("--group-file", metavar="FILE",
+                   help="the group's graphs from a JSON or TOML file: {\"graphs\": [{\"name\": N, \"path\": P}, ...]}")
+
+
+def group_of(args: argparse.Namespace) -> Any:
+    """The inspected GroupBundle asked for with --graph/--group-file, or None."""
+    if not args.graph and not args.group_file:
+        return None
+    from farm.core.errors import UsageError
+    from farm.core.groups import inspect_group, parse_graph_args, read_group_file
+
+    models = args.model if isinstance(args.model, list) else ([args.model] if args.model else [])
+    if models:
+        raise UsageError("give the models either as paths or as --graph NAME=PATH, not both",
+                         hint="farm build --graph prefill=prefill.onnx --graph decode=decode.onnx -t qnn:SM8650")
+    members = parse_graph_args(args.graph) + (read_group_file(args.group_file) if args.group_file else [])
+    return inspect_group(members, display=getattr(args, "name", None))
+
+
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.cached import answer
 
+    group = group_of(args)
+    if group is not None:
+        return run_group(group, args, settings)
+    if not args.model:
+        from farm.core.errors import UsageError
+
+        raise UsageError("no model given", hint="farm build MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     models: list[str] = list(args.model)
     several = len(models) > 1
     if several and (args.name or args.tag or args.force_tag):
@@ -142,6 +174,38 @@ def _accuracy_cell(view: dict[str, Any] | None) -> str:
     from registry.evidence import headline
 
     return headline([view])
+
+
+def run_group(group: Any, args: argparse.Namespace, settings: Settings) -> int:
+    """A graph group: one build per target, every graph compiled together."""
+    from farm.pipeline.plan import build
+
+    options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
+    start = time.perf_counter()
+    with BuildProgress(live=False if args.json else None) as progress:
+        report = build(settings, group, args.target, options, name=args.name, tag=args.tag, progress=progress,
+                       retry_failed=args.retry_failed, force_tag=args.force_tag)
+    elapsed = time.perf_counter() - start
+    if args.json:
+        doc = build_json(report, elapsed)
+        doc["graphs"] = group.names
+        print(json.dumps(doc, indent=2))
+        return 0 if report.ok else 1
+    shown = f"{report.name}:{report.tag}" if report.tag else report.name
+    print(f"group {shown} {report.model_digest} ({len(group.names)} graphs: {', '.join(group.names)})")
+    rows = [{"target": o.target, "toolchain": o.toolchain,
+             "state": o.state if o.state != "failed" else f"failed ({o.error_code})",
+             "artifact": o.artifact.removeprefix("sha256:")[:12] if o.artifact else "",
+             "compile_s": f"{o.compile_seconds:.2f}" if o.compile_seconds is not None else "",
+             "ctx_size": human_size(o.size),
+             "placement": f"{o.nodes_ep} ctx / {o.nodes_cpu} cpu" if o.nodes_ep is not None else ""}
+            for o in report.outcomes]
+    table(rows, ["target", "toolchain", "state", "artifact", "compile_s", "ctx_size", "placement"])
+    for o in report.outcomes:
+        if o.state == "failed":
+            print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}", file=sys.stderr)
+    print(f"{len(report.outcomes)} build(s) in {elapsed:.3f} s", file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 def model_labels(models: list[str]) -> list[str]:

@@ -271,7 +271,7 @@ def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Targ
                 toolchain=out.toolchain.to_dict(), options=row.options, options_digest=row.options_digest,
                 ctx_model=out.ctx_model, files=files, epcontext=out.epcontext, placement=out.placement,
                 compile_seconds=out.compile_seconds, built_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                log=log_info,
+                log=log_info, graphs=out.graphs, description=out.description,
             )
             data, manifest_digest = mf.encode(manifest)
             blobs += [("build.log", log_data, log_digest), ("manifest.json", data, manifest_digest)]
@@ -287,10 +287,10 @@ def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Targ
         art = insert_artifact(s, lease.build_id, manifest_digest=manifest_digest, manifest_size=len(data),
                               ctx_model=out.ctx_model, files=all_files, ep_sdk_version=ep_sdk,
                               compile_seconds=out.compile_seconds, nodes_ep=out.placement["ep_nodes"],
-                              nodes_cpu=out.placement["cpu_nodes"])
+                              nodes_cpu=out.placement["cpu_nodes"], description=out.description)
         if signer is not None:
             add_signature(s, manifest_digest, signer.public_b64, signer.sign(manifest_digest))
-        if probe_version is not None:
+        if probe_version is not None and not out.unverified:
             # The compile child loaded the fresh context under its own toolchain: evidence. The
             # artifact row is new (a replaced one took its verdicts along), so a plain insert.
             loaded = out.self_load or {"ok": False, "error": "the compile child did not load the context"}
@@ -555,8 +555,8 @@ class Executor:
             if (artifact_id, tc.version) in verdicts_for(s, [artifact_id], tc.backend):
                 return None
             art = s.scalar(select(Artifact).options(selectinload(Artifact.files)).where(Artifact.id == artifact_id))
-            if art is None or art.backend != tc.backend:
-                return None
+            if art is None or art.backend != tc.backend or (art.description or {}).get("unverified"):
+                return None  # unverified: no runtime here loads it (weight-shared, multi-SoC)
             s.expunge_all()
         target = load_catalog().get(art.target, backend=art.backend)
         with tempfile.TemporaryDirectory(prefix="ctxfarm-probe-") as tmp:

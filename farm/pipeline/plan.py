@@ -26,6 +26,7 @@ from farm.core.errors import (
     NoWorkerError,
     UsageError,
 )
+from farm.core.groups import GroupBundle
 from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.options import parse_pairs
 from farm.core.settings import Settings
@@ -73,7 +74,7 @@ def load_bundle(registry: Registry, model_path: Path) -> ModelBundle:
     return inspect_model(model_path)
 
 
-def store_snapshot(registry: Registry, bundle: ModelBundle) -> list[dict[str, Any]]:
+def store_snapshot(registry: Registry, bundle: ModelBundle | GroupBundle) -> list[dict[str, Any]]:
     """Upload the bundle's files by digest (the store verifies each: a file changed since it was
     hashed is refused); existing blobs are skipped. Returns the listing, marked stored."""
     from farm.core.errors import BlobNotFound
@@ -114,6 +115,15 @@ def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: lis
     return None
 
 
+def check_support(matrix: Sequence[tuple[Target, str]], *, group: bool) -> None:
+    """Weight sharing and multi-SoC refusals (``farm.core.groups.check_build_support``) for
+    every (target, toolchain) asked for, before anything is written."""
+    from farm.core.groups import check_build_support
+
+    for t, version in matrix:
+        check_build_support(t, version, group=group)
+
+
 def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
     od = options_digest(opts)
     return states.BuildSpec(build_key(model_digest, t.backend, t.name, version, od), model_digest, t.backend,
@@ -122,7 +132,7 @@ def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> s
 
 # ---- embedded transport ----------------------------------------------------------------------------
 
-def build(settings: Settings, model: str | Path, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
+def build(settings: Settings, model: str | Path | GroupBundle, target_refs: Sequence[str], option_pairs: Sequence[str] = (),
           *, name: str | None = None, tag: str | None = None, progress: Progress = no_progress,
           registry: Registry | None = None, retry_failed: bool = False, force_tag: bool = False,
           require_full_offload: bool = False) -> BuildReport:
@@ -135,7 +145,7 @@ def build(settings: Settings, model: str | Path, target_refs: Sequence[str], opt
                       require_full_offload=require_full_offload)[0]
 
 
-def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
+def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], target_refs: Sequence[str],
                option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                progress: Sequence[Progress] = (), registry: Registry | None = None, retry_failed: bool = False,
                force_tag: bool = False, require_full_offload: bool = False) -> list[BuildReport]:
@@ -164,7 +174,10 @@ def build_many(settings: Settings, models: Sequence[str | Path], target_refs: Se
                     executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
                 except FarmError as exc:
                     raise NoWorkerError(f"cannot build {t.ref} here: {exc.message}", hint=exc.hint) from None
-        bundles = [load_bundle(reg, Path(m)) for m in models]  # invalid-model before anything is written
+        # invalid-model before anything is written; a graph group comes inspected (farm.core.groups)
+        bundles = [m if isinstance(m, GroupBundle) else load_bundle(reg, Path(m)) for m in models]
+        check_support([(t, executors[t.backend].toolchain.version) for t in targets],
+                      group=any(isinstance(b, GroupBundle) for b in bundles))
         reports: list[BuildReport] = []
         planned: list[tuple[Target, states.BuildSpec, int, Progress]] = []
         for i, bundle in enumerate(bundles):
@@ -329,7 +342,7 @@ def served_toolchains(settings: Settings, reg: Registry) -> dict[tuple[str, str]
     return out
 
 
-def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
+def submit_release(settings: Settings, model: str | Path | GroupBundle, target_refs: Sequence[str], sdks: Sequence[str] = (),
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
                    retry_failed: bool = False, force_tag: bool = False,
@@ -343,7 +356,8 @@ def submit_release(settings: Settings, model: str | Path, target_refs: Sequence[
                                        retry_failed, force_tag, require_full_offload)
         served = served_toolchains(settings, reg)
         request.check_served(served)
-        bundle = load_bundle(reg, Path(model))  # invalid-model before anything is written
+        bundle = model if isinstance(model, GroupBundle) else load_bundle(reg, Path(model))
+        check_support(request.matrix(served), group=isinstance(bundle, GroupBundle))
         return queue_release(settings, reg, bundle.digest, request, served=served, app=app,
                              store=lambda: store_snapshot(reg, bundle), display=bundle.stem,
                              onnx_digest=bundle.onnx.digest, size=bundle.size)

@@ -80,6 +80,8 @@ def compile_model(req: dict[str, Any]) -> dict[str, Any]:
     ort.InferenceSession(os.path.basename(req["model"]), so, enable_fallback=0)
     result: dict[str, Any] = {"compile_seconds": time.perf_counter() - start,
                               "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
+    if req.get("describe"):
+        result["descriptions"] = describe_outputs(os.path.dirname(req["ctx_path"]))
     if req.get("verify_load"):
         checkpoint({**result, "self_load": {"ok": False, "error": "loading the fresh context crashed the process"}})
         # Load the fresh context in this process (no second interpreter + EP start-up): the
@@ -111,6 +113,61 @@ def _vm_hwm_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def compile_group(req: dict[str, Any]) -> dict[str, Any]:
+    """A graph group: each graph in its own session, in order, with ``ep.share_ep_contexts=1``
+    (and ``ep.stop_share_ep_contexts=1`` on the last), so the QNN EP links them into shared
+    context binaries (the last session writes them). Through ``onnxruntime.ModelCompiler``
+    where this onnxruntime has it (the documented compile API), else a session with
+    ``ep.context_enable``; both wrote the same files (measured, QNN 2.51.0). Each graph compiles
+    from its own directory by its own fixed file name (see ``compile_model``)."""
+    ort, _ = _session_options(None)
+    members = req["group"]
+    graphs = []
+    start = time.perf_counter()
+    for i, m in enumerate(members):
+        _, so = _session_options(req["provider_options"])
+        so.add_session_config_entry("ep.share_ep_contexts", "1")
+        if i == len(members) - 1:
+            so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+        os.chdir(os.path.dirname(os.path.abspath(m["model"])))
+        name = os.path.basename(m["model"])
+        t0 = time.perf_counter()
+        if hasattr(ort, "ModelCompiler"):
+            ort.ModelCompiler(so, name, embed_compiled_data_into_model=False).compile_to_file(m["ctx_path"])
+        else:
+            so.add_session_config_entry("ep.context_enable", "1")
+            so.add_session_config_entry("ep.context_file_path", m["ctx_path"])
+            so.add_session_config_entry("ep.context_embed_mode", "0")
+            ort.InferenceSession(name, so, enable_fallback=0)
+        graphs.append({"compile_seconds": time.perf_counter() - t0,
+                       "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+        checkpoint({"compile_seconds": time.perf_counter() - start, "graphs": graphs})
+    result: dict[str, Any] = {"compile_seconds": time.perf_counter() - start, "graphs": graphs,
+                              "api": "ModelCompiler" if hasattr(ort, "ModelCompiler") else "InferenceSession"}
+    result["descriptions"] = describe_outputs(req["out_dir"])
+    return result
+
+
+def describe_outputs(out_dir: str) -> dict[str, Any]:
+    """Each context binary in ``out_dir`` as the QNN System API of this toolchain describes it
+    (workers.qnn.sysapi), by file name; a binary it can't read carries ``error``."""
+    import onnxruntime_qnn as oq
+
+    from workers.qnn.sysapi import DescriptionError, describe_file
+
+    library = os.path.join(os.path.dirname(oq.get_library_path()), "libQnnSystem.so")
+    out: dict[str, Any] = {}
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".bin"):
+            t0 = time.perf_counter()
+            try:
+                out[name] = describe_file(library, os.path.join(out_dir, name))
+            except (DescriptionError, OSError, ValueError) as exc:
+                out[name] = {"error": str(exc)[:500]}
+            out[name]["read_seconds"] = round(time.perf_counter() - t0, 6)
+    return out
+
+
 def load_model(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
@@ -138,7 +195,8 @@ def load_model(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    rc = run_commands(argv, {"compile": compile_model, "load": load_model}, preload=preload)
+    rc = run_commands(argv, {"compile": compile_model, "compile_group": compile_group, "load": load_model},
+                      preload=preload)
     _LIVE.clear()  # a fresh child: torn down here, in order, not during interpreter shutdown
     return rc
 

@@ -27,6 +27,7 @@ from farm.core.errors import (
 )
 from farm.core.keys import parse_version
 from workers.epcontext import ContextModel, open_context
+from workers.qnn import description
 from workers.runner import CTX_MODEL_NAME, CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_QNN_CONTEXT = "application/vnd.qualcomm.qnn.context-binary.v1"
@@ -79,6 +80,8 @@ def provider_options(target: Target, options: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {"htp_graph_finalization_optimization_mode": str(options.get("graph_optimization", 0))}
     if target.soc_model is not None:
         out["soc_model"] = str(target.soc_model)
+    elif target.soc_models:  # one binary for several SoCs (QNN >= 2.48): "57,69"
+        out["soc_model"] = ",".join(str(m) for m in target.soc_models)
     if options.get("vtcm_mb"):
         out["vtcm_mb"] = str(options["vtcm_mb"])
     return out
@@ -117,6 +120,15 @@ def context_facts(ctx: ContextModel) -> dict[str, Any]:
     return facts
 
 
+def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
+    from farm.core.groups import model_io
+
+    try:
+        return model_io(path)
+    except Exception:  # noqa: BLE001 - the check then covers the partitions only
+        return None
+
+
 def runtime_facts(toolchain: Toolchain) -> dict[str, Any]:
     """This machine's QNN runtime. On x86_64 the HTP backend is Qualcomm's simulator: it loads and
     runs contexts, but it is no device (not a phone's timings, and it has crashed running contexts
@@ -146,6 +158,10 @@ class QnnRunner:
         return detect_toolchain()
 
     def compile(self, job: CompileJob, work_dir: Path) -> CompileOutput:
+        from farm.core.groups import GROUP_FILE
+
+        if job.model_path.name == GROUP_FILE:
+            return self.compile_group(job, work_dir)
         toolchain = self.toolchain()
         out_dir = work_dir / "out"
         if out_dir.exists():
@@ -157,7 +173,9 @@ class QnnRunner:
             "ctx_path": str(out_dir / ctx_name),
             "embed_mode": int(job.options.get("embed_mode", 0)),
             "provider_options": provider_options(job.target, job.options),
-            "verify_load": job.verify_load,
+            # A multi-SoC context can't load here: no self-probe to record (description.py).
+            "verify_load": job.verify_load and not job.target.multi_soc,
+            "describe": True,
         }
         timings: dict[str, float] = {}
         if self.warm_host:
@@ -176,6 +194,86 @@ class QnnRunner:
         # heap saves (workers.childproc); bench/host.py reports it.
         out.timings = {**timings, "page_faults": float(result.get("page_faults") or 0)}
         if result.get("peak_rss_kib"):  # a count too: builds.phases["child.peak_rss_kib"]
+            out.timings["peak_rss_kib"] = float(result["peak_rss_kib"])
+        whole = out.placement["cpu_nodes"] == 0 and len(out.epcontext) == 1
+        out.description = description.check(result.get("descriptions"), [description.Expected(
+            "model", [str(n.get("partition_name", "")) for n in out.epcontext],
+            [f.name for f in out.files if f.role == "context"], _model_io(job.model_path) if whole else None)])
+        if job.target.multi_soc:
+            out.unverified = description.MULTI_SOC_UNVERIFIED
+            out.description["unverified"] = out.unverified
+        return out
+
+    def compile_group(self, job: CompileJob, work_dir: Path) -> CompileOutput:
+        """A graph group (farm.core.groups): every graph compiled in one fresh child, in order,
+        sharing context binaries; the artifact holds each ``g<i>_ctx.onnx`` and the shared
+        ``.bin`` files (named by the EP after the first graph: fixed stems, never a graph
+        name). The description of the binaries must name exactly the requested graphs."""
+        from farm.core.errors import UnsupportedOpsError
+        from farm.core.groups import read_descriptor
+        from farm.core.names import inside
+        from workers.epcontext import read_epcontext, referenced_files
+        from workers.runner import MEDIA_CTX_MODEL, OutputFile
+
+        toolchain = self.toolchain()
+        out_dir = work_dir / "out"
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        doc = read_descriptor(job.model_path)
+        root = job.model_path.parent
+        members = [{"model": str(inside(root, g["file"])), "ctx_path": str(out_dir / f"g{i}_ctx.onnx")}
+                   for i, g in enumerate(doc["graphs"])]
+        request = {"group": members, "out_dir": str(out_dir),
+                   "provider_options": provider_options(job.target, job.options)}
+        # A fresh child, not a warm host's fork: the EP keeps the shared contexts per process.
+        result, wall, log = run_child(CHILD, "compile_group", request, work_dir, timeout=job.timeout,
+                                      memory_mb=job.memory_mb, cancel=job.cancel)
+        files: list[OutputFile] = []
+        nodes_all: list[dict[str, Any]] = []
+        graphs: list[dict[str, Any]] = []
+        expected: list[description.Expected] = []
+        cpu = 0
+        cpu_ops: set[str] = set()
+        per_graph = result.get("graphs") or []
+        for i, g in enumerate(doc["graphs"]):
+            ctx_name = f"g{i}_ctx.onnx"
+            ctx_path = out_dir / ctx_name
+            nodes, placement = read_epcontext(ctx_path) if ctx_path.exists() else ([], {"cpu_op_types": []})
+            if not nodes:
+                raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it",
+                                          hint=f"ops left on the CPU: {', '.join(placement['cpu_op_types'])}",
+                                          details={"log": log})
+            bins = referenced_files(nodes, out_dir)
+            files.append(OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL))
+            files += [OutputFile(b, out_dir / b, "context", MEDIA_QNN_CONTEXT) for b in bins
+                      if b not in {f.name for f in files}]
+            nodes_all += [{**n, "graph": g["name"]} for n in nodes]
+            cpu += placement["cpu_nodes"]
+            cpu_ops |= set(placement["cpu_op_types"])
+            stats = per_graph[i] if i < len(per_graph) else {}
+            graphs.append({"name": g["name"], "model": g["model"], "ctxModel": ctx_name, "contexts": bins,
+                           "placement": placement,
+                           "compileSeconds": round(float(stats.get("compile_seconds") or 0), 6),
+                           "peakRssKib": int(stats.get("peak_rss_kib") or 0)})
+            whole = placement["cpu_nodes"] == 0 and len(nodes) == 1
+            expected.append(description.Expected(
+                g["name"], [str(n.get("partition_name", "")) for n in nodes], bins,
+                _model_io(Path(members[i]["model"])) if whole else None))
+        known = {f.name for f in files}
+        extra = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*")
+                       if p.is_file() and str(p.relative_to(out_dir)) not in known)
+        if extra:
+            raise ToolchainError(f"the QNN EP wrote files no graph of the group references: {extra}")
+        placement_all = {"ep_nodes": len(nodes_all), "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}
+        out = CompileOutput(out_dir, files[0].name, files, float(result["compile_seconds"]), wall, nodes_all,
+                            placement_all, toolchain, log, None)
+        out.graphs = graphs
+        out.description = description.check(result.get("descriptions"), expected)
+        out.unverified = description.SHARED_UNVERIFIED
+        out.description["unverified"] = out.unverified
+        out.description["api"] = result.get("api")
+        if result.get("peak_rss_kib"):
             out.timings["peak_rss_kib"] = float(result["peak_rss_kib"])
         return out
 

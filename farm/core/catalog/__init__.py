@@ -25,6 +25,19 @@ class Target:
     soc_model: int | None = None
     htp_arch: str | None = None
     compute_capability: str | None = None
+    # A multi-SoC target (qnn:SM8650+SM8750: one context binary for several SoCs, QNN >= 2.48):
+    # the SoCs it covers, in catalog order, and their soc_model ids. Empty for one SoC.
+    socs: tuple[str, ...] = ()
+    soc_models: tuple[int, ...] = ()
+
+    @property
+    def multi_soc(self) -> bool:
+        return bool(self.socs)
+
+    @property
+    def covers(self) -> tuple[str, ...]:
+        """The SoCs (or GPUs) an artifact built for this target serves."""
+        return self.socs or (self.name,)
 
     @property
     def ref(self) -> str:
@@ -60,6 +73,8 @@ class Catalog:
                 f"unknown backend {backend_part!r} in target {ref!r}",
                 hint=f"known backends: {', '.join(BACKENDS)}",
             )
+        if "+" in name and backend_part == "qnn":
+            return self._multi_soc(name)
         wanted = name.strip().lower().replace("_", "-")
         for t in self.of_backend(backend_part):
             keys = {t.name.lower().replace("_", "-"), *(a.lower().replace("_", "-") for a in t.aliases)}
@@ -71,6 +86,26 @@ class Catalog:
             hint=f"known {backend_part} targets: {known} (see `farm targets`)",
             details={"known": [t.name for t in self.of_backend(backend_part)]},
         )
+
+
+    def _multi_soc(self, name: str) -> Target:
+        """``SM8650+SM8750``: one target covering several SoCs, named canonically (catalog
+        order, each SoC once), so every spelling of the same set is the same build key."""
+        parts = [p for p in name.split("+")]
+        if any(not p.strip() or "+" in p for p in parts):
+            raise UnknownTargetError(f"multi-SoC target {name[:80]!r} has an empty SoC",
+                                     hint="write the SoCs joined by '+', e.g. qnn:SM8650+SM8750")
+        members = {self.get(p, backend="qnn").name for p in parts}
+        ordered = [t for t in self.of_backend("qnn") if t.name in members]
+        if len(ordered) < 2:
+            return ordered[0]
+        joined = "+".join(t.name for t in ordered)
+        if len(joined) > 64 or any(t.soc_model is None for t in ordered):
+            raise UnknownTargetError(f"multi-SoC target {name[:80]!r} names too many SoCs or one without a "
+                                     "soc_model id", hint="at most 64 characters, e.g. qnn:SM8650+SM8750")
+        return Target(backend="qnn", name=joined, marketing=" + ".join(t.marketing or t.name for t in ordered),
+                      socs=tuple(t.name for t in ordered),
+                      soc_models=tuple(int(t.soc_model) for t in ordered if t.soc_model is not None))
 
 
 def _load(text: str) -> Catalog:
