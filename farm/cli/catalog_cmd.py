@@ -26,4 +26,11 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     else:
         table([{**r, "aliases": ", ".join(r["aliases"])} for r in rows],
               ["target", "soc_model", "htp_arch", "compute_capability", "name", "aliases"])
+        if args.backend in (None, "qnn"):
+            from farm.core.catalog.runtimes import qnn_runtimes
+
+            # What a device's --qnn is: the QNN SDK inside the onnxruntime-qnn release it installed.
+            print("\nQNN runtime on a device = the SDK inside its onnxruntime-qnn release:")
+            table([{"onnxruntime-qnn": r.version, "QNN SDK": r.sdk, "onnxruntime": r.onnxruntime}
+                   for r in qnn_runtimes()], ["onnxruntime-qnn", "QNN SDK", "onnxruntime"])
     return 0
