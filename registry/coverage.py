@@ -7,6 +7,7 @@ another digest leaves the old digest's row in place (its artifacts still exist).
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -194,3 +195,468 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
         if last is not None and (ev.last is None or last > ev.last):
             ev.last = last
     return {b: sorted(v, key=parse_version) for b, v in runtimes.items()}
+
+
+# ---- the summary and the paged drill-down (issue 24) ----------------------------------------------
+#
+# Both read the tables the triggers of migration 0008 keep (registry.coverage_sql): the summary
+# sums ``coverage_deltas`` (a few rows per target x toolchain once folded) or, for a subset of
+# models (a tag, a name prefix, refs), aggregates their ``coverage_cells`` rows; the drill-down
+# pages models by (first name, digest) with a keyset cursor and reads the page's cells only.
+
+from registry.coverage_sql import COUNTERS  # noqa: E402
+from registry.lite import Rows, in_params, rows_of  # noqa: E402
+
+CELL_STATES = ("built", "building", "broken", "failed", "missing")
+PAGE_MAX = 200
+COMPACT_OVER = 2000  # delta rows before a summary read folds them
+# A summary of a subset is aggregated from its cells: past this many models it is refused
+# (use a narrower prefix, or the whole farm's summary, which is kept precomputed).
+SUBSET_MAX = 50_000
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which models: a tag (every NAME:TAG with this TAG, e.g. ``stable``), a name prefix (tags'
+    names and first names), model refs (``farm ls --model``'s), a backend; all given must hold."""
+
+    tag: str | None = None
+    prefix: str | None = None
+    digests: tuple[str, ...] | None = None
+    backend: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.tag is None and self.prefix is None and self.digests is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tag": self.tag, "prefix": self.prefix, "models": list(self.digests) if self.digests is not None
+                else None, "backend": self.backend}
+
+
+def scope(session: Any, *, tag: str | None = None, prefix: str | None = None, models: list[str] | None = None,
+          backend: str | None = None) -> Scope:
+    """Check the filters (bad ones are usage errors, unknown model refs not-found)."""
+    from farm.core.errors import UsageError
+    from farm.core.names import check_name
+
+    if tag is not None:
+        tag = tag.strip()
+        if not tag or len(tag) > 128 or not all(c.isalnum() or c in "._-" for c in tag):
+            raise UsageError(f"bad tag {tag[:40]!r}", hint="a tag is letters, digits, '.', '_' or '-', e.g. stable")
+    if prefix is not None:
+        if not prefix or len(prefix) > 255:
+            raise UsageError("bad name prefix", hint="the first letters of model names, e.g. yolo")
+        check_name(prefix.rstrip("-_./") or prefix)
+    if backend is not None and backend not in ("qnn", "trt"):
+        raise UsageError(f"unknown backend {backend[:20]!r}", hint="qnn or trt")
+    digests = None
+    if models:
+        from registry.index import resolve_model_refs
+
+        digests = tuple(sorted({d for ref in models for d in resolve_model_refs(session, ref)}))
+    return Scope(tag, prefix, digests, backend)
+
+
+def _like(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _subset(sc: Scope, alias: str, params: dict[str, Any]) -> str:
+    """SQL conditions on ``alias.model_digest`` for the scope's models ("" for all)."""
+    out = []
+    if sc.tag is not None:
+        params["s_tag"] = sc.tag
+        out.append(f" AND {alias}.model_digest IN (SELECT model_digest FROM tags WHERE tag = :s_tag)")
+    if sc.prefix is not None:
+        params["s_like"] = _like(sc.prefix)
+        out.append(f" AND ({alias}.model_digest IN (SELECT model_digest FROM tags WHERE name LIKE :s_like"
+                   f" ESCAPE '\\') OR {alias}.model_digest IN (SELECT digest FROM models"
+                   f" WHERE first_name LIKE :s_like ESCAPE '\\'))")
+    if sc.digests is not None:
+        if not sc.digests:
+            out.append(" AND 1 = 0")
+        else:
+            placeholders, p = in_params("s_d", list(sc.digests))
+            params.update(p)
+            out.append(f" AND {alias}.model_digest IN ({placeholders})")
+    if sc.backend is not None:
+        params["s_backend"] = sc.backend
+        out.append(f" AND {alias}.backend = :s_backend")
+    return "".join(out)
+
+
+@dataclass
+class SummaryRow:
+    """One SoC (target) x SDK (toolchain): cells (models) built, building, broken, failed,
+    missing (wanted, i.e. built for this target with some SDK, but nothing with this one),
+    and built ones verified by a probe or by a device report."""
+
+    backend: str
+    target: str
+    toolchain: str
+    cells: int = 0
+    built: int = 0
+    building: int = 0
+    broken: int = 0
+    failed: int = 0
+    probe_verified: int = 0
+    device_verified: int = 0
+    wanted: int = 0
+
+    @property
+    def missing(self) -> int:
+        return max(self.wanted - self.cells, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "target": f"{self.backend}:{self.target}", "toolchain": self.toolchain,
+                "models": self.wanted, "built": self.built, "building": self.building, "broken": self.broken,
+                "failed": self.failed, "missing": self.missing, "probe_verified": self.probe_verified,
+                "device_verified": self.device_verified}
+
+
+@dataclass
+class Summary:
+    scope: Scope
+    rows: list[SummaryRow]
+    toolchains: dict[str, list[str]]  # backend -> SDK versions with builds, oldest first
+    source: str  # "counters" (precomputed) | "cells" (aggregated for the subset)
+
+    def to_dict(self) -> dict[str, Any]:
+        """GET /v1/coverage/summary and `farm coverage --summary --json`."""
+        return {"scope": self.scope.to_dict(), "toolchains": self.toolchains, "source": self.source,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None = COMPACT_OVER) -> Summary:
+    """SoC x SDK counts for the scope. The whole farm: the precomputed counters (folded first
+    when more than ``compact_over`` deltas piled up and the connection may write); a subset:
+    one aggregate over its cells."""
+    rows = rows_of(session)
+    sc = sc or Scope()
+    counters = [c for c in COUNTERS if c != "wanted"]
+    if sc.whole:
+        if compact_over is not None and _deltas_over(rows, compact_over):
+            compact(rows)
+        params: dict[str, Any] = {}
+        where = ""
+        if sc.backend is not None:
+            params["s_backend"] = sc.backend
+            where = " WHERE backend = :s_backend"
+        found = rows.rows(f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS)}"
+                          f" FROM coverage_deltas{where} GROUP BY backend, target, toolchain", params)
+        source = "counters"
+    else:
+        params = {}
+        cond = _subset(sc, "c", params)
+        from registry.coverage_sql import _contribution
+
+        found = [(*r, 0) for r in rows.rows(
+            f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM coverage_cells c"
+            f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target, c.toolchain", params)]
+        params = {}
+        cond = _subset(sc, "c", params)
+        found += [(be, tg, "", *([0] * len(counters)), n) for be, tg, n in rows.rows(
+            f"SELECT c.backend, c.target, count(DISTINCT c.model_digest) FROM coverage_cells c"
+            f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target", params)]
+        source = "cells"
+    cells: dict[tuple[str, str, str], SummaryRow] = {}
+    wanted: dict[tuple[str, str], int] = defaultdict(int)
+    for be, tg, tc, *values in found:
+        counts = dict(zip(COUNTERS, (int(v or 0) for v in values), strict=True))
+        wanted[(be, tg)] += counts.pop("wanted")
+        if tc and any(counts.values()):
+            row = cells.setdefault((be, tg, tc), SummaryRow(be, tg, tc))
+            for k, v in counts.items():
+                setattr(row, k, getattr(row, k) + v)
+    toolchains: dict[str, set[str]] = defaultdict(set)
+    for be, _tg, tc in cells:
+        toolchains[be].add(tc)
+    # Every (target, SDK) of a backend is a row, missing where no model of the scope has a build.
+    for (be, tg), n in wanted.items():
+        if n <= 0:
+            continue
+        for tc in toolchains[be]:
+            cells.setdefault((be, tg, tc), SummaryRow(be, tg, tc))
+    for row in cells.values():
+        row.wanted = wanted.get((row.backend, row.target), 0)
+    ordered = sorted(cells.values(), key=lambda r: (r.backend, r.target, parse_version(r.toolchain)))
+    return Summary(sc, [r for r in ordered if r.wanted > 0 or r.cells > 0],
+                   {b: sorted(v, key=parse_version) for b, v in sorted(toolchains.items())}, source)
+
+
+def _deltas_over(rows: Rows, n: int) -> bool:
+    return len(rows.rows("SELECT 1 FROM coverage_deltas LIMIT :n", {"n": n + 1})) > n
+
+
+def compact(session: Any) -> bool:
+    """Fold the summary's deltas into one row per (backend, target, toolchain), in the caller's
+    transaction. PostgreSQL: one session at a time (a transaction-scoped advisory lock; another
+    one skips), False when skipped."""
+    from registry.coverage_sql import compact as statements
+
+    rows = rows_of(session)
+    if rows.dialect == "postgresql":
+        got = rows.rows("SELECT pg_try_advisory_xact_lock(hashtext('ctxfarm.coverage'), 0)")
+        if not got or not got[0][0]:
+            return False
+    for statement in statements(rows.dialect):
+        rows.rows(statement)
+    return True
+
+
+def rebuild(session: Any) -> None:
+    """Recompute every cell and the summary from the builds (after a bulk load with triggers
+    off; a repair). Takes the tables' write locks for the transaction."""
+    from registry.coverage_sql import rebuild as statements
+
+    rows = rows_of(session)
+    if rows.dialect == "postgresql":
+        rows.rows("LOCK TABLE coverage_cells, coverage_deltas IN EXCLUSIVE MODE")
+    for statement in statements():
+        rows.rows(statement)
+
+
+# -- the drill-down -------------------------------------------------------------------------------
+
+@dataclass
+class ModelCoverage:
+    digest: str
+    name: str
+    tags: list[str]
+    cells: list[dict[str, Any]]
+    missing: list[dict[str, Any]]
+
+
+@dataclass
+class Page:
+    scope: Scope
+    models: list[ModelCoverage]
+    next_cursor: str | None
+    toolchains: dict[str, list[str]]  # newest per backend decides "missing"
+
+    def to_dict(self) -> dict[str, Any]:
+        """GET /v1/coverage/models and `farm coverage --missing --json` (one page)."""
+        return {"scope": self.scope.to_dict(), "next": self.next_cursor, "toolchains": self.toolchains,
+                "models": [{"digest": m.digest, "name": m.name, "tags": m.tags, "cells": m.cells,
+                            "missing": m.missing} for m in self.models]}
+
+
+def encode_cursor(name: str, digest: str) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(json.dumps([name, digest]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    import base64
+
+    from farm.core.errors import UsageError
+    from farm.core.keys import is_digest
+
+    bad = UsageError("bad cursor", hint="pass the `next` value of the previous page as it came")
+    if len(cursor) > 600:
+        raise bad
+    try:
+        value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except ValueError:
+        raise bad from None
+    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value)
+            or not is_digest(value[1]) or len(value[0]) > 255):
+        raise bad
+    return value[0], value[1]
+
+
+def models_page(session: Any, sc: Scope | None = None, *, target: str | None = None, toolchain: str | None = None,
+                state: str | None = None, cursor: str | None = None, limit: int = 50) -> Page:
+    """One page of models with their cells, by (first name, digest) after ``cursor``. ``target``
+    (backend:name), ``toolchain``: only those cells; ``state``: only models with a cell in that
+    state (``missing``: a wanted target with nothing built or building on the toolchain asked,
+    default the newest of its backend)."""
+    from farm.core.errors import UsageError
+
+    rows = rows_of(session)
+    sc = sc or Scope()
+    if state is not None and state not in CELL_STATES:
+        raise UsageError(f"unknown state {state[:20]!r}", hint="one of " + ", ".join(CELL_STATES))
+    limit = max(1, min(int(limit), PAGE_MAX))
+    newest = _newest_toolchains(rows, sc.backend)
+    params: dict[str, Any] = {"limit": limit + 1}
+    cell_cond = _subset(sc, "c", params)
+    be = tg = None
+    if target is not None:
+        be, _, tg = target.partition(":")
+        if not tg or be not in ("qnn", "trt"):
+            raise UsageError(f"bad target {target[:40]!r}", hint="backend:name, e.g. qnn:SM8650")
+        params.update(f_backend=be, f_target=tg)
+        cell_cond += " AND c.backend = :f_backend AND c.target = :f_target"
+    if toolchain is not None:
+        params["f_toolchain"] = toolchain
+    if state == "missing":
+        tc_expr = ":f_toolchain" if toolchain is not None else _newest_case(newest, params)
+        exists = (f"EXISTS (SELECT 1 FROM coverage_cells c WHERE c.model_digest = m.digest{cell_cond}"
+                  f" AND NOT EXISTS (SELECT 1 FROM coverage_cells g WHERE g.model_digest = c.model_digest"
+                  f" AND g.backend = c.backend AND g.target = c.target AND g.toolchain = {tc_expr}"
+                  f" AND g.state IN ('built', 'building')))")
+    else:
+        extra = " AND c.toolchain = :f_toolchain" if toolchain is not None else ""
+        if state is not None:
+            params["f_state"] = state
+            extra += " AND c.state = :f_state"
+        exists = f"EXISTS (SELECT 1 FROM coverage_cells c WHERE c.model_digest = m.digest{cell_cond}{extra})"
+    after = ""
+    if cursor:
+        params["k_name"], params["k_digest"] = decode_cursor(cursor)
+        after = " AND (m.first_name > :k_name OR (m.first_name = :k_name AND m.digest > :k_digest))"
+    found = rows.rows(f"SELECT m.digest, m.first_name FROM models m WHERE {exists}{after}"
+                      " ORDER BY m.first_name, m.digest LIMIT :limit", params)
+    more = len(found) > limit
+    found = found[:limit]
+    digests = [d for d, _ in found]
+    models = _page_models(rows, found, be, tg, toolchain, newest) if digests else []
+    nxt = encode_cursor(found[-1][1], found[-1][0]) if more and found else None
+    return Page(sc, models, nxt, {b: [v] for b, v in newest.items()})
+
+
+def _newest_toolchains(rows: Rows, backend: str | None) -> dict[str, str]:
+    """backend -> the newest toolchain with a build (from the summary's counters)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for be, tc in rows.rows("SELECT backend, toolchain FROM coverage_deltas WHERE toolchain <> ''"
+                            " GROUP BY backend, toolchain HAVING sum(cells) > 0"):
+        if backend is None or be == backend:
+            found[be].append(tc)
+    return {be: max(v, key=parse_version) for be, v in found.items()}
+
+
+def _newest_case(newest: dict[str, str], params: dict[str, Any]) -> str:
+    if not newest:
+        return "''"
+    parts = []
+    for i, (be, tc) in enumerate(sorted(newest.items())):
+        params[f"n_be{i}"], params[f"n_tc{i}"] = be, tc
+        parts.append(f" WHEN :n_be{i} THEN :n_tc{i}")
+    return f"CASE c.backend{''.join(parts)} ELSE '' END"
+
+
+def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
+                 newest: dict[str, str]) -> list[ModelCoverage]:
+    from farm.core.times import iso
+
+    digests = [d for d, _ in found]
+    placeholders, params = in_params("d", digests)
+    cond = ""
+    if be is not None:
+        params.update(f_backend=be, f_target=tg)
+        cond = " AND backend = :f_backend AND target = :f_target"
+    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    wanted: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    good: set[tuple[str, str, str, str]] = set()
+    index: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for m, b, t, tc, state, builds, probe, device in rows.rows(
+            "SELECT model_digest, backend, target, toolchain, state, builds, probe_verified, device_verified"
+            f" FROM coverage_cells WHERE model_digest IN ({placeholders}){cond}", params):
+        wanted[m].add((b, t))
+        if state in ("built", "building"):
+            good.add((m, b, t, tc))
+        if toolchain is not None and tc != toolchain:
+            continue
+        cell = {"target": f"{b}:{t}", "toolchain": tc, "state": state, "builds": int(builds), "codes": [],
+                "probe_verified": state == "built" and int(probe) > 0,
+                "device_verified": state == "built" and int(device) > 0, "verdicts": []}
+        cells[m].append(cell)
+        index[(m, b, t, tc)] = cell
+    for m, b, t, tc, code in rows.rows(
+            "SELECT DISTINCT model_digest, backend, target, toolchain, error_code FROM builds"
+            f" WHERE model_digest IN ({placeholders}) AND state = 'failed' AND error_code IS NOT NULL{cond}",
+            params):
+        failed_cell = index.get((m, b, t, tc))
+        if failed_cell is not None:
+            failed_cell["codes"] = sorted({*failed_cell["codes"], code})
+    verdicts: dict[tuple[str, str, str, str], dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
+    for m, b, t, tc, rb, rv, verdict, n, last in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, v.runtime_backend, v.runtime_version,"
+            " v.verdict, count(*), max(v.recorded_at) FROM artifacts a JOIN compat_verdicts v ON v.artifact_id = a.id"
+            f" WHERE a.model_digest IN ({placeholders}) AND v.source = 'probe' AND a.status = 'active'"
+            + (" AND a.backend = :f_backend AND a.target = :f_target" if be is not None else "")
+            + " GROUP BY a.model_digest, a.backend, a.target, a.toolchain, v.runtime_backend, v.runtime_version,"
+              " v.verdict", params):
+        ev = verdicts[(m, b, t, tc)].setdefault((rb, rv), {"runtime_backend": rb, "runtime": rv, "loads": 0,
+                                                            "fails": 0, "last_probed_at": None})
+        ev["loads" if verdict == "loads" else "fails"] += int(n)
+        when = iso(as_aware(last))
+        if when and (ev["last_probed_at"] is None or when > ev["last_probed_at"]):
+            ev["last_probed_at"] = when
+    for key, evs in verdicts.items():
+        probed = index.get(key)
+        if probed is None:
+            continue
+        for ev in sorted(evs.values(), key=lambda e: (e["runtime_backend"], parse_version(e["runtime"]))):
+            ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
+            probed["verdicts"].append(ev)
+    tags = _tags(rows, digests)
+    out = []
+    for digest, name in found:
+        missing = []
+        for b, t in sorted(wanted[digest]):
+            tc = toolchain or newest.get(b)
+            if tc is not None and (digest, b, t, tc) not in good:
+                have = index.get((digest, b, t, tc))
+                missing.append({"target": f"{b}:{t}", "toolchain": tc,
+                                "state": (f"failed({','.join(have['codes'])})" if have["state"] == "failed"
+                                          and have["codes"] else have["state"]) if have else "missing"})
+        out.append(ModelCoverage(digest, name, tags.get(digest, []),
+                                 sorted(cells[digest], key=lambda c: (c["target"], parse_version(c["toolchain"]))),
+                                 missing))
+    return out
+
+
+def as_aware(value: Any) -> Any:
+    from registry.lite import as_datetime
+
+    return as_datetime(value)
+
+
+def _tags(rows: Rows, digests: list[str]) -> dict[str, list[str]]:
+    placeholders, params = in_params("t", digests)
+    out: dict[str, list[str]] = defaultdict(list)
+    for d, n, t in rows.rows(f"SELECT model_digest, name, tag FROM tags WHERE model_digest IN ({placeholders})"
+                             " ORDER BY name, tag", params):
+        out[d].append(f"{n}:{t}")
+    return out
+
+
+def recomputed_matches(session: Any) -> list[str]:
+    """Differences between the kept cells and summary and a recompute from the builds (empty when
+    they agree): the check the tests run after every kind of change, and an ops self-test."""
+    from registry.coverage_sql import CELL_COLUMNS, _contribution
+
+    rows = rows_of(session)
+    key_cols = "model_digest, backend, target, toolchain"
+    kept = {tuple(r[:4]): tuple(r[4:]) for r in rows.rows(
+        f"SELECT {key_cols}, {', '.join(CELL_COLUMNS)} FROM coverage_cells")}
+    from registry.coverage_sql import _CELL_COUNTS, _STATE
+
+    fresh = {tuple(r[:4]): tuple(r[4:]) for r in rows.rows(
+        f"SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE}, "
+        f"{', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM (SELECT b.model_digest, b.backend, b.target,"
+        f" b.toolchain, {_CELL_COUNTS} FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
+        " GROUP BY b.model_digest, b.backend, b.target, b.toolchain) r")}
+    diffs = [f"cell {k}: kept {kept.get(k)} recomputed {fresh.get(k)}"
+             for k in sorted(set(kept) | set(fresh)) if kept.get(k) != fresh.get(k)]
+    sums = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
+        f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS[:-1])} FROM coverage_deltas"
+        " WHERE toolchain <> '' GROUP BY backend, target, toolchain")}
+    sums = {k: v for k, v in sums.items() if any(v)}
+    expect = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
+        f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM coverage_cells c"
+        " GROUP BY c.backend, c.target, c.toolchain")}
+    diffs += [f"summary {k}: kept {sums.get(k)} recomputed {expect.get(k)}"
+              for k in sorted(set(sums) | set(expect)) if sums.get(k) != expect.get(k)]
+    wanted = {tuple(r[:2]): int(r[2]) for r in rows.rows(
+        "SELECT backend, target, sum(wanted) FROM coverage_deltas GROUP BY backend, target")}
+    wanted = {k: v for k, v in wanted.items() if v}
+    expect_w = {tuple(r[:2]): int(r[2]) for r in rows.rows(
+        "SELECT backend, target, count(DISTINCT model_digest) FROM coverage_cells GROUP BY backend, target")}
+    diffs += [f"wanted {k}: kept {wanted.get(k)} recomputed {expect_w.get(k)}"
+              for k in sorted(set(wanted) | set(expect_w)) if wanted.get(k) != expect_w.get(k)]
+    return diffs

@@ -39,7 +39,8 @@ class Model(Base):
     """A model bundle, known by its digest."""
 
     __tablename__ = "models"
-    __table_args__ = (_digest_check("digest"),)
+    # (first_name, digest): the coverage drill-down pages models by name (migration 0008).
+    __table_args__ = (_digest_check("digest"), Index(None, "first_name", "digest"))
 
     digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
     onnx_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), index=True)
@@ -53,7 +54,7 @@ class Tag(Base):
     """NAME:TAG -> model digest. Tags move; digests never change."""
 
     __tablename__ = "tags"
-    __table_args__ = (UniqueConstraint("name", "tag"),)
+    __table_args__ = (UniqueConstraint("name", "tag"), Index(None, "model_digest"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255))
@@ -373,3 +374,55 @@ class DeviceReport(Base):
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class CoverageCell(Base):
+    """A (model, backend, target, toolchain) cell that has builds: their counts and the cell's
+    state. Kept by triggers (registry.coverage_sql, migration 0008); never written by the code."""
+
+    __tablename__ = "coverage_cells"
+    __table_args__ = (Index(None, "backend", "target", "toolchain", "state"),)
+
+    model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(16), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    toolchain: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # built | building | broken | failed
+    builds: Mapped[int] = mapped_column(Integer)
+    succeeded: Mapped[int] = mapped_column(Integer)
+    building: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)
+    broken: Mapped[int] = mapped_column(Integer)
+    probe_verified: Mapped[int] = mapped_column(Integer)
+    device_verified: Mapped[int] = mapped_column(Integer)
+
+
+class CoverageDelta(Base):
+    """Append-only changes of the coverage summary per (backend, target, toolchain): the summary
+    is their sum (registry.coverage.summary), folded now and then (registry.coverage.compact)."""
+
+    __tablename__ = "coverage_deltas"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[str] = mapped_column(String(64))
+    cells: Mapped[int] = mapped_column(Integer)
+    built: Mapped[int] = mapped_column(Integer)
+    building: Mapped[int] = mapped_column(Integer)
+    broken: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)
+    probe_verified: Mapped[int] = mapped_column(Integer)
+    device_verified: Mapped[int] = mapped_column(Integer)
+    wanted: Mapped[int] = mapped_column(Integer)
+
+
+class ModelGeneration(Base):
+    """Bumped (by trigger) whenever what resolve reads of a model changes: its artifacts, their
+    probe verdicts, device reports and signatures. The service's cached resolve answers are
+    keyed by it. Rows are never deleted, so a generation never comes back."""
+
+    __tablename__ = "model_generations"
+
+    model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,323 @@
+"""The SQL that keeps the coverage summary and the resolve generations up to date: trigger bodies
+for PostgreSQL (PL/pgSQL functions) and SQLite (INSTEAD OF triggers on two views, SQLite's only
+way to call a block of statements), from one template, and the full recompute.
+
+Why triggers: a cell changes when a build changes state, an artifact is inserted, deleted or
+marked broken, a probe verdict or a device report is recorded, through the ORM, the bare connections of the fast paths
+(``registry.lite``) or by hand. A trigger sees every one of them in the writer's own transaction;
+an application hook would have to be remembered at each.
+
+One touch of a cell (model, backend, target, toolchain):
+
+1. (PostgreSQL) take a transaction lock on (model, backend, target): every toolchain's cell of it
+   and its "wanted" mark change under it, and the statements after the lock see what the previous
+   holder committed (READ COMMITTED: a fresh snapshot per statement);
+2. append the change of the summary counters, new minus old, to ``coverage_deltas`` (nothing
+   when nothing changed): an append, so builds finishing together never queue on a counter row;
+3. replace the cell row by its recompute from the builds (a few rows, by index).
+
+A cell's state: built (a succeeded build whose artifact is not broken), else building (queued or
+running), else broken, else failed: the order ``registry.coverage`` has always shown.
+"""
+
+from __future__ import annotations
+
+# Counters of coverage_deltas, the summary's columns. ``cells``: (model, target, toolchain) cells
+# with any build; ``wanted``: models with a build for the target on any toolchain, counted on the
+# (backend, target) (a delta row carries it on the toolchain whose touch changed it).
+COUNTERS = ("cells", "built", "building", "broken", "failed", "probe_verified", "device_verified", "wanted")
+
+# Per cell, from its builds (``b``) and their artifacts (``a``): device-verified when a device
+# reported (registry.reports, not revoked) that it loaded the artifact.
+_CELL_COUNTS = """
+count(*) AS builds,
+coalesce(sum(CASE WHEN b.state = 'succeeded' AND coalesce(a.status, 'active') = 'active' THEN 1 ELSE 0 END), 0)
+  AS succeeded,
+coalesce(sum(CASE WHEN b.state IN ('queued', 'running') THEN 1 ELSE 0 END), 0) AS building,
+coalesce(sum(CASE WHEN b.state = 'failed' THEN 1 ELSE 0 END), 0) AS failed,
+coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'broken' THEN 1 ELSE 0 END), 0) AS broken,
+coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS (
+  SELECT 1 FROM compat_verdicts v WHERE v.artifact_id = a.id AND v.source = 'probe' AND v.verdict = 'loads')
+  THEN 1 ELSE 0 END), 0) AS probe_verified,
+coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS (
+  SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL)
+  THEN 1 ELSE 0 END), 0) AS device_verified"""
+
+_STATE = ("CASE WHEN r.succeeded > 0 THEN 'built' WHEN r.building > 0 THEN 'building'"
+          " WHEN r.broken > 0 THEN 'broken' ELSE 'failed' END")
+
+CELL_COLUMNS = ("state", "builds", "succeeded", "building", "failed", "broken", "probe_verified", "device_verified")
+
+
+def _contribution(alias: str) -> str:
+    """The summary counters of the cell rows ``alias`` (zero or one row here; many in rebuild)."""
+    def n(cond: str) -> str:
+        return f"coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"
+    s = f"{alias}.state"
+    return ", ".join([
+        "count(*) AS cells",
+        f"{n(f'{s} = ' + repr('built'))} AS built",
+        f"{n(f'{s} = ' + repr('building'))} AS building",
+        f"{n(f'{s} = ' + repr('broken'))} AS broken",
+        f"{n(f'{s} = ' + repr('failed'))} AS failed",
+        f"{n(f'{s} = ' + repr('built') + f' AND {alias}.probe_verified > 0')} AS probe_verified",
+        f"{n(f'{s} = ' + repr('built') + f' AND {alias}.device_verified > 0')} AS device_verified",
+    ])
+
+
+def touch_statements(m: str, be: str, tg: str, tc: str) -> list[str]:
+    """The statements of one touch, the key given as SQL expressions (parameters, NEW.x)."""
+    key = f"model_digest = {m} AND backend = {be} AND target = {tg} AND toolchain = {tc}"
+    recompute = (f"SELECT {_CELL_COUNTS} FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
+                 f" WHERE b.model_digest = {m} AND b.backend = {be} AND b.target = {tg} AND b.toolchain = {tc}")
+    new_cell = f"SELECT {_STATE} AS state, r.* FROM ({recompute}) r WHERE r.builds > 0"
+    pair = f"model_digest = {m} AND backend = {be} AND target = {tg}"
+    wanted_new = (f"CASE WHEN n.cells > 0 OR EXISTS (SELECT 1 FROM coverage_cells WHERE {pair}"
+                  f" AND toolchain <> {tc}) THEN 1 ELSE 0 END")
+    wanted_old = f"CASE WHEN EXISTS (SELECT 1 FROM coverage_cells WHERE {pair}) THEN 1 ELSE 0 END"
+    diffs = [f"n.{c} - o.{c} AS d_{c}" for c in COUNTERS if c != "wanted"]
+    diffs.append(f"{wanted_new} - {wanted_old} AS d_wanted")
+    delta = (
+        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT {be}, {tg}, {tc}, {', '.join('d.d_' + c for c in COUNTERS)} FROM ("
+        f"SELECT {', '.join(diffs)}"
+        f" FROM (SELECT {_contribution('x')} FROM ({new_cell}) x) n,"
+        f" (SELECT {_contribution('y')} FROM coverage_cells y WHERE y.{key.replace(' AND ', ' AND y.')}) o) d"
+        f" WHERE {' OR '.join(f'd.d_{c} <> 0' for c in COUNTERS)}"
+    )
+    replace = (
+        f"INSERT INTO coverage_cells (model_digest, backend, target, toolchain, {', '.join(CELL_COLUMNS)})"
+        f" SELECT {m}, {be}, {tg}, {tc}, {', '.join('c.' + c for c in CELL_COLUMNS)} FROM ({new_cell}) c"
+    )
+    return [delta, f"DELETE FROM coverage_cells WHERE {key}", replace]
+
+
+def rebuild() -> list[str]:
+    """Recompute every cell and the summary from the builds (the migration, the bench's bulk
+    load, and the tests' oracle: incremental must equal this)."""
+    recompute = (f"SELECT b.model_digest, b.backend, b.target, b.toolchain, {_CELL_COUNTS}"
+                 " FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
+                 " GROUP BY b.model_digest, b.backend, b.target, b.toolchain")
+    zeros = ", ".join("0" for _ in COUNTERS[1:-1])
+    return [
+        "DELETE FROM coverage_cells",
+        "DELETE FROM coverage_deltas",
+        f"INSERT INTO coverage_cells (model_digest, backend, target, toolchain, {', '.join(CELL_COLUMNS)})"
+        f" SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE},"
+        f" {', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM ({recompute}) r",
+        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT c.backend, c.target, c.toolchain, {_contribution('c')}, 0 FROM coverage_cells c"
+        " GROUP BY c.backend, c.target, c.toolchain",
+        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT c.backend, c.target, '', 0, {zeros}, count(DISTINCT c.model_digest) FROM coverage_cells c"
+        " GROUP BY c.backend, c.target",
+    ]
+
+
+# ---- PostgreSQL ---------------------------------------------------------------------------------
+
+_PG_FUNCTIONS = ("coverage_touch(varchar, varchar, varchar, varchar)", "model_generation_bump(varchar)",
+                 "coverage_builds_trigger()", "coverage_artifacts_trigger()", "coverage_verdicts_trigger()",
+                 "coverage_signatures_trigger()")
+_PG_TRIGGERS = (("coverage_builds", "builds"), ("coverage_builds_state", "builds"),
+                ("coverage_artifacts", "artifacts"), ("coverage_artifacts_status", "artifacts"),
+                ("coverage_verdicts", "compat_verdicts"), ("coverage_reports", "device_reports"),
+                ("coverage_signatures", "signatures"))
+
+# A build moving between queued and running leaves its cell "building": no touch (claims and
+# lease renewals stay as cheap as before).
+_STATE_CLASS_CHANGED = ("OLD.state IS DISTINCT FROM NEW.state"
+                        " AND NOT (OLD.state IN ('queued', 'running') AND NEW.state IN ('queued', 'running'))")
+
+
+def _pg_install() -> list[str]:
+    body = ";\n  ".join(touch_statements("p_model", "p_backend", "p_target", "p_toolchain"))
+    return [
+        f"""CREATE FUNCTION coverage_touch(p_model varchar, p_backend varchar, p_target varchar,
+                                          p_toolchain varchar) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_model IS NULL THEN
+    RETURN;
+  END IF;
+  -- One lock per (model, backend, target): its cells and its wanted mark change under it.
+  PERFORM pg_advisory_xact_lock(hashtext('ctxfarm.coverage'), hashtext(p_model || '/' || p_backend || '/' || p_target));
+  {body};
+END $$""",
+        """CREATE FUNCTION model_generation_bump(p_model varchar) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_model IS NULL THEN
+    RETURN;
+  END IF;
+  INSERT INTO model_generations (model_digest, generation) VALUES (p_model, 1)
+  ON CONFLICT (model_digest) DO UPDATE SET generation = model_generations.generation + 1;
+END $$""",
+        """CREATE FUNCTION coverage_builds_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    PERFORM coverage_touch(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
+  ELSE
+    PERFORM coverage_touch(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
+  END IF;
+  RETURN NULL;
+END $$""",
+        """CREATE FUNCTION coverage_artifacts_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    PERFORM coverage_touch(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
+    PERFORM model_generation_bump(OLD.model_digest);
+  ELSE
+    PERFORM coverage_touch(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
+    PERFORM model_generation_bump(NEW.model_digest);
+  END IF;
+  RETURN NULL;
+END $$""",
+        """CREATE FUNCTION coverage_verdicts_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  aid integer;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    aid := OLD.artifact_id;
+  ELSE
+    aid := NEW.artifact_id;
+  END IF;
+  PERFORM coverage_touch(a.model_digest, a.backend, a.target, a.toolchain) FROM artifacts a WHERE a.id = aid;
+  PERFORM model_generation_bump(a.model_digest) FROM artifacts a WHERE a.id = aid;
+  RETURN NULL;
+END $$""",
+        """CREATE FUNCTION coverage_signatures_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  subject varchar;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    subject := OLD.artifact_digest;
+  ELSE
+    subject := NEW.artifact_digest;
+  END IF;
+  PERFORM model_generation_bump(a.model_digest) FROM artifacts a WHERE a.digest = subject;
+  RETURN NULL;
+END $$""",
+        "CREATE TRIGGER coverage_builds AFTER INSERT OR DELETE ON builds"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_builds_trigger()",
+        f"CREATE TRIGGER coverage_builds_state AFTER UPDATE OF state ON builds FOR EACH ROW"
+        f" WHEN ({_STATE_CLASS_CHANGED}) EXECUTE FUNCTION coverage_builds_trigger()",
+        "CREATE TRIGGER coverage_artifacts AFTER INSERT OR DELETE ON artifacts"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_artifacts_trigger()",
+        "CREATE TRIGGER coverage_artifacts_status AFTER UPDATE OF status ON artifacts FOR EACH ROW"
+        " WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION coverage_artifacts_trigger()",
+        "CREATE TRIGGER coverage_verdicts AFTER INSERT OR UPDATE OR DELETE ON compat_verdicts"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_verdicts_trigger()",
+        "CREATE TRIGGER coverage_reports AFTER INSERT OR UPDATE OR DELETE ON device_reports"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_verdicts_trigger()",
+        "CREATE TRIGGER coverage_signatures AFTER INSERT OR UPDATE OR DELETE ON signatures"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_signatures_trigger()",
+    ]
+
+
+def _pg_uninstall() -> list[str]:
+    return ([f"DROP TRIGGER IF EXISTS {name} ON {table}" for name, table in _PG_TRIGGERS]
+            + [f"DROP FUNCTION IF EXISTS {f}" for f in reversed(_PG_FUNCTIONS)])
+
+
+# ---- SQLite -------------------------------------------------------------------------------------
+
+_SQLITE_TRIGGERS = ("coverage_builds_insert", "coverage_builds_delete", "coverage_builds_state",
+                    "coverage_artifacts_insert", "coverage_artifacts_delete", "coverage_artifacts_status",
+                    "coverage_verdicts_insert", "coverage_verdicts_update", "coverage_verdicts_delete",
+                    "coverage_reports_insert", "coverage_reports_update", "coverage_reports_delete",
+                    "coverage_signatures_insert", "coverage_signatures_delete",
+                    "coverage_touches_do", "model_generation_bumps_do")
+_SQLITE_VIEWS = ("coverage_touches", "model_generation_bumps")
+
+
+def _sqlite_install() -> list[str]:
+    touch = ";\n  ".join(touch_statements("NEW.model_digest", "NEW.backend", "NEW.target", "NEW.toolchain"))
+    state_changed = _STATE_CLASS_CHANGED.replace("IS DISTINCT FROM", "IS NOT")
+
+    def calls(row: str, *, bump: bool) -> str:
+        out = (f"INSERT INTO coverage_touches (model_digest, backend, target, toolchain)"
+               f" VALUES ({row}.model_digest, {row}.backend, {row}.target, {row}.toolchain);")
+        if bump:
+            out += f" INSERT INTO model_generation_bumps (model_digest) VALUES ({row}.model_digest);"
+        return out
+
+    def via_artifact(row: str) -> str:
+        return ("INSERT INTO coverage_touches (model_digest, backend, target, toolchain)"
+                f" SELECT model_digest, backend, target, toolchain FROM artifacts WHERE id = {row}.artifact_id;"
+                " INSERT INTO model_generation_bumps (model_digest)"
+                f" SELECT model_digest FROM artifacts WHERE id = {row}.artifact_id;")
+
+    def bump_signed(row: str) -> str:
+        return ("INSERT INTO model_generation_bumps (model_digest)"
+                f" SELECT model_digest FROM artifacts WHERE digest = {row}.artifact_digest;")
+
+    return [
+        # Views that select nothing: inserting into one runs its INSTEAD OF trigger, a procedure call.
+        "CREATE VIEW coverage_touches AS SELECT '' AS model_digest, '' AS backend, '' AS target,"
+        " '' AS toolchain WHERE 0",
+        "CREATE VIEW model_generation_bumps AS SELECT '' AS model_digest WHERE 0",
+        f"CREATE TRIGGER coverage_touches_do INSTEAD OF INSERT ON coverage_touches BEGIN\n  {touch};\nEND",
+        "CREATE TRIGGER model_generation_bumps_do INSTEAD OF INSERT ON model_generation_bumps"
+        " WHEN NEW.model_digest IS NOT NULL BEGIN"
+        # Not INSERT OR IGNORE: the conflict clause of the statement that fired the trigger (an
+        # upsert's) would override it.
+        " INSERT INTO model_generations (model_digest, generation) SELECT NEW.model_digest, 0"
+        " WHERE NOT EXISTS (SELECT 1 FROM model_generations WHERE model_digest = NEW.model_digest);"
+        " UPDATE model_generations SET generation = generation + 1 WHERE model_digest = NEW.model_digest; END",
+        f"CREATE TRIGGER coverage_builds_insert AFTER INSERT ON builds BEGIN {calls('NEW', bump=False)} END",
+        f"CREATE TRIGGER coverage_builds_delete AFTER DELETE ON builds BEGIN {calls('OLD', bump=False)} END",
+        f"CREATE TRIGGER coverage_builds_state AFTER UPDATE OF state ON builds WHEN {state_changed}"
+        f" BEGIN {calls('NEW', bump=False)} END",
+        f"CREATE TRIGGER coverage_artifacts_insert AFTER INSERT ON artifacts BEGIN {calls('NEW', bump=True)} END",
+        f"CREATE TRIGGER coverage_artifacts_delete AFTER DELETE ON artifacts BEGIN {calls('OLD', bump=True)} END",
+        "CREATE TRIGGER coverage_artifacts_status AFTER UPDATE OF status ON artifacts"
+        f" WHEN OLD.status IS NOT NEW.status BEGIN {calls('NEW', bump=True)} END",
+        f"CREATE TRIGGER coverage_verdicts_insert AFTER INSERT ON compat_verdicts BEGIN {via_artifact('NEW')} END",
+        f"CREATE TRIGGER coverage_verdicts_update AFTER UPDATE ON compat_verdicts BEGIN {via_artifact('NEW')} END",
+        f"CREATE TRIGGER coverage_verdicts_delete AFTER DELETE ON compat_verdicts BEGIN {via_artifact('OLD')} END",
+        f"CREATE TRIGGER coverage_reports_insert AFTER INSERT ON device_reports BEGIN {via_artifact('NEW')} END",
+        f"CREATE TRIGGER coverage_reports_update AFTER UPDATE ON device_reports BEGIN {via_artifact('NEW')} END",
+        f"CREATE TRIGGER coverage_reports_delete AFTER DELETE ON device_reports BEGIN {via_artifact('OLD')} END",
+        f"CREATE TRIGGER coverage_signatures_insert AFTER INSERT ON signatures BEGIN {bump_signed('NEW')} END",
+        f"CREATE TRIGGER coverage_signatures_delete AFTER DELETE ON signatures BEGIN {bump_signed('OLD')} END",
+    ]
+
+
+def _sqlite_uninstall() -> list[str]:
+    return ([f"DROP TRIGGER IF EXISTS {name}" for name in _SQLITE_TRIGGERS]
+            + [f"DROP VIEW IF EXISTS {name}" for name in _SQLITE_VIEWS])
+
+
+def install(dialect: str) -> list[str]:
+    """Statements that (re)create the triggers and what they call, for ``dialect``."""
+    if dialect == "postgresql":
+        return _pg_uninstall() + _pg_install()
+    if dialect == "sqlite":
+        return _sqlite_uninstall() + _sqlite_install()
+    raise ValueError(f"no coverage triggers for {dialect}")
+
+
+def uninstall(dialect: str) -> list[str]:
+    if dialect == "postgresql":
+        return _pg_uninstall()
+    if dialect == "sqlite":
+        return _sqlite_uninstall()
+    raise ValueError(f"no coverage triggers for {dialect}")
+
+
+def compact(dialect: str) -> list[str]:
+    """Fold the deltas into one row per (backend, target, toolchain). PostgreSQL: one statement,
+    one snapshot (a delta committed meanwhile is neither summed nor deleted), run by one session
+    at a time (the caller holds the advisory lock); SQLite: writers are serialized already."""
+    sums = ", ".join(f"sum({c})" for c in COUNTERS)
+    cols = f"backend, target, toolchain, {', '.join(COUNTERS)}"
+    nonzero = " OR ".join(f"sum({c}) <> 0" for c in COUNTERS)
+    if dialect == "postgresql":
+        return [f"WITH gone AS (DELETE FROM coverage_deltas RETURNING *)"
+                f" INSERT INTO coverage_deltas ({cols}) SELECT backend, target, toolchain, {sums} FROM gone"
+                f" GROUP BY backend, target, toolchain HAVING {nonzero}"]
+    return ["CREATE TEMP TABLE IF NOT EXISTS coverage_folded AS SELECT * FROM coverage_deltas WHERE 0",
+            "DELETE FROM coverage_folded",
+            f"INSERT INTO coverage_folded ({cols}) SELECT backend, target, toolchain, {sums} FROM coverage_deltas"
+            f" GROUP BY backend, target, toolchain HAVING {nonzero}",
+            "DELETE FROM coverage_deltas",
+            f"INSERT INTO coverage_deltas ({cols}) SELECT {cols} FROM coverage_folded"]

@@ -1,0 +1,59 @@
+"""The coverage summary kept by triggers equals a recompute after every kind of change (SQLite;
+the PostgreSQL run is tests/integration/test_coverage_summary_postgres.py), and the drill-down
+pages with a cursor."""
+
+from __future__ import annotations
+
+import pytest
+
+from farm.core.errors import UsageError
+from registry.coverage import Scope, decode_cursor, encode_cursor, models_page, rebuild, recomputed_matches, summary
+from tests.common import coverage_scenario
+
+
+def test_incremental_equals_recomputed_after_every_change(db):
+    digests = coverage_scenario.run(db.session)
+    coverage_scenario.check_reads(db.session, digests)
+
+
+def test_rebuild_gives_the_same_tables(db):
+    coverage_scenario.run(db.session)
+    with db.session() as s:
+        before = summary(s, compact_over=None).to_dict()
+        rebuild(s)
+        assert recomputed_matches(s) == []
+        assert summary(s, compact_over=None).to_dict() == before
+
+
+def test_empty_index_has_an_empty_summary_and_page(db):
+    with db.session() as s:
+        assert summary(s).rows == []
+        page = models_page(s)
+        assert page.models == [] and page.next_cursor is None
+
+
+@pytest.mark.parametrize("cursor", ["", "x" * 700, "bm90IGpzb24", encode_cursor("a", "sha256:abc").upper(),
+                                    "WyJhIiwgInNoYTI1NjouLi8uLi9ldGMiXQ"])
+def test_bad_cursors_are_usage_errors(db, cursor):
+    with db.session() as s, pytest.raises(UsageError):
+        if not cursor:
+            decode_cursor(cursor)
+        models_page(s, cursor=cursor)
+
+
+def test_cursor_round_trips():
+    d = "sha256:" + "a" * 64
+    assert decode_cursor(encode_cursor("näme", d)) == ("näme", d)
+
+
+@pytest.mark.parametrize("kwargs", [{"state": "exploded"}, {"target": "SM8650"}, {"target": "nope:SM8650"}])
+def test_bad_filters_are_usage_errors(db, kwargs):
+    with db.session() as s, pytest.raises(UsageError):
+        models_page(s, **kwargs)
+
+
+def test_prefix_with_like_wildcards_matches_literally(db):
+    coverage_scenario.run(db.session)
+    with db.session() as s:
+        assert summary(s, Scope(prefix="%")).rows == []
+        assert summary(s, Scope(prefix="a_pha")).rows == []
