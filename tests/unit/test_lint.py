@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("tool,args", [
-    ("ruff", ["check", "farm", "registry", "workers", "migrations", "tests", "bench", "infra/devfarm"]),
+    ("ruff", ["check", "farm", "registry", "workers", "migrations", "tests", "bench", "infra/devfarm", "docs/gen"]),
     ("mypy", ["farm", "registry", "workers"]),
     # The layer contracts in pyproject.toml: imports point one way, no runtime in the control plane.
     ("lint-imports", []),
