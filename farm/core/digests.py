@@ -1,0 +1,112 @@
+"""Digests of local model bundles, remembered by each file's stat (as git's index remembers what
+it hashed): re-submitting an unchanged multi-GiB model costs a few ``stat`` calls, not a pass
+over its bytes. A file is hashed again whenever its size, mtime, ctime, inode or path changed.
+
+Only the client side uses this, to ask the service whether it already holds a bundle before
+sending any of it (``farm submit --server``). The service trusts none of it: what it is sent
+is hashed again there, and what it answers "held" it hashed itself when it was stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.core.bundle import ONNX_NAME, inspect_model
+from farm.core.keys import bundle_digest, sha256_file
+from farm.core.names import UnsafePathError, inside
+
+MAX_ENTRIES = 4096  # the memo keeps the most recent entries
+
+
+@dataclass(frozen=True)
+class LocalBundle:
+    digest: str
+    size: int
+    members: list[tuple[str, Path]]  # (name in the bundle, local file): the .onnx first, as ONNX_NAME
+    hashed_bytes: int  # how many bytes this call read to know the digest (0: all remembered)
+
+
+def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
+    """The bundle digest of the model at ``path`` (its .onnx and every external-data file),
+    reading only files whose stat changed since ``memo_path`` last saw them. A model not seen
+    before is validated in full (``inspect_model``: invalid-model before anything is sent)."""
+    memo = _load(memo_path)
+    hashed = [0]
+
+    def digest_of(p: Path) -> tuple[str, int]:
+        st = p.stat()
+        key = f"file:{st.st_dev}:{st.st_ino}"
+        sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())]
+        hit = memo.get(key)
+        if isinstance(hit, dict) and hit.get("sig") == sig:
+            memo[key] = memo.pop(key)  # most recently used last
+            return str(hit["digest"]), int(st.st_size)
+        digest, size = sha256_file(p)
+        hashed[0] += size
+        memo[key] = {"sig": sig, "digest": digest}
+        return digest, size
+
+    onnx_digest, onnx_size = digest_of(path)
+    layout = memo.get(f"layout:{onnx_digest}")
+    members: list[tuple[str, Path]] = [(ONNX_NAME, path)]
+    external: list[tuple[str, str]] = []
+    size = onnx_size
+    if not isinstance(layout, list):
+        bundle = inspect_model(path)  # the first time: every check, and its own hashes
+        hashed[0] += bundle.size
+        layout = [f.path for f in bundle.external]
+        memo[f"layout:{onnx_digest}"] = layout
+        for f in bundle.external:
+            p = inside(path.parent, f.path)
+            st = p.stat()
+            if st.st_size == f.size:
+                memo[f"file:{st.st_dev}:{st.st_ino}"] = {
+                    "sig": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())], "digest": f.digest}
+    for rel in layout:
+        try:
+            p = inside(path.parent, str(rel))  # the .onnx names them: they stay inside its directory
+        except UnsafePathError:
+            return _forget(memo_path, memo, onnx_digest, path)
+        if not p.is_file():
+            return _forget(memo_path, memo, onnx_digest, path)
+        d, n = digest_of(p)
+        external.append((str(rel), d))
+        members.append((str(rel), p))
+        size += n
+    _save(memo_path, memo)
+    return LocalBundle(bundle_digest(onnx_digest, external), size, members, hashed[0])
+
+
+def _forget(memo_path: Path | None, memo: dict[str, Any], onnx_digest: str, path: Path) -> LocalBundle:
+    """A remembered layout that no longer holds: inspect the model in full (its error, if any)."""
+    memo.pop(f"layout:{onnx_digest}", None)
+    _save(memo_path, memo)
+    return local_bundle(path, memo_path) if memo_path is not None else local_bundle(path, None)
+
+
+def _load(memo_path: Path | None) -> dict[str, Any]:
+    if memo_path is None:
+        return {}
+    try:
+        data = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save(memo_path: Path | None, memo: dict[str, Any]) -> None:
+    if memo_path is None:
+        return
+    while len(memo) > MAX_ENTRIES:
+        memo.pop(next(iter(memo)))
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass  # a memo that can't be written costs the next call a hash, nothing else
