@@ -38,6 +38,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,31 @@ def _opener() -> urllib.request.OpenerDirector:
 
 
 _OPENER = _opener()
+
+
+class _Stream:
+    """A request body read from byte strings and files in 1 MiB pieces (http.client sends an
+    iterable piece by piece; from a file object it reads 8 KiB at a time). ``sent`` counts what
+    went out. A file that shrank since it was measured stops the upload: its length was promised."""
+
+    def __init__(self, parts: list[tuple[bytes | None, Path | None, int]]):
+        self.parts, self.sent = parts, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for data, path, size in self.parts:
+            if data is not None:
+                self.sent += len(data)
+                yield data
+                continue
+            assert path is not None
+            left = size
+            with open(path, "rb") as f:
+                while left > 0 and (chunk := f.read(min(CHUNK, left))):
+                    left -= len(chunk)
+                    self.sent += len(chunk)
+                    yield chunk
+            if left:
+                raise ServerError(f"{path.name} shrank while it was being uploaded")
 # Failures of the connection or of the peer's HTTP (too many or too long headers, a body cut
 # short): the service is unreachable or broken, never a bug of ours.
 _WIRE_ERRORS = (OSError, http.client.HTTPException, ValueError)
@@ -168,18 +194,63 @@ class Client:
         kinds = {".onnx": "application/octet-stream", ".tar": "application/x-tar", ".gz": "application/gzip",
                  ".tgz": "application/gzip", ".zip": "application/zip"}
         size = path.stat().st_size
-        with open(path, "rb") as f:
-            req_headers = {"Content-Type": kinds.get(path.suffix.lower(), "application/octet-stream"),
-                           "Content-Length": str(size)}
-            with self._request("POST", "/v1/models", body=f, headers=req_headers,
-                               query={"name": name, "tag": tag,
-                                      "force_tag": "true" if force_tag else None}) as resp:
-                answer = _parse_json(_read_capped(resp, MAX_ANSWER_BYTES, "the upload's answer",
-                                                  deadline=time.monotonic() + 2 * self.timeout),
-                                     "the upload's answer", ServerError)
+        return self._post_model(_Stream([(None, path, size)]), size,
+                                kinds.get(path.suffix.lower(), "application/octet-stream"), name, tag, force_tag)
+
+    def _post_model(self, body: _Stream, size: int, content_type: str, name: str | None, tag: str | None,
+                    force_tag: bool) -> dict[str, Any]:
+        headers = {"Content-Type": content_type, "Content-Length": str(size)}
+        with self._request("POST", "/v1/models", body=body, headers=headers,
+                           query={"name": name, "tag": tag, "force_tag": "true" if force_tag else None}) as resp:
+            answer = _parse_json(_read_capped(resp, MAX_ANSWER_BYTES, "the upload's answer",
+                                              deadline=time.monotonic() + 2 * self.timeout),
+                                 "the upload's answer", ServerError)
         if not isinstance(answer, dict):
             raise ServerError("the upload's answer is not a JSON object", hint=HINT_SERVER)
         return answer
+
+    def held(self, digest: str, *, name: str | None = None, tag: str | None = None,
+             force_tag: bool = False) -> dict[str, Any] | None:
+        """Hash first: ``POST /v1/models/DIGEST`` sets NAME:TAG on a bundle the service already
+        holds and answers as an upload does, with no model bytes sent; None when the service
+        does not hold it (or predates the route): then ``upload_bundle``."""
+        from farm.core.errors import NotFoundError
+
+        try:
+            answer = self.json("POST", f"/v1/models/{urllib.parse.quote(digest)}", None, name=name, tag=tag,
+                               force_tag="true" if force_tag else None)
+        except NotFoundError:
+            return None
+        except ServerError as exc:
+            if "HTTP 404" in exc.message or "HTTP 405" in exc.message:
+                return None  # a service without the route: upload
+            raise
+        if not isinstance(answer, dict) or answer.get("digest") != digest:
+            raise ServerError("the answer to a held-model request names another model", hint=HINT_SERVER)
+        return answer
+
+    def upload_bundle(self, members: list[tuple[str, Path]], *, name: str | None = None, tag: str | None = None,
+                      force_tag: bool = False) -> dict[str, Any]:
+        """Upload a model bundle: a lone .onnx as it is; with external data, a tar of (name,
+        file) written as it is sent, 1 MiB at a time, its length known before the first byte:
+        memory stays flat whatever the size."""
+        if len(members) == 1:
+            return self.upload(members[0][1], name=name, tag=tag, force_tag=force_tag)
+        import tarfile
+
+        parts: list[tuple[bytes | None, Path | None, int]] = []
+        total = 0
+        for rel, path in members:
+            size = path.stat().st_size
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = size, 0o644, 0
+            header = info.tobuf(tarfile.PAX_FORMAT)
+            pad = -size % tarfile.BLOCKSIZE
+            parts += [(header, None, len(header)), (None, path, size), (b"\0" * pad, None, pad)]
+            total += len(header) + size + pad
+        parts.append((b"\0" * (2 * tarfile.BLOCKSIZE), None, 2 * tarfile.BLOCKSIZE))
+        total += 2 * tarfile.BLOCKSIZE
+        return self._post_model(_Stream(parts), total, "application/x-tar", name, tag, force_tag)
 
     def manifest_bytes(self, digest: str, size: int) -> bytes:
         """An artifact's manifest, fetched by its digest: at most ``size`` bytes read, then

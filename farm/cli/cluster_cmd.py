@@ -60,13 +60,13 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "workers":
         return _workers(args, settings)
     if getattr(args, "server", None):
-        return _remote(name, args)
+        return _remote(name, args, settings)
     if name == "status":
         return _status(args, settings)
     return _submit(args, settings)
 
 
-def _remote(name: str, args: argparse.Namespace) -> int:
+def _remote(name: str, args: argparse.Namespace, settings: Settings | None = None) -> int:
     """submit/status through the HTTP service: no database, broker or store credentials."""
     from pathlib import Path
 
@@ -88,7 +88,7 @@ def _remote(name: str, args: argparse.Namespace) -> int:
         doc = release_json(st["release"], st["model"], st["builds"])
         _show_release(doc, args.json)
         return 0 if doc["ok"] or not doc["done"] else 1
-    model = client.upload(Path(args.model), name=args.name, tag=args.tag, force_tag=args.force_tag)
+    model = send_model(client, Path(args.model), args, settings)
     if moved := model.get("tag_moved"):
         print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
     st = client.json("POST", "/v1/releases", {
@@ -105,6 +105,32 @@ def _remote(name: str, args: argparse.Namespace) -> int:
     if args.wait:
         return 0 if doc["ok"] else 1
     return 0
+
+
+def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Settings | None) -> dict[str, Any]:
+    """Hash first, then send only what the service lacks: a .onnx bundle's digest (remembered by
+    its files' stat under FARM_HOME/cache, so an unchanged multi-GiB model is not read again) is
+    offered with ``POST /v1/models/DIGEST``; only when the service does not hold it is the bundle
+    uploaded (streamed; external data in a tar written on the way). An archive is uploaded as it is."""
+    import time
+
+    if path.suffix.lower() != ".onnx":
+        return dict(client.upload(path, name=args.name, tag=args.tag, force_tag=args.force_tag))
+    from farm.core.digests import local_bundle
+
+    t = time.perf_counter()
+    memo = settings.home / "cache" / "digests.json" if settings is not None else None
+    bundle = local_bundle(path, memo)
+    held = client.held(bundle.digest, name=args.name, tag=args.tag, force_tag=args.force_tag)
+    if held is not None:
+        if not args.json:
+            print(f"model {bundle.digest[:19]} ({bundle.size / 2**20:.1f} MiB) is held by the service: nothing "
+                  f"uploaded ({time.perf_counter() - t:.2f} s)", file=sys.stderr)
+        return held
+    model = dict(client.upload_bundle(bundle.members, name=args.name, tag=args.tag, force_tag=args.force_tag))
+    if not args.json:
+        print(f"uploaded {bundle.size / 2**20:.1f} MiB in {time.perf_counter() - t:.2f} s", file=sys.stderr)
+    return model
 
 
 def release_json(release: int, model: str, builds: list[dict[str, Any]], *,

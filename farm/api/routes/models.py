@@ -69,3 +69,52 @@ def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: s
                                      force_tag=force_tag)
     return ModelOut(digest=bundle.digest, size=bundle.size, files=files, tag=f"{name}:{tag}" if name else None,
                     tag_moved=moved)
+
+
+# ---- hash first: the client asks whether the content is held before it sends any of it ---------
+
+@router.api_route("/v1/models/{digest}", methods=["GET", "HEAD"], response_model=ModelOut,
+                  dependencies=[submit])
+def held_model(digest: str, reg: RegistryDep) -> ModelOut:
+    """200 with the model's snapshot listing when the service holds this bundle whole (the
+    model recorded, every file's blob in the store), else 404 ``not-found``: as an OCI registry
+    answers ``HEAD /v2/…/blobs/DIGEST`` before a push. ``farm submit --server`` asks first and
+    sends no model bytes when the answer is 200."""
+    return _held(reg, digest)
+
+
+@router.post("/v1/models/{digest}", response_model=ModelOut, dependencies=[submit])
+def claim_model(digest: str, reg: RegistryDep, name: Annotated[str | None, Query(max_length=255)] = None,
+                tag: Annotated[str | None, Query(max_length=128)] = None, force_tag: bool = False) -> ModelOut:
+    """An upload with no body for a bundle the service holds (404 ``not-found`` when it does not:
+    then send it with ``POST /v1/models``): NAME:TAG is set as an upload sets it."""
+    name_, tag_ = plan.check_name_tag(name, tag)
+    held = _held(reg, digest)
+    if not name_ or not tag_:
+        return held
+    with reg.db.session() as s:
+        moved = plan.record_snapshot(s, held.digest, "", held.size, None, name_, tag_, "upload", force_tag=force_tag)
+    return held.model_copy(update={"tag": f"{name_}:{tag_}", "tag_moved": moved})
+
+
+def _held(reg: Registry, digest: str) -> ModelOut:
+    from farm.core.errors import BlobNotFound
+    from farm.core.keys import is_digest
+    from registry.models import Model
+
+    if not is_digest(digest):
+        raise E.UsageError(f"{digest[:80]!r} is not a model digest", hint="sha256: and 64 lowercase hex digits")
+    with reg.db.session() as s:
+        m = s.get(Model, digest)
+        listing = None if m is None else [dict(f) for f in m.files]
+        size = 0 if m is None else int(m.size)
+    missing = E.NotFoundError(f"the service does not hold model {digest}", hint="upload it: POST /v1/models")
+    if not listing or not all(f.get("stored") for f in listing):
+        raise missing
+    for f in listing:
+        try:
+            if reg.store.stat(str(f["digest"])).size != int(f["size"]):
+                raise missing
+        except BlobNotFound:
+            raise missing from None
+    return ModelOut(digest=digest, size=size, files=listing)
