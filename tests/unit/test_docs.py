@@ -114,3 +114,10 @@ def test_the_readme_links_lead_somewhere() -> None:
     assert local, "the README links to the docs"
     assert [link for link in local if not (ROOT / link).exists()] == []
     assert {"docs/operations.md", "docs/ci.md", "docs/cli.md", "docs/api.md", "docs/errors.md"} <= set(local)
+
+
+def test_every_setting_is_documented() -> None:
+    """Each FARM_* variable farm/core/settings.py reads has a row on the Settings page."""
+    names = set(re.findall(r"\"(FARM_[A-Z0-9_]+)\"", (ROOT / "farm" / "core" / "settings.py").read_text()))
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert names and sorted(n for n in names if f"`{n}`" not in page) == []
