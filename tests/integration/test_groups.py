@@ -1,0 +1,163 @@
+"""Graph groups and multi-SoC builds, for real: QNN 2.51.0 compiles (onnxruntime-qnn) in the
+embedded farm, the QNN System API's description of the binaries, resolve and fetch as a device."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from farm.core.settings import Settings
+from tests.common.cli import farm
+from tests.common.groups import prefill_decode
+from tests.common.onnx_models import save
+from tests.common.registry_state import snapshot
+
+
+def _show(env: dict[str, str], artifact: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(farm(env, "show", artifact, "--json").stdout)
+
+
+def test_group_builds_one_shared_binary_described_and_delivered_whole(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    prefill, decode = prefill_decode(tmp_path / "m", external=True)
+    out = json.loads(farm(farm_env, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}",
+                          "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag", "t1", "--json").stdout)
+    assert out["ok"] and out["graphs"] == ["prefill", "decode"]
+    (b,) = out["builds"]
+    assert b["state"] == "built" and b["nodes_ep"] == 2 and b["nodes_cpu"] == 0
+
+    info = _show(farm_env, b["artifact"])
+    files = {f["name"]: f["role"] for f in info["files"]}
+    # Fixed stems: g<i>_ctx.onnx per graph, the one .bin named by the EP after the first graph.
+    assert {n for n, r in files.items() if r == "ctx-model"} == {"g0_ctx.onnx", "g1_ctx.onnx"}
+    assert [n for n, r in files.items() if r == "context"] == ["g0_ctx_qnn.bin"]
+    graphs = info["manifest"]["graphs"]
+    assert [(g["name"], g["ctxModel"], g["contexts"]) for g in graphs] == [
+        ("prefill", "g0_ctx.onnx", ["g0_ctx_qnn.bin"]), ("decode", "g1_ctx.onnx", ["g0_ctx_qnn.bin"])]
+    # The binary's own description (QNN System API of QNN 2.51.0): exactly these two graphs,
+    # with the source models' inputs and outputs; weight-shared: unverified, never "loads".
+    desc = info["description"]
+    assert desc["check"].startswith("ok") and desc["soc_models"] == [57]
+    assert desc["binaries"]["g0_ctx_qnn.bin"]["build_id"].startswith("v2.51.0")
+    by_name = {g["name"]: g for g in desc["graphs"]}
+    assert {t["name"]: t["shape"] for t in by_name["prefill"]["inputs"]} == {"x": [1, 16, 64], "bias": [1, 16, 64]}
+    assert {t["name"]: t["shape"] for t in by_name["decode"]["inputs"]} == {"x": [1, 1, 64], "bias": [1, 1, 64]}
+    assert by_name["decode"]["outputs"] == [{"name": "y", "shape": [1, 1, 64], "dtype": "float32"}]
+    assert "weight-shared" in desc["unverified"] and info["verdicts"] == []
+    text = farm(farm_env, "show", b["artifact"]).stdout
+    assert "verdict   unverified: the x86_64 simulator cannot load weight-shared contexts" in text
+    assert "graph decode" in text and "x float32[1,1,64]" in text
+
+    # The same graphs elsewhere, and through a group file, are the same group: cached.
+    other = tmp_path / "copy"
+    shutil.copytree(tmp_path / "m", other)
+    group_file = other / "group.toml"
+    group_file.write_text('[[graphs]]\nname = "prefill"\npath = "prefill/prefill.onnx"\n'
+                          '[[graphs]]\nname = "decode"\npath = "decode/decode.onnx"\n')
+    again = json.loads(farm(farm_env, "build", "--group-file", str(group_file), "-t", "qnn:SM8650", "--json").stdout)
+    assert again["model"] == out["model"] and again["builds"][0]["state"] == "cached"
+    assert again["builds"][0]["artifact"] == b["artifact"]
+    # Another order is another group.
+    swapped = json.loads(farm(farm_env, "build", "--graph", f"decode={decode}", "--graph", f"prefill={prefill}",
+                              "-t", "qnn:SM8650", "--json").stdout)
+    assert swapped["model"] != out["model"]
+
+    # A device gets the whole group, atomically, under the manifest's names.
+    res = json.loads(farm(farm_env, "resolve", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0",
+                          "--json").stdout)
+    assert res["artifact"] == b["artifact"]
+    dev = tmp_path / "device"
+    farm(farm_env, "fetch", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0", "--out", str(dev))
+    assert sorted(p.name for p in dev.iterdir()) == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx"]
+    for ctx in ("g0_ctx.onnx", "g1_ctx.onnx"):
+        node = onnx.load(str(dev / ctx)).graph.node[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["ep_cache_context"] == b"g0_ctx_qnn.bin" and attrs["main_context"] == 1
+
+
+def test_group_refusals_write_nothing(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    prefill, decode = prefill_decode(tmp_path)
+    junk = tmp_path / "notes.onnx"
+    junk.write_text("not a model")
+    farm(farm_env, "build", str(prefill), "-t", "qnn:SM8650")  # an index to compare against
+    before = snapshot(settings)
+    cases = [
+        (["--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8450"],
+         2, "sharing-unsupported", "HTP v69"),
+        (["--graph", f"prefill={prefill}", "--graph", f"prefill={decode}", "-t", "qnn:SM8650"],
+         2, "bad-group", "given twice"),
+        (["--graph", f"Pre/../fill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650"],
+         2, "bad-group", "not allowed"),
+        (["--graph", f"prefill={prefill}", "-t", "qnn:SM8650"], 2, "bad-group", "at least two"),
+        (["--graph", f"prefill={junk}", "--graph", f"decode={decode}", "-t", "qnn:SM8650"],
+         1, "invalid-model", "graph 'prefill'"),
+        (["--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650+SM8750"],
+         2, "sharing-unsupported", "multi-SoC"),
+        (["--graph", "prefill", "--graph", f"decode={decode}", "-t", "qnn:SM8650"], 2, "bad-group", "NAME=PATH"),
+        ([str(prefill), "--graph", f"decode={decode}", "-t", "qnn:SM8650"], 2, "usage", "not both"),
+    ]
+    for args, rc, code, words in cases:
+        proc = farm(farm_env, "build", *args, check=False)
+        assert proc.returncode == rc, (args, proc.stderr)
+        assert f"error[{code}]" in proc.stderr and words in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert snapshot(settings) == before
+
+
+def test_multi_soc_build_serves_each_soc_and_a_per_soc_build_wins(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.common.groups import shared_graph
+
+    model = str(save(shared_graph(16), tmp_path / "m.onnx"))
+    out = json.loads(farm(farm_env, "build", model, "-t", "qnn:SM8750+SM8650", "--name", "ms", "--json").stdout)
+    (b,) = out["builds"]
+    assert b["state"] == "built" and b["target"] == "qnn:SM8650+SM8750"  # canonical: catalog order
+    info = _show(farm_env, b["artifact"])
+    desc = info["description"]
+    # A ZIP container of one HTP cache per SoC, each described by the System API.
+    (binary,) = desc["binaries"].values()
+    assert binary["container"] == "multi-soc" and binary["soc_models"] == [57, 69]
+    assert desc["check"].startswith("ok") and "multi-SoC" in desc["unverified"] and info["verdicts"] == []
+    for soc in ("SM8650", "SM8750"):
+        res = json.loads(farm(farm_env, "resolve", "--model", "ms", "--soc", soc, "--qnn", "2.51.0",
+                              "--json").stdout)
+        assert res["artifact"] == b["artifact"] and "multi-SoC build" in res["reason"]
+    miss = farm(farm_env, "resolve", "--model", "ms", "--soc", "SM8550", "--qnn", "2.51.0", check=False)
+    assert miss.returncode == 3 and "error[no-match]" in miss.stderr
+    # A per-SoC build of the same model comes first for its SoC (compiled for it, verifiable here).
+    one = json.loads(farm(farm_env, "build", model, "-t", "qnn:SM8650", "--name", "ms", "--json").stdout)
+    res = json.loads(farm(farm_env, "resolve", "--model", "ms", "--soc", "SM8650", "--qnn", "2.51.0",
+                          "--json").stdout)
+    assert res["artifact"] == one["builds"][0]["artifact"]
+    res = json.loads(farm(farm_env, "resolve", "--model", "ms", "--soc", "SM8750", "--qnn", "2.51.0",
+                          "--json").stdout)
+    assert res["artifact"] == b["artifact"]
+
+
+def test_single_model_artifact_carries_its_description(settings: Settings, farm_env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    from tests.common.groups import shared_graph
+
+    model = str(save(shared_graph(4), tmp_path / "m.onnx"))
+    out = json.loads(farm(farm_env, "build", model, "-t", "qnn:SM8750", "--json").stdout)
+    info = _show(farm_env, out["builds"][0]["artifact"])
+    desc = info["description"]
+    assert desc["check"].startswith("ok") and desc["soc_models"] == [69] and "unverified" not in desc
+    (g,) = desc["graphs"]
+    assert sorted(t["name"] for t in g["inputs"]) == ["bias", "x"] and g["outputs"][0]["shape"] == [1, 4, 64]
+    assert [v["verdict"] for v in info["verdicts"]] == ["loads"]  # the self-probe, as before
+
+
+@pytest.mark.parametrize("sdk", ["2.47.0"])
+def test_multi_soc_refused_below_qnn_2_48(sdk: str) -> None:
+    from farm.core.catalog import parse_target
+    from farm.core.errors import MultiSocUnsupportedError
+    from farm.core.groups import check_build_support
+
+    with pytest.raises(MultiSocUnsupportedError, match="QNN >= 2.48"):
+        check_build_support(parse_target("qnn:SM8650+SM8750"), sdk, group=False)
+    check_build_support(parse_target("qnn:SM8650+SM8750"), "2.49.40", group=False)
