@@ -385,6 +385,9 @@ def _error_of(exc: urllib.error.HTTPError) -> FarmError:
     if status >= _RELAYED_BELOW or code in _NOT_RELAYED:
         return ServerError(f"the service failed (HTTP {status}, {code}): {message}",
                            hint="nothing was changed here; try again later, or tell the service's operators")
+    if code == "no-match" and hint:
+        # The service explains what its operators could build; a device can only ask for it.
+        hint = f"nothing loads on this device yet: ask the service's operators for a build ({hint})"
     return error_for_code(code, message, hint=hint, fallback=ServerError)
 
 
@@ -497,7 +500,10 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     # The manifest is fetched by the digest that names the artifact, never from a URL in the
     # answer, then bound to the answer; signatures are over that digest.
     data = client.manifest_bytes(artifact, res["manifest_size"])
-    manifest = check_manifest(_parse_json(data, f"manifest {artifact[7:19]}", ManifestError))
+    try:
+        manifest = check_manifest(_parse_json(data, f"manifest {artifact[7:19]}", ManifestError))
+    except ManifestError as exc:
+        raise ManifestError(exc.message, hint=HINT_SERVER) from None
     _check_manifest_binding(manifest, res, q)
     signed_by = _check_signatures(artifact, res.get("signatures", []), trusted_keys or [],
                                   required=require_signature, allow_unsigned=allow_unsigned)

@@ -13,7 +13,7 @@ from farm.core.settings import Settings
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "load-check":
-        p.add_argument("ctx_model", help="a *_ctx.onnx, or the DIR that farm fetch --out DIR filled")
+        p.add_argument("ctx_model", help="a *_ctx.onnx, or the DIR that farm install --dest DIR (or farm fetch) filled")
         p.add_argument("--target", "-t", required=True, help="the device, e.g. qnn:SM8650")
         p.add_argument("--json", action="store_true")
         return
@@ -269,11 +269,22 @@ def load_lines(load: dict[str, Any]) -> list[str]:
 
 def _load_check(args: argparse.Namespace) -> int:
     from farm.core.catalog import parse_target
+    from farm.core.errors import MissingExtraError
 
     target = parse_target(args.target)
     ctx_model = Path(args.ctx_model)
     if ctx_model.is_dir() and (ctx_model / "model_ctx.onnx").is_file():
-        ctx_model = ctx_model / "model_ctx.onnx"  # the DIR that `farm fetch --out DIR` filled
-    result = checked_load(ctx_model, target)
+        ctx_model = ctx_model / "model_ctx.onnx"  # the DIR that `farm install --dest DIR` filled
+    try:
+        result = checked_load(ctx_model, target)
+    except MissingExtraError as exc:
+        # The runner says what a build host lacks; a device loads with the runtime it has.
+        from farm.core.catalog.runtimes import qnn_map_text
+
+        runtime = "onnxruntime-qnn" if target.backend == "qnn" else "onnxruntime-gpu and tensorrt"
+        raise MissingExtraError(f"load-check loads the context with {runtime}, which is not installed in this "
+                                f"Python ({exc.message})",
+                                hint=(f"pip install the onnxruntime-qnn release of this device's QNN ({qnn_map_text()})"
+                                      if target.backend == "qnn" else exc.hint)) from None
     print(json.dumps(result, indent=2) if args.json else "\n".join(load_lines(result)))
     return 0

@@ -140,19 +140,20 @@ class ToolchainError(FarmError):
 class NotAContextError(FarmError):
     code = "not-a-context"
     summary = "`load-check`: a plain ONNX model (no EPContext node), not a compiled context"
-    default_hint = "build it first (farm build MODEL -t TARGET), then check the model_ctx.onnx that farm fetch writes"
+    default_hint = "check the model_ctx.onnx that farm install (or ctxfarm-install) wrote, not the source model"
 
 
 class TargetMismatchError(FarmError):
     code = "target-mismatch"
     summary = "`load-check`: the context was built for another SoC (or by another EP) than `--target`"
-    default_hint = "fetch the build for this device (farm fetch --model NAME:TAG --soc SOC --qnn VERSION)"
+    default_hint = "install the build for this device: farm install --model NAME:TAG --soc SOC --qnn VERSION"
 
 
 class RuntimeTooOldError(FarmError):
     code = "runtime-too-old"
     summary = "`load-check`: the context was built with a newer SDK than the local runtime"
-    default_hint = "fetch a build made with the runtime's SDK or an older one (farm resolve picks it)"
+    default_hint = ("install the build for this runtime: farm install --model NAME:TAG --soc SOC --qnn VERSION "
+                    "with the QNN version of this device's onnxruntime-qnn (farm targets lists the map)")
 
 
 class RuntimeCrashedError(FarmError):

@@ -81,7 +81,8 @@ def test_the_client_wheel_has_no_dependencies_and_installs_from_a_live_service(
     dest = tmp_path / "device" / "sq"
     proc = subprocess.run([str(bare_client / "ctxfarm-install"), "--server", live["url"], "--token", live["token"],
                            "--model", "sq:stable", "--soc", "snapdragon-8-gen-3", "--qnn", "2.51.0",
-                           "--dest", str(dest), "--json"], capture_output=True, text=True, env=_bare_env(), cwd=tmp_path, timeout=120)
+                           "--dest", str(dest), "--json"], capture_output=True, text=True, env=_bare_env(), cwd=tmp_path,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["artifact"] == live["artifact"] and Path(got["ctx_model"]) == dest / "model_ctx.onnx"
@@ -122,3 +123,19 @@ def test_device_hints_are_things_a_device_can_do(bare_client: Path, live: dict[s
     for proc in (detect, wrong):
         assert "Traceback" not in proc.stderr and "farm registry" not in proc.stderr and "farm fetch" not in proc.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_load_check_hints_point_at_farm_install(live: dict[str, Any], tmp_path: Path) -> None:
+    """A context installed for SM8650, load-checked as SM8550: target-mismatch, and the hint is
+    the device's own command (farm install), not an operator's (farm fetch)."""
+    pytest.importorskip("onnxruntime_qnn", reason="load-check loads with the [qnn] extra")
+    from farm.client import install
+
+    dest = tmp_path / "sq"
+    install(live["url"], live["token"], "sq:stable", soc="SM8650", qnn="2.51.0", dest=dest)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env["FARM_HOME"] = str(tmp_path / "home")
+    proc = subprocess.run([sys.executable, "-m", "farm.cli", "load-check", str(dest), "--target", "qnn:SM8550"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "error[target-mismatch]" in proc.stderr, proc.stderr
+    assert "farm install --model NAME:TAG --soc SM8550" in proc.stderr and "farm fetch" not in proc.stderr

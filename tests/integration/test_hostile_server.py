@@ -19,6 +19,7 @@ from tests.common.hostile_answers import CASES, Case, Where
 from tests.common.hostile_server import BIN, CTX, QNN, SOC, Scenario, fresh, hostile_service
 
 TOKEN = "cfk_device-secret"
+OPERATOR_ONLY = ("farm registry", "farm fetch", "farm build", "farm keys", "compile with")
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
@@ -72,6 +73,8 @@ def test_device_client_refuses_a_hostile_answer(case: Case, tmp_path: Path, caps
             assert exc.value.code == case.code, exc.value.message
             assert not dest.exists()
             assert "\x1b" not in exc.value.message and "\x1b" not in (exc.value.hint or "")
+            # A device's hints are things a device can do: no operator commands.
+            assert not any(op in (exc.value.hint or "") for op in OPERATOR_ONLY), exc.value.hint
         # The token goes to the service only, never after a redirect.
         assert all("authorization" not in h for p, h in scenario.seen if not p.startswith(("/v1/", )))
         # The same through the device command: a documented code, no traceback.
@@ -80,7 +83,7 @@ def test_device_client_refuses_a_hostile_answer(case: Case, tmp_path: Path, caps
         capsys.readouterr()
         rc = main(_argv(url, {**ask, "dest": tmp_path / "device" / "sq2"}))
         out, err = capsys.readouterr()
-    assert "Traceback" not in err
+    assert "Traceback" not in err and not any(op in err for op in OPERATOR_ONLY)
     if case.code == "ok":
         assert rc == 0
     else:

@@ -328,8 +328,8 @@ class QnnRunner:
             raise TargetMismatchError(
                 f"{ctx_model.name} was built for {built_for}{arch}, not for {target.name} "
                 f"(HTP {target.htp_arch}){sim}",
-                hint=f"fetch the build for this device: farm fetch --model NAME:TAG --soc {target.name} "
-                     f"--qnn {toolchain.version} --out DIR", details=report)
+                hint=f"install the build for this device: farm install --model NAME:TAG --soc {target.name} "
+                     f"--qnn {toolchain.version} --dest DIR", details=report)
         if not built_for:
             notes.append("the context records no SoC: it was not checked against the target")
         built = context["sdk"]
@@ -339,9 +339,9 @@ class QnnRunner:
                 f"newer than this runtime's QNN {toolchain.version} (onnxruntime-qnn {toolchain.ep_version}): "
                 "a QNN runtime loads contexts built with its own SDK or an older one, never a newer one "
                 "(measured: QNN_CONTEXT_ERROR_INVALID_ARGUMENT)",
-                hint=f"fetch a build made with QNN <= {toolchain.version} (farm resolve --model NAME:TAG "
-                     f"--soc {target.name} --qnn {toolchain.version} picks one), or install an onnxruntime-qnn "
-                     f"with QNN >= {built}", details=report)
+                hint=f"install a build made with QNN <= {toolchain.version} (farm install --model NAME:TAG "
+                     f"--soc {target.name} --qnn {toolchain.version} --dest DIR picks one), or an onnxruntime-qnn "
+                     f"with QNN >= {built} (farm targets lists which release carries which QNN)", details=report)
         if built and parse_version(built) < parse_version(toolchain.version):
             notes.append(f"built with QNN {built}, older than this runtime's {toolchain.version}: "
                          "newer runtimes load older contexts (measured)")
