@@ -1,13 +1,10 @@
 """Hash first (issue 22): `farm submit --server` offers a bundle's digest before it sends any
-of it, and an unchanged model is not uploaded again. The real service (create_app under uvicorn,
-in a thread) with a counting middleware in front: what reached the upload route, in bytes."""
+of it, and an unchanged model is not uploaded again. The real service in this process with a
+counting middleware in front (tests.common.inproc): what reached the upload route, in bytes."""
 
 from __future__ import annotations
 
 import argparse
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,56 +14,14 @@ import pytest
 from farm.cli.cluster_cmd import send_model
 from farm.client import Client
 from farm.core.settings import Settings
+from tests.common.inproc import Counting, running_service
 from tests.common.onnx_models import matmul_add, save_external
-from tests.common.service import token
-
-
-class Counting:
-    """ASGI middleware: requests and body bytes per (method, path)."""
-
-    def __init__(self, app: Any):
-        self.app = app
-        self.hits: dict[tuple[str, str], int] = {}
-        self.bytes: dict[tuple[str, str], int] = {}
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        key = (scope["method"], "/v1/models/DIGEST" if path.startswith("/v1/models/sha256:") else path)
-        self.hits[key] = self.hits.get(key, 0) + 1
-
-        async def counted() -> Any:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                self.bytes[key] = self.bytes.get(key, 0) + len(msg.get("body", b""))
-            return msg
-
-        return await self.app(scope, counted, send)
 
 
 @pytest.fixture
 def service(settings: Settings) -> Iterator[dict[str, Any]]:
-    import uvicorn
-
-    from farm.api.app import create_app
-
-    counting = Counting(create_app(settings))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(counting, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield {"url": f"http://127.0.0.1:{port}", "counting": counting,
-               "token": token(settings, "ci", "submit")}
-    finally:
-        server.should_exit = True
-        t.join(10)
+    with running_service(settings) as svc:
+        yield svc
 
 
 def args(**kw: Any) -> argparse.Namespace:
