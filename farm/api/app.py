@@ -57,6 +57,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers):
         app.include_router(module.router)
+    from farm.api.routes import cancel
+
+    app.include_router(cancel.router)  # issue 22: farm cancel
     app.include_router(reports.router)  # issue 23: device reports
     return app
 

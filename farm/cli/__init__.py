@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load-check": ("device_cmd", "load a context model with the local toolchain and time it"),
     "submit": ("cluster_cmd", "cluster: queue a release (targets x toolchains) to the workers"),
     "status": ("cluster_cmd", "cluster: progress of a release or a build"),
+    "cancel": ("cancel_cmd", "stop the queued and running builds of a release (or one build)"),
     "worker": ("cluster_cmd", "cluster: run a worker for the toolchain installed here"),
     "workers": ("cluster_cmd", "cluster: live (and dead) workers and what they serve"),
     "ls": ("registry_cmd", "list artifacts"),
