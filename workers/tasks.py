@@ -62,6 +62,14 @@ def _finish(ex: Any, queue: str | None, result: Any) -> None:
             send(app, COMPILE_TASK, [result.build_id], queue, countdown=result.countdown)
     elif result.outcome == "succeeded" and result.artifact_id is not None:
         schedule_probes(ex, result.artifact_id)
+        try:  # issue 23: the accuracy check, a follow-up task (never on the answer's path)
+            from farm.pipeline.accuracy import after_publish
+
+            after_publish(settings, ex.registry, result.build_id, result.artifact_id)
+        except Exception:
+            import logging
+
+            logging.getLogger("ctxfarm.accuracy").warning("could not schedule the accuracy check", exc_info=True)
 
 
 def drain() -> None:
@@ -119,3 +127,17 @@ def probe_artifact(self: Any, artifact_id: int) -> str | None:
         return result
     except ResourceLimitError as exc:
         raise self.retry(countdown=60, exc=exc) from None
+
+
+ACCURACY_TASK = "ctxfarm.check_accuracy"  # farm.pipeline.accuracy.ACCURACY_TASK
+
+
+@app.task(name=ACCURACY_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=2)
+def check_accuracy(self: Any, artifact_id: int) -> str | None:
+    """The artifact run on this worker's runtime against the CPU reference (farm.pipeline.accuracy);
+    its own time budget (FARM_ACCURACY_BUDGET) ends it, whatever the model."""
+    if not isinstance(artifact_id, int) or isinstance(artifact_id, bool) or not 0 < artifact_id < 2**31:
+        return None
+    from farm.pipeline.accuracy import run_task
+
+    return run_task(settings, executor().registry, artifact_id)

@@ -34,6 +34,10 @@ class EmbeddedRunner:
             self.executors[backend] = Executor(self.settings, self.reg, backend=backend)
         for _ in range(self.settings.max_attempts + 1):
             r = self.executors[backend].execute(build_id)
+            if r.outcome == "succeeded" and r.artifact_id is not None:
+                from farm.pipeline.accuracy import after_publish
+
+                after_publish(self.settings, self.reg, build_id, r.artifact_id)  # a thread: off the answer's path
             if r.outcome != "retry":
                 return
             time.sleep(min(r.countdown, 30))

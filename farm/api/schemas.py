@@ -36,6 +36,11 @@ class ReleaseIn(BaseModel):
     require_full_offload: bool = Field(
         default=False, description="answer unsupported-ops for builds that leave nodes on the CPU: a gate on the "
                                    "answer, not a build input (options.require_full_offload is the same)")
+    min_psnr: float | None = Field(
+        default=None, ge=0, le=200,
+        description="accuracy gate (docs/evidence.md): each build's context is run on the HTP simulator against "
+                    "the CPU EP; a build with an output below this PSNR (dB) is answered accuracy-below-threshold "
+                    "(its artifact stays published); it stays running until its check has run")
 
 
 class BuildOut(BaseModel):

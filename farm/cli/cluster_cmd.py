@@ -26,6 +26,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--require-full-offload", action="store_true",
                        help="answer unsupported-ops (naming the op types) for builds that leave any node on the "
                             "CPU; a gate on the answer, not a build input (-o require_full_offload=true is the same)")
+        p.add_argument("--min-psnr", type=float, metavar="DB",
+                       help="accuracy gate: a build whose context, run on the HTP simulator, gives an output below "
+                            "DB PSNR against the CPU EP is answered accuracy-below-threshold (published anyway)")
         p.add_argument("--name")
         p.add_argument("--tag")
         p.add_argument("--force-tag", action="store_true", help="move NAME:TAG if it points at another model")
@@ -94,7 +97,8 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
     st = client.json("POST", "/v1/releases", {
         "model": model["digest"], "targets": list(args.target), "sdks": list(args.sdk),
         "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed,
-        **({"require_full_offload": True} if args.require_full_offload else {})})
+        **({"require_full_offload": True} if args.require_full_offload else {}),
+        **({"min_psnr": args.min_psnr} if args.min_psnr is not None else {})})
     if not args.json:
         print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
     if args.wait:
@@ -205,7 +209,7 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         options += [f"{k}={v}" for k, v in m.get("options", {}).items()]
     kwargs: dict[str, Any] = {"name": args.name, "tag": args.tag, "allow_queue": args.allow_queue,
                               "retry_failed": args.retry_failed, "force_tag": args.force_tag,
-                              "require_full_offload": args.require_full_offload}
+                              "require_full_offload": args.require_full_offload, "min_psnr": args.min_psnr}
     # A release the index answers whole is recorded over a bare connection (no SQLAlchemy, boto3
     # or Celery imported); anything else takes the full path.
     st = resubmit(settings, args.model, targets, sdks, options, **kwargs)

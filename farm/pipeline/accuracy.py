@@ -163,3 +163,109 @@ def gate_outcomes(settings: Settings, reg: Registry, outcomes: Sequence[Any], mi
         if refusal is not None:
             o.cached_failure = False
             o.state, o.error_code, o.error_message = "failed", refusal.code, refusal.message
+
+
+# ---- cluster: a follow-up task, and the gate on a release's answer ---------------------------------
+
+ACCURACY_TASK = "ctxfarm.check_accuracy"  # workers.tasks.check_accuracy, sent to the probe queue
+
+
+def gated_release(s: Any, build_id: int) -> bool:
+    """Whether a release holding this build asked for --min-psnr."""
+    from sqlalchemy import select
+
+    from registry.models import Release, ReleaseBuild
+
+    matrices = s.scalars(select(Release.matrix).join(ReleaseBuild, ReleaseBuild.release_id == Release.id)
+                         .where(ReleaseBuild.build_id == build_id))
+    return any((m or {}).get("min_psnr") is not None for m in matrices)
+
+
+def after_publish(settings: Settings, reg: Registry, build_id: int, artifact_id: int) -> bool:
+    """A worker, after a publication: send the check when FARM_ACCURACY=after or a gated release
+    waits for it. The answer does not wait: the build is already ``succeeded``."""
+    if settings.accuracy == "off":
+        return False
+    if settings.accuracy != "after":
+        with reg.db.session() as s:
+            if not gated_release(s, build_id):
+                return False
+    return bool(schedule(settings, reg, [artifact_id]))
+
+
+def schedule(settings: Settings, reg: Registry, artifact_ids: list[int]) -> list[int]:
+    """Send the check of each artifact that has no figures yet to its toolchain's probe queue
+    (after the caller's commit). Without a broker (embedded service) it runs in a thread here."""
+    from sqlalchemy import select
+
+    from registry.models import AccuracyResult, Artifact
+
+    if not artifact_ids or settings.accuracy == "off":
+        return []
+    with reg.db.session() as s:
+        done = set(s.scalars(select(AccuracyResult.artifact_id).where(AccuracyResult.artifact_id.in_(artifact_ids))))
+        todo = [(a.id, a.backend, a.toolchain) for a in s.scalars(select(Artifact).where(Artifact.id.in_(artifact_ids)))
+                if a.id not in done]
+    if not todo:
+        return []
+    if not settings.broker_url:
+        import threading
+
+        def run() -> None:
+            for artifact_id, _b, _t in todo:
+                try:
+                    run_task(settings, reg, artifact_id)
+                except Exception:  # recorded nowhere else: the log says why
+                    log.exception("accuracy check of artifact %s failed", artifact_id)
+
+        threading.Thread(target=run, name="accuracy", daemon=True).start()
+        return [a for a, _b, _t in todo]
+    from farm.pipeline.queues import probe_queue, send, shared_app
+
+    app = shared_app(settings)
+    for artifact_id, backend, toolchain in todo:
+        send(app, ACCURACY_TASK, [artifact_id], probe_queue(backend, toolchain))
+    return [a for a, _b, _t in todo]
+
+
+def run_task(settings: Settings, reg: Registry, artifact_id: int) -> str | None:
+    """The task body: evaluate, then wake whoever waits on the artifact's build (its release's
+    long poll re-reads the gate)."""
+    from registry.models import Artifact
+
+    out = evaluate(settings, reg, artifact_id)
+    if out is None:
+        return None
+    with reg.db.session() as s:
+        art = s.get(Artifact, artifact_id)
+        build_id = art.build_id if art is not None else None
+    if build_id is not None:
+        try:
+            from farm.pipeline.events import Publisher
+
+            Publisher(settings.broker_url).publish(build_id, "succeeded")
+        except Exception:  # the waiters' poll is the fallback
+            log.warning("could not announce the accuracy of build %s", build_id, exc_info=True)
+    return str(out["status"])
+
+
+def release_gate_view(s: Any, view: dict[str, Any], art: Any, min_psnr: float) -> dict[str, Any]:
+    """A succeeded build of a --min-psnr release as that release sees it: still ``running`` (note
+    ``accuracy check pending``) until the check has run, then failed with the gate's code when an
+    output is below the threshold (or no figure could be had), else as it is."""
+    from registry import evidence
+    from registry.models import AccuracyResult
+
+    if view["state"] != "succeeded" or art is None:
+        return view
+    from sqlalchemy import select
+
+    row = s.scalar(select(AccuracyResult).where(AccuracyResult.artifact_id == art.id)
+                   .order_by(AccuracyResult.recorded_at.desc()).limit(1))
+    if row is None:
+        return {**view, "state": "running", "note": "built; accuracy check pending"}
+    refusal = evidence.gate(evidence.view(row), min_psnr, art.digest)
+    if refusal is None:
+        return {**view, "note": f"accuracy {evidence.headline([evidence.view(row)])} >= {min_psnr:g} dB"}
+    return {**view, "state": "failed", "error_code": refusal.code, "error_message": refusal.message,
+            "note": f"built and published; this release requires --min-psnr {min_psnr:g}"}

@@ -163,7 +163,7 @@ def _op_types(settings: Settings, manifest_digest: str) -> Callable[[], list[str
 def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
              option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
              allow_queue: bool = False, retry_failed: bool = False, force_tag: bool = False,
-             require_full_offload: bool = False) -> ReleaseStatus | None:
+             require_full_offload: bool = False, min_psnr: float | None = None) -> ReleaseStatus | None:
     """What ``plan.submit_release`` returns for a release the index answers whole (every build
     final and not reopened), recorded over a bare connection in one transaction: the release row
     and its builds. None in every other case, having written nothing; the caller then runs
@@ -180,7 +180,9 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
     from registry.reads import builds_by_key, live_toolchains
 
     request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                   retry_failed, force_tag, require_full_offload)
+                                   retry_failed, force_tag, require_full_offload, min_psnr)
+    if request.min_psnr is not None:
+        return None  # the accuracy gate reads (and may start) checks: the full path
     model_file = _model_file(model)
     if model_file is None:
         return None

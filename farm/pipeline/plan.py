@@ -346,14 +346,14 @@ def submit_release(settings: Settings, model: str | Path | GroupBundle, target_r
                    option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                    allow_queue: bool = False, registry: Registry | None = None, app: Any = None,
                    retry_failed: bool = False, force_tag: bool = False,
-                   require_full_offload: bool = False) -> ReleaseStatus:
+                   require_full_offload: bool = False, min_psnr: float | None = None) -> ReleaseStatus:
     """Cluster, from a model file: validate, then ``queue_release``."""
     name, tag = check_name_tag(name, tag)
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
         request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                       retry_failed, force_tag, require_full_offload)
+                                       retry_failed, force_tag, require_full_offload, min_psnr)
         served = served_toolchains(settings, reg)
         request.check_served(served)
         bundle = model if isinstance(model, GroupBundle) else load_bundle(reg, Path(model))
@@ -378,7 +378,7 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     deterministic reason) is one transaction of a few statements: read the builds with their
     artifacts, record the tag and the release, answer from what was read."""
     from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, send, shared_app
-    from registry.index import release_builds
+    from registry.index import artifact_for_build, release_builds
     from registry.models import Release, ReleaseBuild
 
     matrix = request.matrix(served)
@@ -386,6 +386,8 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
     release_matrix = {"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
                       "options": request.raw_options, "require_full_offload": request.require_full_offload}
+    if request.min_psnr is not None:
+        release_matrix["min_psnr"] = request.min_psnr
     with reg.db.session() as s:
         cached, needs_work = _answer_cached(s, model_digest, [spec.build_key for _, _, spec in specs], request,
                                             label, release_matrix, check_stored=store is not None,
@@ -417,6 +419,13 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
         app = shared_app(settings)
     for build_id, queue in to_send:
         send(app, COMPILE_TASK, [build_id], queue)
+    if request.min_psnr is not None:
+        from farm.pipeline.accuracy import schedule
+
+        # Builds already succeeded get their check now; new ones when their worker publishes.
+        with reg.db.session() as s:
+            built = [a.id for b in release_builds(s, release_id) if (a := artifact_for_build(s, b.id)) is not None]
+        schedule(settings, reg, built)
     with reg.db.session() as s:
         st = _status(s, release_id, release_builds(s, release_id), reg.store)
     st.tag_moved = moved_from
@@ -450,7 +459,8 @@ def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseR
                 return None, True
         else:
             in_flight = True  # queued or running: its message was sent by whoever queued it
-    if in_flight:
+    if in_flight or request.min_psnr is not None:
+        # --min-psnr: the accuracy gate reads (and may start) checks on the full path
         return None, False
     if check_stored:
         files = s.scalar(select(Model.files).where(Model.digest == model_digest))
@@ -501,10 +511,16 @@ def _status(session: Any, release_id: int, builds: list[Any], blobs: Any) -> Rel
     rel = session.get(Release, release_id)
     st = ReleaseStatus(release_id, rel.label if rel else "")
     gated = bool(rel is not None and (rel.matrix or {}).get("require_full_offload"))
+    min_psnr = (rel.matrix or {}).get("min_psnr") if rel is not None else None
     for b in builds:
         art = artifact_for_build(session, b.id) if b.state == states.BuildState.SUCCEEDED else None
         view = build_view(b, art)
-        st.builds.append(_gate_view(view, art, blobs) if gated else view)
+        view = _gate_view(view, art, blobs) if gated else view
+        if min_psnr is not None:
+            from farm.pipeline.accuracy import release_gate_view
+
+            view = release_gate_view(session, view, art, float(min_psnr))
+        st.builds.append(view)
     return st
 
 

@@ -197,6 +197,19 @@ class ReleaseStatus:
         return out
 
 
+def _min_psnr(value: float | None) -> float | None:
+    """--min-psnr, checked here too (the fast paths import no pipeline module)."""
+    import math
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 <= value <= 200:
+        raise UsageError(f"--min-psnr {value!r} is not a number of dB from 0 to 200",
+                         hint="e.g. --min-psnr 30 (fp16 rounding of a well-scaled model gives 60-80 dB)")
+    return float(value)
+
+
 def expand_matrix(targets: list[Target], sdks: Sequence[str], served: dict[tuple[str, str], list[str]]
                   ) -> list[tuple[Target, str]]:
     pairs: list[tuple[Target, str]] = []
@@ -224,12 +237,14 @@ class ReleaseRequest:
     force_tag: bool = False  # NAME:TAG may move from another model to this one
     # A gate on the answer, not a build input (kept in the release's matrix; see _gate_view).
     require_full_offload: bool = False
+    # --min-psnr: the accuracy gate (farm.pipeline.accuracy.release_gate_view), in the matrix too.
+    min_psnr: float | None = None
 
     @classmethod
     def parse(cls, target_refs: Sequence[str], sdks: Sequence[str], raw_options: dict[str, str],
               name: str | None = None, tag: str | None = None, allow_queue: bool = False,
               retry_failed: bool = False, force_tag: bool = False,
-              require_full_offload: bool = False) -> ReleaseRequest:
+              require_full_offload: bool = False, min_psnr: float | None = None) -> ReleaseRequest:
         """``require_full_offload=true`` among ``raw_options`` (the old spelling) is the gate."""
         from farm.core.options import normalize, split_gate
 
@@ -237,7 +252,8 @@ class ReleaseRequest:
         targets = parse_targets(target_refs)
         raw, gated = split_gate(raw_options)
         return cls(targets, check_versions(sdks), raw, {t: normalize(t.backend, raw, t) for t in targets}, name,
-                   tag, allow_queue, retry_failed, force_tag, gated or require_full_offload)
+                   tag, allow_queue, retry_failed, force_tag, gated or require_full_offload,
+                   _min_psnr(min_psnr))
 
     def matrix(self, served: dict[tuple[str, str], list[str]]) -> list[tuple[Target, str]]:
         return expand_matrix(self.targets, self.sdks, served)

@@ -151,7 +151,7 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
     try:
         result, _wall, _log = run_child(MODULE, "accuracy", request, work_dir, timeout=budget, memory_mb=memory_mb)
     except (ResourceLimitError, CompileTimeoutError) as exc:
-        if "within" in exc.message or isinstance(exc, CompileTimeoutError):
+        if isinstance(exc, CompileTimeoutError) or "within" in exc.message or "time limit" in exc.message:
             return {"status": "skipped", "detail": f"skipped: over {budget:g} s", "outputs": []}
         return {"status": "skipped", "detail": f"skipped: {exc.message[:500]}", "outputs": []}
     except WorkerLostError as exc:

@@ -22,7 +22,8 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
 
     request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, allow_queue=body.allow_queue,
                                         retry_failed=body.retry_failed,
-                                        require_full_offload=body.require_full_offload)
+                                        require_full_offload=body.require_full_offload,
+                                        min_psnr=body.min_psnr)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, body.model)
     served = _served(settings, reg, request)
