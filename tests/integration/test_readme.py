@@ -26,6 +26,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The quick start's two commands: the README's first sh block.
+README_COMMANDS = [line.split("#", 1)[0].strip()
+                   for line in (ROOT / "README.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+                   if line.strip()]
 MARKED = re.compile(r"<!-- tested: (?P<name>[a-z-]+)(?: token=(?P<scope>[a-z]+))? -->\n```sh\n(?P<code>.*?)```",
                     re.S)
 
@@ -189,3 +193,19 @@ def test_the_ci_script_of_the_docs_releases_as_written(journeys: Journeys) -> No
     assert release["ok"] is True and len(release["builds"]) == 2
     resolved = json.loads((journeys.dir / "resolve-SM8650.json").read_text())
     assert resolved  # a device of the fleet gets an artifact
+
+
+def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
+    """The README's first command, `./infra/quickstart.sh`, in a fresh FARM_HOME: it builds, answers the
+    second build from the index, fetches as a device and loads the fetched context."""
+    pytest.importorskip("onnxruntime_qnn", reason="the quick start compiles with the [qnn] extra")
+    first = README_COMMANDS[0]
+    assert first == "./infra/quickstart.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "farm-home"), PYTHON=sys.executable)
+    proc = subprocess.run([first], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cached" in proc.stdout + proc.stderr  # the second build
+    assert re.search(r"light_resnet50 on qnn:SM8650: compile [\d.]+ s vs load of the fetched context", proc.stdout)
+    assert "Traceback" not in proc.stderr
