@@ -135,6 +135,36 @@ def model_ref_hit(rows: Rows, ref: str) -> str | None:
     return None
 
 
+def model_generation(rows: Rows, ref: str) -> tuple[str, int] | None:
+    """(model digest, its generation) for what ``ref`` names, in one statement, as
+    ``model_ref_hit`` finds it (a full digest, an existing NAME:TAG, a unique hex prefix); None
+    otherwise. The generation (``model_generations``, bumped by triggers when the model's
+    artifacts, verdicts, device reports or signatures change; 0 before any) keys the service's
+    cached resolve answers: read first, the answer computed after it is at least that new."""
+    gen = "coalesce((SELECT g.generation FROM model_generations g WHERE g.model_digest = {col}), 0)"
+    if is_digest(ref):
+        hit = rows.rows(f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m WHERE m.digest = :digest",
+                        {"digest": ref})
+        return (str(hit[0][0]), int(hit[0][1])) if hit else None
+    if not ref.startswith("sha256:"):
+        try:
+            name, tag = split_ref(ref)
+        except BadNameError:
+            pass
+        else:
+            hit = rows.rows(f"SELECT t.model_digest, {gen.format(col='t.model_digest')} FROM tags t"
+                            " WHERE t.name = :name AND t.tag = :tag", {"name": name, "tag": tag})
+            if hit:
+                return str(hit[0][0]), int(hit[0][1])
+    prefix = ref.removeprefix("sha256:")
+    if 6 <= len(prefix) <= 64 and all(c in "0123456789abcdef" for c in prefix):
+        hits = rows.rows(f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m"
+                         " WHERE m.digest LIKE :pattern LIMIT 2", {"pattern": f"sha256:{prefix}%"})
+        if len(hits) == 1:
+            return str(hits[0][0]), int(hits[0][1])
+    return None
+
+
 def models_by_onnx(rows: Rows, onnx_digest: str) -> list[tuple[str, list[dict[str, Any]]]]:
     """(bundle digest, snapshot listing) of every model whose .onnx has this digest."""
     return [(r[0], as_json(r[1])) for r in rows.rows(

@@ -7,8 +7,9 @@ import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 
+from farm.api.answers import Answer, AnswerCache, etag_of, none_match
 from farm.api.deps import MetricsDep, RegistryDep, read
 from farm.core import errors as E
 from farm.pipeline import plan
@@ -17,65 +18,110 @@ from registry.index import Registry
 router = APIRouter(tags=["read"])
 
 
-@router.get("/v1/resolve", dependencies=[read])
+@router.get("/v1/resolve", dependencies=[read], response_class=Response,
+            responses={200: {"description": "the artifact to load; ETag names what to install",
+                             "content": {"application/json": {"schema": {"type": "object"}}}},
+                       304: {"description": "If-None-Match matched: nothing new to install"}})
 def resolve(request: Request, reg: RegistryDep, metrics: MetricsDep, model: Annotated[str, Query(max_length=300)],
             soc: Annotated[str | None, Query(max_length=64)] = None,
             qnn: Annotated[str | None, Query(max_length=64)] = None,
             gpu: Annotated[str | None, Query(max_length=64)] = None,
             trt: Annotated[str | None, Query(max_length=64)] = None,
             platform: Annotated[str, Query(max_length=64)] = "linux-x86-64",
-            manifest: bool = True) -> dict[str, Any]:
+            manifest: bool = True,
+            if_none_match: Annotated[str | None, Header(max_length=4096)] = None) -> Response:
     """The artifact this device should load: manifest, signatures, where to get each file.
     ``manifest=false`` leaves the manifest out (a device that fetches and verifies the
-    manifest blob itself saves the service a store read)."""
+    manifest blob itself saves the service a store read). The answer's weak ``ETag`` changes
+    exactly when what the device should install changes (the artifact or its signatures); a poll
+    with ``If-None-Match`` (a tag it holds, or ``*``) gets ``304`` while it has not."""
     started = time.perf_counter()
     try:
-        return _resolve(reg, str(request.base_url), model, soc, qnn, gpu, trt, platform, manifest)
+        answer = _answer(request, reg, model, soc, qnn, gpu, trt, platform, manifest)
+        headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
+        if none_match(if_none_match, answer.etag):
+            return Response(status_code=304, headers=headers)
+        return Response(answer.body, media_type="application/json", headers=headers)
     finally:
         metrics.resolve_seconds.observe(time.perf_counter() - started)
 
 
-def _resolve(reg: Registry, base_url: str, model: str, soc: str | None, qnn: str | None, gpu: str | None,
-             trt: str | None, platform: str, with_manifest: bool = True) -> dict[str, Any]:
+def _device(soc: str | None, qnn: str | None, gpu: str | None, trt: str | None, platform: str) -> Any:
     from farm.core.catalog import load_catalog
     from farm.core.names import check_name
-    from registry.index import resolve_model_ref
-    from registry.lite import SessionRows
-    from registry.reads import model_ref_hit, signatures
-    from registry.resolve import Device, describe
-    from registry.resolve import resolve as resolve_artifact
+    from registry.resolve import Device
 
     if gpu or trt:
         if not (gpu and trt):
             raise E.UsageError("a GPU device is described by gpu and trt")
         plan.check_versions([trt])
         check_name(platform)
-        device = Device("trt", load_catalog().get(gpu, backend="trt"), f"{trt}+{platform}")
-    else:
-        if not (soc and qnn):
-            raise E.UsageError("a device is described by soc and qnn (or gpu and trt)")
-        plan.check_versions([qnn])
-        device = Device("qnn", load_catalog().get(soc, backend="qnn"), qnn)
+        return Device("trt", load_catalog().get(gpu, backend="trt"), f"{trt}+{platform}")
+    if not (soc and qnn):
+        raise E.UsageError("a device is described by soc and qnn (or gpu and trt)")
+    plan.check_versions([qnn])
+    return Device("qnn", load_catalog().get(soc, backend="qnn"), qnn)
+
+
+def _answers(request: Request) -> AnswerCache:
+    cache = getattr(request.app.state, "resolve_answers", None)
+    if cache is None:
+        cache = request.app.state.resolve_answers = AnswerCache()
+    return cache  # type: ignore[no-any-return]
+
+
+def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: str | None, gpu: str | None,
+            trt: str | None, platform: str, with_manifest: bool) -> Answer:
+    """The cached answer while the model's (digest, generation) holds, else a fresh one (kept)."""
+    from registry.index import resolve_model_ref
+    from registry.lite import SessionRows
+    from registry.reads import model_generation
+
+    device = _device(soc, qnn, gpu, trt, platform)
+    base = str(request.base_url).rstrip("/")
+    key = (base, model, device.backend, device.target.name, device.runtime, with_manifest)
+    cache = _answers(request)
     with reg.db.session() as s:
-        # Plain SQL, no ORM objects: four statements for a hit (registry.reads); a reference that
-        # names nothing goes to resolve_model_ref, which explains the miss.
         rows = SessionRows(s)
-        digest = model_ref_hit(rows, model) or resolve_model_ref(s, model)
-        artifact, verdict = resolve_artifact(rows, digest, device, model_label=model)
-        files = [{"name": f.name, "digest": f.digest, "size": f.size} for f in artifact.files
-                 if f.role in ("ctx-model", "context")]
-        sigs = [{"public_key": p, "signature": g} for p, g in signatures(rows, artifact.digest)]
-        art_digest = artifact.digest
-        manifest_size = next((f.size for f in artifact.files if f.role == "manifest"), 0)
-        ctx_model = artifact.ctx_model
-    manifest = _manifest(reg, art_digest) if with_manifest else None
-    base = base_url.rstrip("/")
-    for f in files:
-        f["url"] = f"{base}/v1/blobs/{f['digest']}"
-    return {**describe(artifact, verdict), "model": digest, "ctx_model": ctx_model,
-            "manifest": manifest, "manifest_url": f"{base}/v1/blobs/{art_digest}", "manifest_size": manifest_size,
-            "signatures": sigs,
+        found = model_generation(rows, model)
+        if found is None:
+            # Names nothing: resolve_model_ref explains the miss (bad name, unknown tag, the tags there are).
+            found = (resolve_model_ref(s, model), -1)
+        digest, generation = found
+        hit = cache.get(key, digest, generation) if generation >= 0 else None
+        if hit is None:
+            try:
+                hit = _fresh(reg, rows, base, model, digest, generation, device, with_manifest,
+                             request.app.state.settings.report_fail_devices)
+            except E.NoMatchError as exc:
+                if generation >= 0:
+                    cache.miss(key, digest, generation, exc)
+                raise
+            if generation >= 0:
+                cache.put(key, hit)
+    hit.raise_miss()
+    return hit
+
+
+def _fresh(reg: Registry, rows: Any, base: str, model: str, digest: str, generation: int, device: Any,
+           with_manifest: bool, fail_devices: int) -> Answer:
+    from registry.reads import signatures
+    from registry.resolve import describe
+    from registry.resolve import resolve as resolve_artifact
+
+    # Plain SQL, no ORM objects (registry.reads): candidates, device reports, the winner's files, signatures.
+    artifact, verdict = resolve_artifact(rows, digest, device, model_label=model, fail_devices=fail_devices)
+    files = [{"name": f.name, "digest": f.digest, "size": f.size, "url": f"{base}/v1/blobs/{f.digest}"}
+             for f in artifact.files if f.role in ("ctx-model", "context")]
+    sigs = signatures(rows, artifact.digest)
+    manifest_size = next((f.size for f in artifact.files if f.role == "manifest"), 0)
+    body = {**describe(artifact, verdict), "model": digest, "ctx_model": artifact.ctx_model,
+            "manifest": _manifest(reg, artifact.digest) if with_manifest else None,
+            "manifest_url": f"{base}/v1/blobs/{artifact.digest}", "manifest_size": manifest_size,
+            "signatures": [{"public_key": p, "signature": g} for p, g in sigs],
             "files": files}
+    return Answer(digest, generation, json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+                  etag_of(artifact.digest, sigs))
 
 
 _MANIFESTS: OrderedDict[tuple[str, str], bytes] = OrderedDict()

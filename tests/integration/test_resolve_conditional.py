@@ -1,0 +1,150 @@
+"""Conditional device polls: the resolve answer's weak ETag changes exactly when what the device
+should install changes (another artifact, new signatures, a tag moved), not when only the answer's
+wording does (a probe verdict on the same artifact); If-None-Match (the tag, its strong form, a
+list, ``*``) gets 304; a cached answer is reused only while the model's generation holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from farm.api.answers import etag_of, none_match
+from farm.api.app import create_app
+from farm.core.settings import Settings
+from registry.index import Registry, add_signature, record_verdict, set_tag
+from registry.models import Artifact
+from registry.tokens import create_token
+from tests.common.index_rows import add_artifact, add_model
+
+Q = "/v1/resolve?model=m:stable&soc=SM8650&qnn=2.51.0&manifest=false"
+
+
+@pytest.fixture
+def svc(tmp_path) -> Iterator[dict[str, Any]]:
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+    reg = Registry.open(settings)
+    with reg.db.session() as s:
+        m = add_model(s, "m", name="m").digest
+        other = add_model(s, "other", name="m").digest
+        set_tag(s, "m", "stable", m)
+        first = add_artifact(s, m, toolchain="2.50.0").id
+        add_artifact(s, other, toolchain="2.50.0")
+        token = create_token(s, "reader", "read")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield {"c": client, "reg": reg, "m": m, "other": other, "first": first}
+    reg.close()
+
+
+def _poll(c: TestClient, etag: str | None, path: str = Q) -> Any:
+    return c.get(path, headers={"If-None-Match": etag} if etag else {})
+
+
+def test_etag_and_304(svc: dict[str, Any]) -> None:
+    c = svc["c"]
+    r = c.get(Q)
+    assert r.status_code == 200, r.text
+    etag = r.headers["etag"]
+    assert etag.startswith('W/"') and r.headers["cache-control"] == "no-cache"
+    for header in (etag, etag.removeprefix("W/"), f'"nope", {etag}', "*", f' {etag} '):
+        r2 = _poll(c, header)
+        assert r2.status_code == 304, header
+        assert r2.content == b"" and r2.headers["etag"] == etag
+    for header in ('"nope"', "W/", "garbage,,", 'W/"' + "0" * 32 + '"'):
+        assert _poll(c, header).status_code == 200, header
+
+
+def test_etag_changes_exactly_when_what_to_install_changes(svc: dict[str, Any]) -> None:
+    c, reg, m = svc["c"], svc["reg"], svc["m"]
+    r = c.get(Q)
+    etag, body = r.headers["etag"], r.json()
+    assert body["source"] == "rule"
+
+    # A newer build: another artifact to install.
+    with reg.db.session() as s:
+        newer = add_artifact(s, m, toolchain="2.51.0")
+        newer_digest, newer_id = newer.digest, newer.id
+    r = _poll(c, etag)
+    assert r.status_code == 200 and r.json()["artifact"] == newer_digest
+    etag2 = r.headers["etag"]
+    assert etag2 != etag and _poll(c, etag2).status_code == 304
+
+    # A probe verdict on the same artifact: new wording (picked by probe), same thing to install.
+    with reg.db.session() as s:
+        record_verdict(s, newer_id, "qnn", "2.51.0", "loads", "probe")
+    assert _poll(c, etag2).status_code == 304
+    assert c.get(Q).json()["source"] == "probe"
+
+    # A signature over it: the device's verification changes.
+    with reg.db.session() as s:
+        add_signature(s, newer_digest, "A" * 43 + "=", "B" * 86 + "==")
+    r = _poll(c, etag2)
+    assert r.status_code == 200
+    etag3 = r.headers["etag"]
+    assert etag3 != etag2
+
+    # Marked broken: back to the first artifact (and its tag).
+    with reg.db.session() as s:
+        s.execute(update(Artifact).where(Artifact.id == newer_id).values(status="broken"))
+    r = _poll(c, etag3)
+    assert r.status_code == 200 and r.headers["etag"] == etag
+
+    # The tag moves to another model: another answer, although no artifact changed.
+    with reg.db.session() as s:
+        set_tag(s, "m", "stable", svc["other"], force=True)
+    r = _poll(c, etag)
+    assert r.status_code == 200 and r.json()["model"] == svc["other"]
+    assert r.headers["etag"] != etag
+
+
+def test_misses_are_explained_cached_and_invalidated(svc: dict[str, Any]) -> None:
+    c, reg = svc["c"], svc["reg"]
+    q = Q.replace("SM8650", "SM8750")
+    for _ in range(2):
+        r = _poll(c, "*", q)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "no-match"
+        assert "etag" not in r.headers
+    with reg.db.session() as s:
+        add_artifact(s, svc["m"], target="SM8750", toolchain="2.50.0")
+    assert _poll(c, "*", q).status_code == 304
+    assert c.get(q).status_code == 200
+    # An unknown tag is not cached (and explained each time).
+    assert c.get(Q.replace("m:stable", "m:nope")).json()["error"]["code"] == "not-found"
+
+
+def test_a_repeated_question_is_answered_from_the_cache(svc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import registry.resolve
+
+    calls = []
+    real = registry.resolve.resolve
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        calls.append(a[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(registry.resolve, "resolve", counting)
+    c, reg = svc["c"], svc["reg"]
+    first = c.get(Q)
+    for _ in range(3):
+        assert c.get(Q).content == first.content
+    assert len(calls) == 1
+    assert c.get(Q.replace("2.51.0", "2.52.0")).status_code == 200  # another question
+    assert len(calls) == 2
+    with reg.db.session() as s:
+        record_verdict(s, svc["first"], "qnn", "2.51.0", "fails", "probe", "crash")
+    r = c.get(Q)
+    assert len(calls) == 3 and r.status_code == 404  # the only artifact now fails under 2.51.0
+
+
+def test_none_match_parsing() -> None:
+    etag = etag_of("sha256:" + "a" * 64, [])
+    assert none_match(etag, etag) and none_match("*", etag) and none_match(etag.removeprefix("W/"), etag)
+    assert not none_match(None, etag) and not none_match("", etag) and not none_match(",", etag)
+    assert etag_of("sha256:" + "a" * 64, [("k", "s")]) != etag
+    assert etag_of("sha256:" + "a" * 64, [("k", "s"), ("j", "t")]) == etag_of("sha256:" + "a" * 64,
+                                                                              [("j", "t"), ("k", "s")])
