@@ -109,6 +109,13 @@ def _good_redirect(s: Scenario, w: Where) -> None:
     s.routes[f"/store/{digest[7:]}"] = Raw(200, [], BIN)
 
 
+def _plant(s: Scenario, w: Where) -> None:
+    """An absolute "digest" whose blob the server serves: the old client wrote it there."""
+    digest = f"sha256:{w.planted}"
+    _file(s, "model_ctx_qnn.bin").update(digest=digest, size=len(b"planted"))
+    s.blobs[digest] = b"planted"
+
+
 def _signature(sig: Any) -> Callable[[Scenario, Where], None]:
     def mutate(s: Scenario, w: Where) -> None:
         s.answer["signatures"] = sig
@@ -124,6 +131,9 @@ CASES: list[Case] = [
     Case("blob longer, no length, right prefix: reading stops at the declared size", "ok", _blob_longer_undeclared(True)),
     # Paths from digests and names (the critical class).
     Case("digest path traversal", "bad-manifest", _set("files.digest", lambda w: "sha256:../victim/keep.txt")),
+    Case("digest path traversal, declared smaller than the victim (deleted it)", "bad-manifest",
+         lambda s, w: (_set("files.digest", "sha256:../victim/keep.txt")(s, w), _set("files.size", 1)(s, w))),
+    Case("digest absolute path, served (planted it)", "bad-manifest", _plant),
     Case("digest absolute path", "bad-manifest", _set("files.digest", lambda w: f"sha256:{w.planted}")),
     Case("digest uppercase hex", "bad-manifest", _set("files.digest", "sha256:" + "AB" * 32)),
     Case("digest other algorithm", "bad-manifest", _set("files.digest", "md5:" + "ab" * 16)),
@@ -186,6 +196,8 @@ CASES: list[Case] = [
          lambda s, w: (s.seal(), s.answer.update(manifest_size=1 << 40), setattr(s, "keep_answer_digest", True))),
     Case("answer manifest_size too small", "server-error",
          lambda s, w: (s.seal(), s.answer.update(manifest_size=10), setattr(s, "keep_answer_digest", True))),
+    Case("answer URLs to file:// and elsewhere: never used", "ok",
+         _set("answer.manifest_url", lambda w: f"file://{w.victim}")),
     Case("answer signatures not a list", "server-error", _signature("all good")),
     Case("answer signatures entries not objects", "server-error", _signature([1, 2])),
     Case("answer for another backend", "server-error",

@@ -101,7 +101,16 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
             if route is not None:
                 self._send(route(self) if callable(route) else route)
             elif path == "/v1/resolve":
-                self._send(Raw(200, [("Content-Type", "application/json")], json.dumps(scenario.answer).encode()))
+                answer = scenario.answer
+                if isinstance(answer, dict) and isinstance(answer.get("artifact"), str) and "manifest_url" not in answer:
+                    # What a real service adds: URLs the client must not need to trust.
+                    base = f"http://{self.headers.get('Host')}"
+                    answer = {**answer, "manifest_url": f"{base}/v1/blobs/{answer['artifact']}",
+                              "files": [{**f, "url": f"{base}/v1/blobs/{f.get('digest')}"}
+                                        for f in scenario.manifest.get("files", []) if isinstance(f, dict)]
+                              if isinstance(scenario.manifest, dict) and isinstance(scenario.manifest.get("files"), list)
+                              else []}
+                self._send(Raw(200, [("Content-Type", "application/json")], json.dumps(answer).encode()))
             elif path.startswith("/v1/blobs/") and path[len("/v1/blobs/"):] in scenario.blobs:
                 self._blob(scenario.blobs[path[len("/v1/blobs/"):]])
             else:
