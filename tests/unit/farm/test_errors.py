@@ -54,6 +54,9 @@ STABLE_CODES = {
     "AccuracyUnverifiedError": "accuracy-unverified",
     "RateLimitedError": "rate-limited",
     "CancelledError": "cancelled",
+    "SharingUnsupportedError": "sharing-unsupported",
+    "MultiSocUnsupportedError": "multi-soc-unsupported",
+    "BadGroupError": "bad-group",
 }
 
 
