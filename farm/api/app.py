@@ -30,8 +30,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     cache, embedded runner) and includes one router per resource."""
     from farm.api.embedded import EmbeddedRunner
     from farm.api.metrics import Metrics
-    from farm.api.routes import blobs, builds, coverage, health, models, releases, resolve, tags, workers
-    from farm.api.routes import reports
+    from farm.api.routes import artifacts, blobs, builds, coverage, health, models, releases, reports, resolve, tags, workers
 
     reg = registry or Registry.open(settings)
     runner = EmbeddedRunner(settings, reg) if settings.embedded else None
@@ -55,7 +54,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.add_exception_handler(E.FarmError, _farm_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
 
-    for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers):
+    for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
     from farm.api.routes import cancel
 

@@ -58,6 +58,17 @@ class BuildOut(BaseModel):
     log: str | None = None
 
 
+class BuildDetailOut(BuildOut):
+    """``GET /v1/builds/ID``: a build as `farm status --build` shows it, with its key, model,
+    options, queue and where the last attempt's time went (``phases``: ms, counts named as such)."""
+
+    key: str | None = None
+    model: str | None = None
+    options: dict[str, Any] | None = None
+    queue: str | None = None
+    phases: dict[str, Any] | None = None
+
+
 class ReleaseOut(BaseModel):
     release: int
     model: str

@@ -100,6 +100,9 @@ class Parser(argparse.ArgumentParser):
                 continue
             if (retired := RETIRED_FLAGS.get((self.command or "", flag))) is not None:
                 out.append(f"{flag} on {self.command} is now {retired}")
+            elif flag in ("--server", "--token") and self.command:
+                out.append(f"farm {self.command} has no remote form: it needs the index itself (run it where "
+                           "FARM_DATABASE_URL points)")
             elif flag.startswith("--") and (hit := suggest(flag, known)):
                 out.append(hit.removeprefix("; "))
         return "".join(f"; {s}" for s in dict.fromkeys(out))
@@ -160,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Parser.argv = args_list
     parser = build_parser(args_list[0] if args_list else None)
     args, extra = parser.parse_known_args(args_list)
+    if extra:
+        args, extra = _reparse_intermixed(parser, args, args_list, extra)
     if extra:  # the subcommand's own usage and a suggestion, not the top-level usage
         parser.subparsers.get(getattr(args, "command", None) or "", parser).error(
             f"unrecognized arguments: {' '.join(extra)}")
@@ -193,6 +198,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             return _broken_pipe()
         return err.exit_code
+
+
+def _reparse_intermixed(parser: Parser, args: argparse.Namespace, args_list: list[str],
+                        extra: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Positionals after options: ``farm token create --scope submit NAME``.
+
+    argparse matches positionals chunk by chunk, so an optional positional (NAME, ``nargs="?"``)
+    is filled with nothing by the chunk before the first option and the NAME after it is left
+    over. The subcommand's parser, parsing its own words intermixed, places it. A fresh
+    namespace: appending options (``-o``) must not count twice."""
+    command = getattr(args, "command", None)
+    sub = parser.subparsers.get(command or "")
+    if sub is None or not args_list or args_list[0] != command:
+        return args, extra
+    try:
+        again, left = sub.parse_known_intermixed_args(args_list[1:])
+    except TypeError:  # a parser argparse cannot intermix (REMAINDER): the first answer stands
+        return args, extra
+    if len(left) >= len(extra):
+        return args, extra
+    again.command = command
+    return again, left
 
 
 def _debug() -> bool:

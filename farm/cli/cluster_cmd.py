@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from farm.cli import table
 from farm.cli.progress import ReleaseProgress
-from farm.cli.service_cmd import add_server_arguments
+from farm.cli.remote import add_server_arguments
 from farm.core.settings import Settings
 from farm.core.text import strip_ansi
 
@@ -53,6 +55,7 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "workers":
         p.add_argument("--all", action="store_true", help="include stopped and dead workers")
         p.add_argument("--json", action="store_true")
+        add_server_arguments(p)
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
@@ -71,12 +74,12 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
 def _remote(name: str, args: argparse.Namespace, settings: Settings | None = None) -> int:
     """submit/status through the HTTP service: no database, broker or store credentials."""
-    from pathlib import Path
-
     from farm.client import Client, wait_release
     from farm.core.options import parse_pairs
 
     client = Client(args.server, args.token)
+    if name == "submit":
+        _check_model_path(Path(args.model))
     if name == "status":
         if args.build is not None:
             info = client.json("GET", f"/v1/builds/{args.build}")
@@ -103,7 +106,9 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
         print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
     if args.wait:
         with ReleaseProgress(live=False if args.json else None) as progress:
-            st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+            progress.submitted(st)  # builds done already are answers from the index: "cached"
+            if not st.get("done"):
+                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=model.get("tag_moved"))
     _show_release(doc, args.json, header=False)
     if args.wait:
@@ -193,6 +198,8 @@ def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True) ->
 def _submit(args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.cached import resubmit
 
+    _check_model_path(Path(args.model))
+
     targets, sdks, options = list(args.target), list(args.sdk), list(args.option)
     if args.matrix:
         import tomllib
@@ -225,9 +232,8 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
     if args.wait:
         # A live table on a terminal; a plain line per build state change otherwise.
         with ReleaseProgress(live=False if args.json else None) as progress:
-            if st.done:  # nothing to wait for: what wait_release would show at once
-                progress(st)
-            else:
+            progress.submitted(st)  # builds done already are answers from the index: "cached"
+            if not st.done:
                 from farm.pipeline.plan import wait_release
 
                 st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
@@ -268,6 +274,19 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if doc["ok"] or not doc["done"] else 1
 
 
+# Phases that are counts, not milliseconds (by their last dotted part: ``child.page_faults``).
+COUNT_PHASES = frozenset({"page_faults"})
+
+
+def phase_text(name: str, value: Any) -> str:
+    """``ep_compile 5213.4 ms``, ``child.page_faults 4559`` (a count), ``bundle_cache hit``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{name} {value}"
+    if name.rsplit(".", 1)[-1] in COUNT_PHASES:
+        return f"{name} {int(value)}"
+    return f"{name} {value:g} ms"
+
+
 def _show_build(info: dict[str, Any], log: str | None, as_json: bool) -> None:
     """`farm status --build ID`: a two-column table of what is known (nothing shown as None), or
     the typed document (schema: status-build.json)."""
@@ -301,11 +320,10 @@ def _show_build(info: dict[str, Any], log: str | None, as_json: bool) -> None:
     options = doc.get("options") or {}
     add("options", " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(options.items())))
     phases = doc.get("phases") or {}
-    # Where the last attempt's time went (farm.pipeline.execute.Phases), in ms.
-    add("phases", ", ".join(f"{n} {t:g} ms" if isinstance(t, int | float) else f"{n} {t}"
-                            for n, t in phases.items() if n != "uploads"))
+    # Where the last attempt's time went (farm.pipeline.execute.Phases): ms, but for the counts.
+    add("phases", ", ".join(phase_text(n, t) for n, t in phases.items() if n != "uploads"))
     if isinstance(phases.get("uploads"), dict):
-        add("uploads", ", ".join(f"{n} {t:g} ms" for n, t in phases["uploads"].items()))
+        add("uploads", ", ".join(phase_text(n, t) for n, t in phases["uploads"].items()))
     for r in rows:
         print(f"{r['field']:10s} {r['value']}")
     if log is not None:
@@ -313,36 +331,46 @@ def _show_build(info: dict[str, Any], log: str | None, as_json: bool) -> None:
 
 
 def _workers(args: argparse.Namespace, settings: Settings) -> int:
-    from datetime import UTC, datetime
+    if args.server:
+        from farm.cli.remote import client
 
-    from farm.core.times import human, iso
-    from registry.index import Registry, all_workers
+        rows = client(args).json("GET", "/v1/workers", all="true" if args.all else None)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            from farm.core.errors import ServerError
 
-    reg = Registry.open(settings)
-    try:
-        with reg.db.session() as s:
-            now = datetime.now(UTC)
-            rows = []
-            for w in all_workers(s):
-                seen = w.last_seen if w.last_seen.tzinfo else w.last_seen.replace(tzinfo=UTC)
-                age = (now - seen).total_seconds()
-                state = "stopped" if w.stopped_at else ("live" if age <= settings.worker_stale_after else "dead")
-                if state != "live" and not args.all:
-                    continue
-                rows.append({"worker": w.name, "state": state, "backend": w.backend, "toolchain": w.toolchain,
-                             "onnxruntime": w.ort_version, "ep_package": w.ep_package, "ep_version": w.ep_version,
-                             "host": w.host, "pid": int(w.pid), "jobs": int(w.jobs_done),
-                             "started_at": iso(w.started_at), "last_seen": iso(w.last_seen),
-                             "last_seen_seconds": round(age, 3), "stopped_at": iso(w.stopped_at),
-                             "queues": list(w.queues), "_started": human(w.started_at)})
-    finally:
-        reg.close()
+            raise ServerError("the service's worker list is not a JSON array of objects")
+    else:
+        from registry.index import Registry
+        from registry.views import worker_rows
+
+        reg = Registry.open(settings)
+        try:
+            with reg.db.session() as s:
+                rows = worker_rows(s, stale_after=settings.worker_stale_after, include_all=args.all)
+        finally:
+            reg.close()
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], indent=2))
+        print(json.dumps(rows, indent=2))
     elif rows:
-        table([{**r, "ep": f"{r['ep_package']} {r['ep_version']}", "started": r["_started"],
-                "last_seen": f"{r['last_seen_seconds']:.0f} s ago", "queues": " ".join(r["queues"])} for r in rows],
+        from farm.cli.registry_cmd import _when
+
+        table([{**r, "ep": f"{r.get('ep_package')} {r.get('ep_version')}", "started": _when(r.get("started_at")),
+                "last_seen": f"{float(r.get('last_seen_seconds') or 0):.0f} s ago",
+                "queues": " ".join(map(str, r.get("queues") or []))} for r in rows],
               ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
     else:
         print("no workers registered" if args.all else "no live workers (--all shows stopped and dead ones)")
     return 0
+
+
+def _check_model_path(path: Path) -> None:
+    """The model file, checked before anything is sent: a missing or unreadable path is
+    ``invalid-model`` (as `farm build` and a local `farm submit` say), not an I/O error."""
+    from farm.core.errors import InvalidModelError
+
+    if not path.exists():
+        raise InvalidModelError(f"{path}: no such file")
+    if not path.is_file():
+        raise InvalidModelError(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise InvalidModelError(f"{path}: cannot read the model (permission denied)")

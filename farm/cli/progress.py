@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Self
 
 FINAL_STATES = ("built", "cached", "failed", "succeeded")
+ANSWERED = "answered from the index"  # the note of a failure no build of this run produced
 
 
 def interactive(stream: IO[str]) -> bool:
@@ -99,8 +100,12 @@ class Live:
                 self.stream.flush()
 
     def line(self, row: Row) -> str:
-        took = f" in {row.elapsed():.1f} s" if row.ended is not None else ""
+        took = f" in {row.elapsed():.1f} s" if row.ended is not None and self.timed(row) else ""
         return f"  {row.key}: {row.state}{took}" + (f" ({row.note})" if row.note else "")
+
+    def timed(self, row: Row) -> bool:
+        """Whether the row shows its time (a release's answers from the index do not: nothing ran)."""
+        return True
 
     def __rich__(self) -> Any:
         from rich.table import Table
@@ -114,7 +119,7 @@ class Live:
             rows = list(self.rows.values())
         for r in rows:
             values = {**r.cells, "state": f"[{styles.get(r.state, '')}]{r.state}" if r.state in styles else r.state,
-                      "elapsed": f"{r.elapsed():.1f} s", "note": r.note}
+                      "elapsed": f"{r.elapsed():.1f} s" if self.timed(r) else "", "note": r.note}
             table.add_row(*[values.get(c, "") for c in self.columns])
         return table
 
@@ -154,17 +159,45 @@ class ReleaseProgress(Live):
 
     columns = ("build", "target", "toolchain", "state", "attempts", "elapsed", "note")
 
+    def __init__(self, stream: IO[str] | None = None, *, live: bool | None = None):
+        super().__init__(stream, live=live)
+        self.answered: set[str] = set()  # builds final when the release was submitted
+
+    def submitted(self, st: Any) -> None:
+        """The release as the submit answered it, before any wait: each row's clock starts now,
+        and a build already final was answered from the index (``cached``, as `farm build` says;
+        a failure says so in its note) rather than built for this release."""
+        for b in _builds(st):
+            if str(getattr(b["state"], "value", b["state"])) in FINAL_STATES:
+                self.answered.add(_key(b))
+        self(st)
+
     def __call__(self, st: Any) -> None:
-        builds = st.builds if hasattr(st, "builds") else st["builds"]
-        for b in builds:
+        for b in _builds(st):
+            key = _key(b)
+            state = str(getattr(b["state"], "value", b["state"]))
             note = " ".join(x for x in (b.get("error_code") or "", b.get("note") or "") if x)
-            state = getattr(b["state"], "value", b["state"])
-            self.update(f"build {b['build']} {b['target']} {b['toolchain']}", str(state), note,
+            if key in self.answered and state == "succeeded":
+                state = "cached"
+            elif key in self.answered and state == "failed":
+                note = ANSWERED if not note else f"{note}, {ANSWERED}"
+            self.update(key, state, note,
                         cells={"build": str(b["build"]), "target": b["target"], "toolchain": b["toolchain"],
                                "attempts": str(b["attempts"])}, restart=True)
 
     def line(self, row: Row) -> str:
         attempt = row.cells.get("attempts", "")
         shown = f" (attempt {attempt})" if row.state == "running" and attempt not in ("", "0", "1") else ""
-        took = f" after {row.elapsed():.1f} s" if row.ended is not None else ""
+        took = f" after {row.elapsed():.1f} s" if row.ended is not None and self.timed(row) else ""
         return f"  {row.key}: {row.state}{shown}{took}" + (f" ({row.note})" if row.note else "")
+
+    def timed(self, row: Row) -> bool:
+        return row.state != "cached" and not row.note.endswith(ANSWERED)
+
+
+def _builds(st: Any) -> list[dict[str, Any]]:
+    return list(st.builds if hasattr(st, "builds") else st["builds"])
+
+
+def _key(b: dict[str, Any]) -> str:
+    return f"build {b['build']} {b['target']} {b['toolchain']}"

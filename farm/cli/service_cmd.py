@@ -77,7 +77,11 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
     from registry.tokens import create_token, list_tokens, revoke_token
 
     if args.action in ("create", "revoke") and not args.name:
-        raise UsageError(f"token {args.action} needs a NAME")
+        raise UsageError(f"token {args.action} needs a NAME", hint="farm token create NAME --scope read|submit|admin")
+    from farm.cli.remote import require_local_index
+
+    # A token made in an index created on the spot is one no service knows.
+    require_local_index(f"token {args.action}", settings)
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:

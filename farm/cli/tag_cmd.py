@@ -34,6 +34,9 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                          hint="or farm tag --history NAME:TAG")
     if name == "tag" and args.history and args.source:
         raise UsageError("--history takes only NAME:TAG")
+    from farm.cli.remote import require_local_index
+
+    require_local_index(name, settings)
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:

@@ -162,14 +162,46 @@ def supervise(env: dict[str, str], venvs: list[Path], procs: list[subprocess.Pop
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+TOKEN_NAME, TOKEN_SCOPE = "farm-up", "submit"
+
+
+def farm_token(env: dict[str, str], base: Path) -> str:
+    """The farm's own submit token, for the exports: the one kept in ``base/token`` while the
+    index still knows it (the database outlives a farm-up unless --ephemeral), else a new one."""
+    from farm.core.settings import Settings
+    from registry.index import Registry
+    from registry.tokens import create_token, list_tokens, revoke_token, scope_of
+
+    kept = base / "token"
+    settings = Settings.from_env({**os.environ, **env})
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            old = kept.read_text().strip() if kept.exists() else ""
+            if old and scope_of(s, old) == TOKEN_SCOPE:
+                return old
+            # The one whose file was lost can never be used again: revoked (names stay taken).
+            for t in list_tokens(s):
+                if t.name.startswith(TOKEN_NAME) and t.revoked_at is None:
+                    revoke_token(s, t.name)
+            token = create_token(s, f"{TOKEN_NAME}-{time.strftime('%Y%m%d-%H%M%S')}", TOKEN_SCOPE)
+    finally:
+        reg.close()
+    kept.touch(mode=0o600)
+    kept.write_text(token + "\n")
+    return token
+
+
 def main() -> int:
     import json
     import threading
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dir", default=str(ROOT / ".farm"))
+    ap = argparse.ArgumentParser(prog="infra/farm-up.sh", description=__doc__)
+    ap.add_argument("--dir", default=str(ROOT / ".farm"), help="where the farm keeps its data and logs")
     ap.add_argument("--api-port", type=int, default=8080, help="farm serve's port (0: a free one)")
-    ap.add_argument("--ephemeral", action="store_true", help="drop the farm's PostgreSQL database when it stops")
+    ap.add_argument("--ephemeral", action="store_true",
+                    help="drop the farm's PostgreSQL database when it stops (by default it is kept: the next "
+                         "farm-up finds the same models, artifacts and tokens)")
     args = ap.parse_args()
     venvs = worker_venvs()
     if not venvs:
@@ -187,17 +219,23 @@ def main() -> int:
             from registry.db import migrate
 
             migrate(env["FARM_DATABASE_URL"])
+            token = farm_token(env, base)
             port = args.api_port or free_port()
             with workers(env, venvs, base) as procs, api(env, port, base) as server:
                 wait_live(env, len(venvs))
-                env_out = {**env, "FARM_SERVER": f"http://127.0.0.1:{port}"}
-                (base / "farm.json").write_text(json.dumps({"env": env_out, "api_pid": server.pid,
-                                                            "worker_pids": [p.pid for p in procs]}, indent=2))
+                env_out = {**env, "FARM_SERVER": f"http://127.0.0.1:{port}", "FARM_TOKEN": token}
+                info = base / "farm.json"
+                info.touch(mode=0o600)  # it holds the token
+                info.write_text(json.dumps({"env": env_out, "api_pid": server.pid,
+                                            "worker_pids": [p.pid for p in procs]}, indent=2))
                 print("farm is up; in another shell:")
                 for k, v in env_out.items():
                     print(f"  export {k}='{v}'")
                 print(f"  farm workers   # {len(venvs)} workers: " + ", ".join(v.name for v in venvs))
-                print("  farm token create --scope submit me   # then farm submit ... --server $FARM_SERVER --token T")
+                print(f"  # FARM_TOKEN: this farm's {TOKEN_SCOPE} token (also in {base / 'token'}); "
+                      "a device's: farm token create NAME --scope read")
+                print("  " + ("--ephemeral: the database is dropped when the farm stops" if args.ephemeral else
+                              f"the database is kept when the farm stops ({base}); --ephemeral drops it"))
                 print("Ctrl-C or SIGTERM stops the farm.", flush=True)
                 stop = threading.Event()
                 try:

@@ -34,3 +34,37 @@ def coverage_of(reg: Registry, models: list[str] | None, backend: str | None) ->
 
     with reg.db.session() as s:
         return coverage(s, backend=backend, models=models or None).to_dict()
+
+
+# -- the summary and the paged drill-down (issue 24): what ops read at any size ---------------------
+
+ScopeQuery = Annotated[str | None, Query(max_length=255)]
+
+
+@router.get("/v1/coverage/summary", dependencies=[read])
+def coverage_summary(reg: RegistryDep, tag: Annotated[str | None, Query(max_length=128)] = None,
+                     prefix: ScopeQuery = None, model: Annotated[list[str] | None, Query(max_length=20)] = None,
+                     backend: Annotated[str | None, Query(pattern="^(qnn|trt)$")] = None) -> dict[str, Any]:
+    """SoC x SDK counts (built, building, broken, failed, missing, probe- and device-verified) for
+    the whole farm (kept up to date as builds finish) or a tag, a name prefix, models."""
+    from registry.coverage import scope, summary
+
+    with reg.db.session() as s:
+        return summary(s, scope(s, tag=tag, prefix=prefix, models=model, backend=backend)).to_dict()
+
+
+@router.get("/v1/coverage/models", dependencies=[read])
+def coverage_models(reg: RegistryDep, tag: Annotated[str | None, Query(max_length=128)] = None,
+                    prefix: ScopeQuery = None, model: Annotated[list[str] | None, Query(max_length=20)] = None,
+                    backend: Annotated[str | None, Query(pattern="^(qnn|trt)$")] = None,
+                    target: Annotated[str | None, Query(max_length=80)] = None,
+                    toolchain: Annotated[str | None, Query(max_length=64)] = None,
+                    state: Annotated[str | None, Query(pattern="^(built|building|broken|failed|missing)$")] = None,
+                    cursor: Annotated[str | None, Query(max_length=600)] = None,
+                    limit: Annotated[int, Query(ge=1, le=200)] = 50) -> dict[str, Any]:
+    """One page of models (by name) with their cells; ``next`` is the cursor of the page after."""
+    from registry.coverage import models_page, scope
+
+    with reg.db.session() as s:
+        return models_page(s, scope(s, tag=tag, prefix=prefix, models=model, backend=backend), target=target,
+                           toolchain=toolchain, state=state, cursor=cursor, limit=limit).to_dict()

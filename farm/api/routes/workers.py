@@ -1,4 +1,5 @@
-"""Workers: ``GET /v1/workers`` (read), the live workers and what they serve."""
+"""Workers: ``GET /v1/workers`` (read), the live workers and what they serve; ``?all=true`` also
+the stopped and dead ones. The same document as `farm workers --json` (registry.views)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,8 @@ router = APIRouter(tags=["read"])
 
 
 @router.get("/v1/workers", dependencies=[read])
-def workers(settings: SettingsDep, reg: RegistryDep) -> list[dict[str, Any]]:
-    from registry.index import live_workers
+def workers(settings: SettingsDep, reg: RegistryDep, all: bool = False) -> list[dict[str, Any]]:
+    from registry.views import worker_rows
 
     with reg.db.session() as s:
-        return [{"name": w.name, "backend": w.backend, "toolchain": w.toolchain, "onnxruntime": w.ort_version,
-                 "ep": w.ep_package, "ep_version": w.ep_version, "host": w.host, "queues": list(w.queues),
-                 "jobs": w.jobs_done, "last_seen": w.last_seen.isoformat()}
-                for w in live_workers(s, stale_after=settings.worker_stale_after)]
+        return worker_rows(s, stale_after=settings.worker_stale_after, include_all=all)

@@ -1,0 +1,145 @@
+"""What a new user met at the CLI (issue 21): the documented `farm token create` forms, progress
+with real elapsed times and `cached` answers, page faults as counts, `coverage --missing` from
+the coverage document (the same rows whichever side made it), and `local-only` where a shell
+has a service but no index."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from farm.cli import main
+from farm.cli.cluster_cmd import phase_text
+from farm.cli.ops_cmd import missing_of
+from farm.cli.progress import ReleaseProgress
+from farm.cli.remote import require_local_index
+from farm.core.errors import LocalOnlyError
+from farm.core.settings import Settings
+
+
+@pytest.mark.parametrize("argv", [
+    ["token", "create", "--scope", "submit", "release-pipeline"],  # the README's form
+    ["token", "create", "release-pipeline", "--scope", "submit"],
+    ["token", "--scope", "submit", "create", "release-pipeline"],
+])
+def test_token_create_takes_the_name_before_or_after_the_scope(argv, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FARM_HOME", str(tmp_path))
+    monkeypatch.delenv("FARM_SERVER", raising=False)
+    monkeypatch.delenv("FARM_DATABASE_URL", raising=False)
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["name"], doc["scope"]) == ("release-pipeline", "submit") and doc["token"].startswith("cfk_")
+    assert main(["token", "list", "--json"]) == 0
+    assert [(t["name"], t["scope"]) for t in json.loads(capsys.readouterr().out)] == [("release-pipeline", "submit")]
+
+
+def test_token_create_still_refuses_extra_words_and_a_missing_name(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FARM_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["token", "create", "--scope", "read", "a", "b"])
+    assert info.value.code == 2 and "unrecognized arguments: b" in capsys.readouterr().err
+    assert main(["token", "create", "--scope", "read"]) == 2
+    err = capsys.readouterr().err
+    assert "error[usage]: token create needs a NAME" in err and "farm token create NAME --scope" in err
+
+
+def test_the_unauthorized_hint_is_a_form_that_works(capsys, monkeypatch, tmp_path):
+    from farm.core.errors import UnauthorizedError
+
+    hint = UnauthorizedError("x").hint or ""
+    form = hint[hint.index("farm token create"):].rstrip(")").split()
+    monkeypatch.setenv("FARM_HOME", str(tmp_path))
+    assert main([*form[1:-1], "fleet", "--json"]) == 0, form
+    assert json.loads(capsys.readouterr().out)["name"] == "fleet"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _build(n: int, state: str, **kw: object) -> dict[str, object]:
+    return {"build": n, "target": "qnn:SM8650", "toolchain": "2.51.0", "state": state, "attempts": 1, **kw}
+
+
+def test_release_progress_shows_real_elapsed_time_and_cached_answers(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    out = io.StringIO()
+    with ReleaseProgress(out, live=False) as progress:
+        progress.submitted({"builds": [_build(1, "queued"), _build(2, "succeeded"),
+                                       _build(3, "failed", error_code="invalid-model")]})
+        clock.now += 5.2
+        progress({"builds": [_build(1, "succeeded"), _build(2, "succeeded"),
+                             _build(3, "failed", error_code="invalid-model")]})
+    lines = out.getvalue().splitlines()
+    assert "  build 1 qnn:SM8650 2.51.0: queued" in lines
+    assert "  build 1 qnn:SM8650 2.51.0: succeeded after 5.2 s" in lines  # not 0.0 s
+    assert "  build 2 qnn:SM8650 2.51.0: cached" in lines  # as farm build says, no time: nothing ran
+    assert "  build 3 qnn:SM8650 2.51.0: failed (invalid-model, answered from the index)" in lines
+    assert len(lines) == 4, lines  # the answered builds are not shown again
+
+
+def test_release_progress_restarts_the_clock_when_a_build_starts_running(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    out = io.StringIO()
+    with ReleaseProgress(out, live=False) as progress:
+        progress.submitted({"builds": [_build(1, "queued")]})
+        clock.now += 30.0
+        progress({"builds": [_build(1, "running")]})
+        clock.now += 5.2
+        progress({"builds": [_build(1, "succeeded")]})
+    assert out.getvalue().splitlines()[-1] == "  build 1 qnn:SM8650 2.51.0: succeeded after 5.2 s"
+
+
+@pytest.mark.parametrize("name,value,text", [
+    ("ep_compile", 5213.4, "ep_compile 5213.4 ms"),
+    ("child.page_faults", 4559, "child.page_faults 4559"),
+    ("page_faults", 12.0, "page_faults 12"),
+    ("bundle_cache", "hit", "bundle_cache hit"),
+    ("sha256:ab.bin", 3.5, "sha256:ab.bin 3.5 ms"),
+])
+def test_phases_print_counts_without_a_unit(name, value, text):
+    assert phase_text(name, value) == text
+
+
+def test_coverage_missing_from_the_document_is_what_the_index_computes():
+    from registry.coverage import Cell, Coverage
+
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    cov = Coverage(
+        toolchains={"qnn": ["2.47.0", "2.51.0"], "trt": ["10.13.0.35"]},
+        cells={(a, "qnn:SM8650", "2.51.0"): Cell("built", 1),
+               (a, "qnn:SM8750", "2.47.0"): Cell("built", 1),
+               (a, "qnn:SM8750", "2.51.0"): Cell("failed", 1, ["toolchain-error", "timeout", "timeout"]),
+               (b, "qnn:SM8650", "2.47.0"): Cell("building", 1),
+               (b, "trt:sm_89", "10.13.0.35"): Cell("broken", 1)},
+        models=[a, b], tags={a: ["sq:latest"]})
+    doc = json.loads(json.dumps(cov.to_dict()))  # as it crosses HTTP
+    for targets in (None, ["qnn:SM8650", "qnn:SM8750", "trt:sm_89"], ["qnn:SM8450"]):
+        assert missing_of(doc, targets) == cov.missing(targets), targets
+    assert [(r["model"], r["target"], r["state"]) for r in missing_of(doc)] == [
+        (a, "qnn:SM8750", "failed(timeout,toolchain-error)"), (b, "qnn:SM8650", "missing"),
+        (b, "trt:sm_89", "broken")]
+
+
+def test_a_shell_with_a_service_and_no_index_is_refused_local_commands(tmp_path: Path):
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path)})
+    with pytest.raises(LocalOnlyError) as info:
+        require_local_index("registry verify", settings, {"FARM_SERVER": "http://farm:8080"})
+    assert info.value.code == "local-only" and info.value.exit_code == 2
+    assert "farm registry verify has no remote form" in info.value.message
+    assert not (tmp_path / "index.db").exists()
+    require_local_index("registry verify", settings, {})  # no service: this machine's own index
+    require_local_index("registry verify", settings, {"FARM_SERVER": "http://farm:8080",
+                                                      "FARM_DATABASE_URL": "postgresql://db/farm"})
+    (tmp_path / "index.db").write_bytes(b"")  # an embedded index that exists: it is this farm's
+    require_local_index("registry verify", settings, {"FARM_SERVER": "http://farm:8080"})
