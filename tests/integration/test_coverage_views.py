@@ -1,0 +1,60 @@
+"""GET /v1/coverage/summary and /v1/coverage/models through the service: the same queries as
+`farm coverage --summary/--missing`, filters and cursors checked, bad ones refused with a code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from farm.api.app import create_app
+from farm.core.settings import Settings
+from registry.index import Registry
+from registry.tokens import create_token
+from tests.common import coverage_scenario
+
+
+@pytest.fixture
+def client(tmp_path) -> Iterator[TestClient]:
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+    reg = Registry.open(settings)
+    coverage_scenario.run(reg.db.session)
+    with reg.db.session() as s:
+        token = create_token(s, "reader", "read")
+    reg.close()
+    with TestClient(create_app(settings)) as c:
+        c.headers["Authorization"] = f"Bearer {token}"
+        yield c
+
+
+def test_summary_and_pages(client: TestClient) -> None:
+    r = client.get("/v1/coverage/summary")
+    assert r.status_code == 200, r.text
+    rows = {(x["target"], x["toolchain"]): x for x in r.json()["rows"]}
+    assert rows[("qnn:SM8750", "2.51.0")] | {} == {
+        "backend": "qnn", "target": "qnn:SM8750", "toolchain": "2.51.0", "models": 3, "built": 1, "building": 0,
+        "broken": 1, "failed": 1, "missing": 0, "probe_verified": 0, "device_verified": 0}
+    assert r.json()["source"] == "counters"
+    assert client.get("/v1/coverage/summary?tag=stable").json()["source"] == "cells"
+    names, cursor = [], None
+    while True:
+        page = client.get("/v1/coverage/models", params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        assert page.status_code == 200, page.text
+        names += [m["name"] for m in page.json()["models"]]
+        cursor = page.json()["next"]
+        if not cursor:
+            break
+    assert names == ["alpha", "beta", "gamma"]
+    missing = client.get("/v1/coverage/models?state=missing").json()["models"]
+    assert [(m["name"], m["missing"]) for m in missing][1] == (
+        "beta", [{"target": "qnn:SM8750", "toolchain": "2.51.0", "state": "failed(compile-timeout)"}])
+
+
+@pytest.mark.parametrize("query", ["cursor=AAAA", "state=exploded", "limit=0", "limit=100000", "tag=%20",
+                                   "target=SM8650", "model=nosuch:tag", "prefix=" + "a" * 300, "backend=cuda"])
+def test_bad_filters_are_errors_with_codes(client: TestClient, query: str) -> None:
+    r = client.get(f"/v1/coverage/models?{query}")
+    assert 400 <= r.status_code < 500, (query, r.status_code)
+    assert r.json()["error"]["code"] in ("usage", "not-found"), r.json()
