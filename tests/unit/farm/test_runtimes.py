@@ -48,3 +48,9 @@ def test_farm_targets_prints_the_map(capsys: pytest.CaptureFixture[str]) -> None
     for r in qnn_runtimes():
         assert re.search(rf"^{re.escape(r.version)}\s+{re.escape(r.sdk)}\s+{re.escape(r.onnxruntime)}$", out, re.MULTILINE)
     assert qnn_map_text() == "onnxruntime-qnn 2.3.0 = QNN 2.47.0, 2.5.0 = QNN 2.49.40, 2.7.0 = QNN 2.51.0"
+
+
+def test_the_device_docs_print_the_same_map() -> None:
+    text = (ROOT / "docs" / "device.md").read_text()
+    rows = re.findall(r"^\| (\d[\d.]*) \| (\d[\d.]*) \| (\d[\d.]*) \|$", text, re.MULTILINE)
+    assert rows == [(r.version, r.sdk, r.onnxruntime) for r in qnn_runtimes()]
