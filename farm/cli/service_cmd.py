@@ -40,6 +40,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                    help="directory that will hold exactly this artifact (swapped into place atomically)")
     p.add_argument("--require-signature", action="store_true")
     p.add_argument("--allow-unsigned", action="store_true")
+    p.add_argument("--report", action="store_true",
+                   help="then load it here (as farm load-check does) and report the outcome to the service "
+                        "(needs a report token: --report-token or FARM_REPORT_TOKEN; docs/evidence.md)")
+    p.add_argument("--report-token", default=os.environ.get("FARM_REPORT_TOKEN"),
+                   help="the report token for --report (default: FARM_REPORT_TOKEN)")
     p.add_argument("--json", action="store_true")
 
 
@@ -124,10 +129,18 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                      trt=args.trt, platform=args.platform, trusted_keys=list(settings.trusted_keys),
                      require_signature=args.require_signature or settings.require_signature,
                      allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
+    reported = None
+    if getattr(args, "report", False):
+        from farm.cli.report_cmd import install_report
+
+        reported = install_report(args, result, qnn)
+        if not args.json:
+            print(f"reported {reported['outcome']} (report {reported['report']})", file=sys.stderr)
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
-                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by}, indent=2))
+                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by,
+                          **({"report": reported} if reported is not None else {})}, indent=2))
     else:
         print(str(result.ctx_model))
     return 0

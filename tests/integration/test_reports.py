@@ -177,3 +177,47 @@ def test_rate_limit_per_token(live: dict[str, Any]) -> None:
     # Another token is not held back by this one.
     assert call(svc, "POST", "/v1/reports", t["report2"], report(svc))[0] == 201
     assert len(rows(svc)) == RATE + 1
+
+
+def test_devices_install_load_report_and_change_resolve(live: dict[str, Any], tmp_path: Path) -> None:
+    """Simulated devices are processes: two install through the service with the stdlib client,
+    load on the simulator and report (resolve turns to device evidence); one loads with an older
+    runtime venv (QNN 2.47.0) and reports its failure under that runtime."""
+    import os
+    import subprocess
+    import sys
+
+    svc, t = live, live["tokens"]
+    root = Path(__file__).resolve().parents[2]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    base["PYTHONPATH"] = str(root)
+    outs = []
+    for i in range(2):
+        env = {**base, "FARM_SERVER": svc["url"], "FARM_TOKEN": t["read"], "FARM_REPORT_TOKEN": t["report"],
+               "FARM_DEVICE_ID": f"sim-{i}", "FARM_HOME": str(tmp_path / f"dev{i}")}
+        proc = subprocess.run([sys.executable, "-m", "farm.cli", "install", "--model", "mm:stable", "--soc", "SM8650",
+                               "--qnn", "2.51.0", "--dest", str(tmp_path / f"dev{i}" / "mm"), "--report", "--json"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(json.loads(proc.stdout))
+    assert {o["report"]["outcome"] for o in outs} == {"loads"}
+    status, answer = resolve(svc)
+    assert status == 200 and answer["source"] == "device" and "loaded on 2 device(s)" in answer["reason"]
+
+    old = root / ".venvs" / "qnn-2.47.0" / "bin" / "python"
+    if not old.exists():
+        pytest.fail(f"{old} missing: run infra/workers/create-venvs.sh (infra/test.sh does)")
+    env = {**base, "FARM_REPORT_TOKEN": t["report"], "FARM_DEVICE_ID": "old-runtime", "FARM_SERVER": svc["url"]}
+    script = ("import sys, json; from pathlib import Path; from types import SimpleNamespace as N;"
+              "from farm.cli.report_cmd import install_report;"
+              f"r = install_report(N(soc='SM8650', report_token=None, server={svc['url']!r}),"
+              f" N(artifact={svc['artifact']!r}, ctx_model=Path({str(outs[0]['ctx_model'])!r})), '2.47.0');"
+              "print(json.dumps(r))")
+    proc = subprocess.run([str(old), "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["outcome"] == "fails" and got["runtime"] == "qnn:2.47.0"
+    status, agg = call(svc, "GET", f"/v1/reports?artifact={svc['artifact']}", t["read"])
+    by_runtime = {e["runtime"]: e for e in agg["devices"]}
+    assert by_runtime["qnn:2.51.0"]["loads"] == 2 and by_runtime["qnn:2.47.0"]["fails"] == 1
+    assert "QNN" in (by_runtime["qnn:2.47.0"]["last_error"] or "")

@@ -1,0 +1,119 @@
+"""Device reports from the device side (issue 23; docs/evidence.md): the standard library only,
+like ``farm.client``. An app that loads the artifact itself calls ``report``::
+
+    from farm.client_report import report
+    report("http://farm:8080", report_token, artifact=result.artifact, soc="SM8650",
+           runtime_version="2.51.0", outcome="loads", load_ms=8.1, first_inference_ms=2.3,
+           onnxruntime="1.31.1", ep_package="onnxruntime-qnn", ep_version="2.7.0")
+
+``farm install --report`` and ``farm report`` use the same call. The report is checked here
+before it is sent (the service checks it again: it trusts no device), the answer is read up to
+``MAX_ANSWER_BYTES`` and bound to the question (the artifact it names). The token is a ``report``
+token (``farm token create NAME --scope report``): it can report and do nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import re
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from farm.core.errors import ServerError, UsageError
+
+MAX_ANSWER_BYTES = 64 * 1024
+MAX_ERROR_CHARS = 4000  # the service refuses longer error texts: the tail is kept (the cause is last)
+OUTCOMES = ("loads", "fails", "crashed")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def device_id() -> str:
+    """A stable, anonymous id of this machine: sha256 of /etc/machine-id (or the host name), 32
+    hex digits (FARM_DEVICE_ID, when set, is taken as it is: a fleet's own ids, simulated devices).
+    The service counts one device once, however often it reports."""
+    import os
+
+    given = os.environ.get("FARM_DEVICE_ID", "").strip()
+    if given:
+        return given
+    seed = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                seed = f.read(256).strip()
+            if seed:
+                break
+        except OSError:
+            continue
+    seed = seed or socket.gethostname()
+    return hashlib.sha256(f"ctxfarm-device:{seed}".encode()).hexdigest()[:32]
+
+
+def _text(value: str | None, limit: int) -> str | None:
+    if value is None:
+        return None
+    return _CONTROL.sub(" ", str(value))[:limit]
+
+
+def make_report(*, artifact: str, soc: str, runtime_version: str, outcome: str, onnxruntime: str,
+                device: str | None = None, device_model: str | None = None, os_name: str | None = None,
+                ep_package: str | None = None, ep_version: str | None = None, driver: str | None = None,
+                error: str | None = None, load_ms: float | None = None, first_inference_ms: float | None = None,
+                peak_memory_mb: float | None = None, fingerprint: str | None = None,
+                psnr_db: float | None = None) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/reports``, checked (a usage error names the bad field)."""
+    if not isinstance(artifact, str) or not _DIGEST.fullmatch(artifact):
+        raise UsageError(f"artifact {str(artifact)[:80]!r} is not a manifest digest (sha256:...)")
+    if outcome not in OUTCOMES:
+        raise UsageError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    ident = device or device_id()
+    if not _IDENT.fullmatch(ident) or len(ident) > 128:
+        raise UsageError(f"device id {ident[:80]!r} is not an identifier (letters, digits, ._:@/+-)")
+    body: dict[str, Any] = {
+        "artifact": artifact, "device_id": ident,
+        "device_model": _text(device_model or platform.node() or "unknown", 128),
+        "soc": str(soc)[:64], "os": _text(os_name or f"{platform.system()} {platform.release()}".strip(), 128),
+        "runtime_version": str(runtime_version)[:64], "onnxruntime": str(onnxruntime)[:32], "outcome": outcome,
+        "reported_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    }
+    for key, value, limit in (("ep_package", ep_package, 64), ("ep_version", ep_version, 32), ("driver", driver, 128),
+                              ("fingerprint", fingerprint, 128)):
+        if value is not None:
+            body[key] = _text(value, limit)
+    if error is not None:
+        body["error"] = _text(error, 10 * MAX_ERROR_CHARS)[-MAX_ERROR_CHARS:]  # type: ignore[index]
+    for key, number in (("load_ms", load_ms), ("first_inference_ms", first_inference_ms),
+                        ("peak_memory_mb", peak_memory_mb), ("psnr_db", psnr_db)):
+        if number is not None:
+            if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number) \
+                    or number < 0:
+                raise UsageError(f"{key} {number!r} is not a non-negative number")
+            body[key] = round(float(number), 3)
+    return body
+
+
+def send(server: str, token: str | None, body: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
+    """POST the report; returns the service's answer (``report`` id, ``runtime``, ``soc``), checked."""
+    from farm.client import Client
+
+    if not token:
+        raise UsageError("a report needs a report token", hint="farm token create NAME --scope report; then "
+                                                               "--report-token or FARM_REPORT_TOKEN")
+    answer = Client(server, token, timeout=timeout).json("POST", "/v1/reports", body)
+    if not isinstance(answer, dict) or not isinstance(answer.get("report"), int) \
+            or answer.get("artifact") != body["artifact"] or not isinstance(answer.get("runtime"), str):
+        raise ServerError("the service's answer to a report is not one: "
+                          f"{json.dumps(answer, default=str)[:200]}")
+    return {k: answer[k] for k in ("report", "artifact", "runtime", "soc", "outcome") if k in answer}
+
+
+def report(server: str, token: str | None, **fields: Any) -> dict[str, Any]:
+    """``make_report(**fields)`` then ``send``: the one call for apps that load artifacts themselves."""
+    timeout = float(fields.pop("timeout", 30.0))
+    return send(server, token, make_report(**fields), timeout=timeout)
