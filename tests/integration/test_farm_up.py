@@ -39,6 +39,14 @@ def test_farm_up_end_to_end(tmp_path: Path) -> None:
             assert p.returncode == 0, f"{args}\n{p.stdout}\n{p.stderr}"
             return p.stdout
 
+        # The printed exports are enough for the client: FARM_SERVER and its token (issue 21, item 4).
+        exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in log.read_text().splitlines()
+                       if line.strip().startswith("export "))
+        assert exports["FARM_TOKEN"].strip("'") == info["env"]["FARM_TOKEN"]
+        pipeline = {**env, "FARM_HOME": str(tmp_path / "pipeline"), "FARM_SERVER": server,
+                    "FARM_TOKEN": info["env"]["FARM_TOKEN"]}
+        assert len(json.loads(cli(pipeline, "workers", "--json"))) == 3
+        json.loads(cli(pipeline, "coverage", "--json"))
         submit = cli(farm_env, "token", "create", "ci", "--scope", "submit").strip().splitlines()[-1]
         read = cli(farm_env, "token", "create", "device", "--scope", "read").strip().splitlines()[-1]
         bare = {k: v for k, v in env.items() if not k.startswith("AWS_")}
