@@ -411,7 +411,7 @@ class Question:
     platform: str | None = None  # TensorRT: the device's OS-CPU
 
 
-def _question(model: str, soc: str | None, qnn: str | None, gpu: str | None, trt: str | None,
+def question(model: str, soc: str | None, qnn: str | None, gpu: str | None, trt: str | None,
               platform: str) -> Question:
     from farm.core.catalog import load_catalog
     from farm.core.errors import UnknownTargetError
@@ -429,8 +429,8 @@ def _question(model: str, soc: str | None, qnn: str | None, gpu: str | None, trt
     return Question(model, backend, target, runtime, platform if backend == "trt" else None)
 
 
-def _check_answer(res: Any, q: Question) -> dict[str, Any]:
-    """The resolve answer: the type of every field used, and that it answers ``q``."""
+def check_answer(res: Any, q: Question) -> dict[str, Any]:
+    """A resolve answer: the type of every field used, and that it answers ``q``."""
     if not isinstance(res, dict):
         raise ServerError("the resolve answer is not a JSON object", hint=HINT_SERVER)
     try:
@@ -492,9 +492,9 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
             platform: str = "linux-x86-64", trusted_keys: list[str] | None = None,
             require_signature: bool = False, allow_unsigned: bool = False) -> InstallResult:
     """Resolve, download (resuming), verify and place an artifact; see the module docstring."""
-    q = _question(model, soc, qnn, gpu, trt, platform)
+    q = question(model, soc, qnn, gpu, trt, platform)
     client = Client(server, token)
-    res = _check_answer(client.json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn, gpu=gpu, trt=trt,
+    res = check_answer(client.json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn, gpu=gpu, trt=trt,
                                     platform=platform if gpu else None, manifest="false"), q)
     artifact: str = res["artifact"]
     # The manifest is fetched by the digest that names the artifact, never from a URL in the

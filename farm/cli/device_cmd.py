@@ -118,12 +118,15 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "load-check":
         return _load_check(args)
     if name == "resolve" and getattr(args, "server", None):
-        from farm.client import Client
+        from farm.client import Client, check_answer, question
 
-        info = Client(args.server, args.token).json("GET", "/v1/resolve", model=args.model, soc=args.soc, qnn=args.qnn,
-                                                    gpu=args.gpu, trt=args.trt,
-                                                    platform=args.platform if args.gpu else None,
-                                                    manifest="true" if args.json else "false")
+        # A device's question to a service it does not trust: the answer is checked and bound
+        # to the question as `farm install` does, and its text cleaned before it is printed.
+        asked = question(args.model, args.soc, args.qnn, args.gpu, args.trt, args.platform)
+        info = check_answer(Client(args.server, args.token).json(
+            "GET", "/v1/resolve", model=args.model, soc=args.soc, qnn=args.qnn, gpu=args.gpu, trt=args.trt,
+            platform=args.platform if args.gpu else None, manifest="true" if args.json else "false"), asked)
+        info["files"] = _answered_files(info.get("files"))
         if args.json:
             print(json.dumps(info, indent=2))
         else:
@@ -209,9 +212,31 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         reg.close()
 
 
+def _answered_files(files: Any) -> list[dict[str, Any]]:
+    """The files of a service's resolve answer, each field checked, for printing."""
+    from farm.core.errors import ManifestError, ServerError
+    from farm.core.untrusted import check_digest, check_file_name, check_size, clean_text
+
+    if not isinstance(files, list) or len(files) > 4096 or not all(isinstance(f, dict) for f in files):
+        raise ServerError("the resolve answer's files are malformed",
+                          hint="the service sent an answer this client refuses: tell the service's operators")
+    try:
+        return [{"name": check_file_name(f.get("name")), "digest": check_digest(f.get("digest")),
+                 "size": check_size(f.get("size")),
+                 **({"url": clean_text(f["url"], 2000)} if isinstance(f.get("url"), str) else {}),
+                 **({"encoding": clean_text(f["encoding"], 40)} if isinstance(f.get("encoding"), str) else {})}
+                for f in files]
+    except ManifestError as exc:
+        raise ServerError(f"the resolve answer is malformed: {exc.message}",
+                          hint="the service sent an answer this client refuses: tell the service's operators") from None
+
+
 def _picked_text(info: dict[str, Any]) -> str:
-    """``picked by probe: loaded under QNN 2.51.0 on 2026-11-22 07:07 UTC`` (or ``by rule: …``)."""
-    return f"picked by {info['source']}: {info['reason']}"
+    """``picked by probe: loaded under QNN 2.51.0 on 2026-11-22 07:07 UTC`` (or ``by rule: …``);
+    cleaned: it may come from a service."""
+    from farm.core.untrusted import clean_text
+
+    return f"picked by {clean_text(info.get('source'), 40)}: {clean_text(info.get('reason'), 1000)}"
 
 
 def _print_resolved(info: dict[str, Any]) -> None:
@@ -224,8 +249,10 @@ def _print_resolved(info: dict[str, Any]) -> None:
         url = f"  {f['url']}" + (f" ({f['encoding']})" if f.get("encoding") else "") if f.get("url") else ""
         print(f"  {f['name']}  {human_size(f['size'])}  {f['digest']}{url}")
     if info.get("manifest_url") and "url" in (info["files"][0] if info["files"] else {}):
-        encoding = f" ({info['manifest_encoding']})" if info.get("manifest_encoding") else ""
-        print(f"  manifest  {info['manifest_url']}{encoding}")
+        from farm.core.untrusted import clean_text
+
+        encoding = f" ({clean_text(info['manifest_encoding'], 40)})" if info.get("manifest_encoding") else ""
+        print(f"  manifest  {clean_text(info['manifest_url'], 2000)}{encoding}")
 
 
 def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:

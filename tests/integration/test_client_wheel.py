@@ -139,3 +139,21 @@ def test_load_check_hints_point_at_farm_install(live: dict[str, Any], tmp_path: 
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1 and "error[target-mismatch]" in proc.stderr, proc.stderr
     assert "farm install --model NAME:TAG --soc SM8550" in proc.stderr and "farm fetch" not in proc.stderr
+
+
+def test_farm_resolve_server_against_a_live_service(live: dict[str, Any], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checked `farm resolve --server` accepts what a real service answers (human and JSON)."""
+    from farm.cli import main as farm
+
+    monkeypatch.setenv("FARM_HOME", str(tmp_path / "home"))
+    argv = ["resolve", "--server", live["url"], "--token", live["token"], "--model", "sq:stable", "--soc", "SM8650",
+            "--qnn", "2.51.0"]
+    capsys.readouterr()
+    assert farm(argv) == 0
+    assert live["artifact"][7:19] in capsys.readouterr().out
+    assert farm([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["artifact"] == live["artifact"] and doc["manifest"]["model"] == doc["model"]
+    assert {f["name"] for f in doc["files"]} == {f["name"] for f in doc["manifest"]["files"]}

@@ -150,3 +150,28 @@ def test_an_interrupted_download_resumes_from_the_partial_file(tmp_path: Path) -
         got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
         assert got.resumed_bytes == 0 and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
     assert sorted(os.listdir(dest.parent)) == ["sq"]
+
+
+@pytest.mark.parametrize("name", ["control", "answer a list", "answer for another backend", "answer for another SoC",
+                                  "answer artifact traversal", "404 no-match relayed, escapes cleaned"])
+def test_farm_resolve_server_checks_what_it_prints(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`farm resolve --server` is a device's question too: the same checks and binding as an
+    install, and nothing the service wrote reaches the terminal uncleaned."""
+    from farm.cli import main as farm
+
+    monkeypatch.setenv("FARM_HOME", str(tmp_path / "home"))
+    case = next(c for c in CASES if c.name == name)
+    scenario = fresh()
+    case.mutate(scenario, Where(tmp_path / "victim", tmp_path / "planted"))
+    if isinstance(scenario.answer, dict):
+        scenario.answer["reason"] = "same SoC \x1b[2J\x1b]0;owned\x07"
+    with hostile_service(scenario) as url:
+        capsys.readouterr()
+        rc = farm(["resolve", "--server", url, "--token", TOKEN, "--model", "sq:stable", "--soc", SOC, "--qnn", QNN])
+        out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "Traceback" not in err
+    if case.code == "ok":
+        assert rc == 0 and scenario.answer["artifact"][7:19] in out and "model_ctx_qnn.bin" in out
+    else:
+        assert rc != 0 and f"error[{case.code}]" in err, err
