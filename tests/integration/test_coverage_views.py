@@ -58,3 +58,22 @@ def test_bad_filters_are_errors_with_codes(client: TestClient, query: str) -> No
     r = client.get(f"/v1/coverage/models?{query}")
     assert 400 <= r.status_code < 500, (query, r.status_code)
     assert r.json()["error"]["code"] in ("usage", "not-found"), r.json()
+
+
+def test_page_summary_first_legend_visible_verdicts_paged(client: TestClient) -> None:
+    r = client.get("/coverage")
+    assert r.status_code == 200, r.text
+    page = r.text
+    assert page.index("<h2>Summary</h2>") < page.index("<h2>Legend</h2>") < page.index("<h2>Models</h2>")
+    # alpha's SM8650 2.51.0 cell: verdicts per runtime written out, not in a tooltip.
+    assert "QNN 2.51.0 fails</div><div class='v'>QNN 2.52.0 loads</div>" in page
+    assert "title=" not in page
+    assert "failed (compile-timeout)" in page
+    # Summary counts link to their drill-down, with the filters and never a token.
+    assert "?soc=qnn%3ASM8750&amp;sdk=2.51.0&amp;state=failed" in page
+    assert "token" not in page.lower().replace("no token", "")
+    paged = client.get("/coverage", params={"prefix": "", "tag": "", "state": ""})  # an empty form
+    assert paged.status_code == 200 and paged.text.count("<table class='model'") == 3
+    narrow = client.get("/coverage", params={"state": "failed", "soc": "SM8750"}).text
+    assert narrow.count("<table class='model'") == 1 and "beta" not in narrow.split("<h2>Models")[0]
+    assert client.get("/coverage", params={"cursor": "bad!"}).status_code == 400

@@ -20,12 +20,21 @@ def coverage_json(reg: RegistryDep, model: Annotated[list[str] | None, Query()] 
 
 
 @router.get("/coverage", response_class=HTMLResponse, dependencies=[read])
-def coverage_page(reg: RegistryDep, model: Annotated[list[str] | None, Query()] = None,
+def coverage_page(reg: RegistryDep, model: Annotated[list[str] | None, Query(max_length=20)] = None,
                   soc: Annotated[str | None, Query(max_length=64)] = None,
-                  sdk: Annotated[str | None, Query(max_length=64)] = None) -> HTMLResponse:
-    from farm.api.page import render
+                  sdk: Annotated[str | None, Query(max_length=64)] = None,
+                  tag: Annotated[str | None, Query(max_length=128)] = None,
+                  prefix: Annotated[str | None, Query(max_length=255)] = None,
+                  state: Annotated[str | None, Query(pattern="^(|built|building|broken|failed|missing)$")] = None,
+                  cursor: Annotated[str | None, Query(max_length=600)] = None) -> HTMLResponse:
+    """The summary first (SoC x SDK), the legend, then one page of models (farm.api.page)."""
+    from farm.api.page import render_page
 
-    return HTMLResponse(render(coverage_of(reg, model, None), soc=soc, sdk=sdk))
+    # A form submits empty fields: an empty filter is no filter.
+    model = [m for m in model or [] if m.strip()] or None
+    with reg.db.session() as s:
+        return HTMLResponse(render_page(s, tag=tag or None, prefix=prefix or None, model=model, soc=soc or None,
+                                        sdk=sdk or None, state=state or None, cursor=cursor or None))
 
 
 def coverage_of(reg: Registry, models: list[str] | None, backend: str | None) -> dict[str, Any]:
