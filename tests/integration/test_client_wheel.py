@@ -157,3 +157,32 @@ def test_farm_resolve_server_against_a_live_service(live: dict[str, Any], tmp_pa
     doc = json.loads(capsys.readouterr().out)
     assert doc["artifact"] == live["artifact"] and doc["manifest"]["model"] == doc["model"]
     assert {f["name"] for f in doc["files"]} == {f["name"] for f in doc["manifest"]["files"]}
+
+
+def test_the_wheel_packs_the_whole_import_closure_of_the_client() -> None:
+    """Every ``farm`` module the packed modules import (at the top or inside a function) is
+    packed too, and nothing else but the standard library (and cryptography, for signatures):
+    a new import in an untested branch can't break a device."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("client_backend", ROOT / "infra" / "client" / "backend.py")
+    assert spec is not None and spec.loader is not None
+    backend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backend)
+    packed = set(backend.MODULES)
+    missing = set()
+    for rel in (m for m in packed if m.endswith(".py")):
+        for node in ast.walk(ast.parse((ROOT / rel).read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top not in ("farm", "cryptography") and top not in sys.stdlib_module_names:
+                    missing.add(f"{rel}: {name} (not the standard library)")
+                if top != "farm":
+                    continue
+                path = name.replace(".", "/")
+                if f"{path}.py" not in packed and f"{path}/__init__.py" not in packed:
+                    missing.add(f"{rel}: {name}")
+    assert not missing
