@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_ROWS = 40  # a list of more rows than this (one per build, per request) is summarised, not listed
+MAX_ROWS = 24  # a list of more rows than this (one per build, per request) is summarised, not listed
 
 
 def _num(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return "" if value is None else str(value).lower()
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.0f}"
+        if value == 0 or 0.001 <= abs(value) < 1000:
+            return f"{value:.4g}"
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.2e}"
     return str(value)
 
 
@@ -55,8 +57,25 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return out + [""]
 
 
+def _summary(title: str, records: list[dict[str, Any]], heading: str) -> list[str]:
+    """Count, median, min and max of each numeric field over many rows (one per build, per request)."""
+    keys = [k for k, v in records[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    if not keys:
+        return []
+    out = [f"{heading} {title}", "", f"{len(records)} rows; each field over the rows:", "",
+           "| field | median | min | max |", "|---|---|---|---|"]
+    for k in keys:
+        vals = [r[k] for r in records if isinstance(r.get(k), int | float) and not isinstance(r.get(k), bool)]
+        if vals:
+            out.append(f"| {k.replace('_', ' ')} | {_num(statistics.median(vals))} | {_num(min(vals))} | "
+                       f"{_num(max(vals))} |")
+    return out + [""]
+
+
 def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
-    """Scalars of a dict in one key/value table, each nested dict or list of records below it."""
+    """A dict's scalars in one key/value table; a family of like dicts (modes, phases, queries) as one
+    table, a row each; lists of records as tables, summarised when long or deep. The per-run series
+    nested under a family's rows stay in the JSON (the page says so)."""
     heading = "#" * min(level, 6)
     if isinstance(data, dict):
         scalars = {k: v for k, v in data.items() if _scalar(v)}
@@ -67,10 +86,12 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
             out += ["| measure | value |", "|---|---|"]
             out += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in scalars.items()]
             out.append("")
-        if nested and all(isinstance(v, dict) and all(_scalar(x) for x in v.values()) for v in nested.values()) \
-                and len(nested) > 1:
-            out += _table([{"": k, **v} for k, v in nested.items()])
-            return
+        family = {k: v for k, v in nested.items() if isinstance(v, dict) and any(_scalar(x) for x in v.values())}
+        if len(family) >= 2:
+            out += _table([{"": k, **v} for k, v in family.items()])
+            if any(not _scalar(x) for v in family.values() for x in v.values()):
+                out += ["(Each row's per-run series are in the JSON.)", ""]
+            nested = {k: v for k, v in nested.items() if k not in family}
         for key, value in nested.items():
             _walk(key.replace("_", " "), value, level + 1, out)
     elif isinstance(data, list):
@@ -79,23 +100,23 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
             out += [f"{heading} {title}", "", _series(data) if all(isinstance(v, int | float) for v in data)
                     else ", ".join(_num(v) for v in data), ""]
             return
-        if len(records) > MAX_ROWS:
-            out += [f"{heading} {title}", "", f"{len(records)} rows; per field over the rows:", ""]
-            keys = [k for k, v in records[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
-            out += ["| field | count | median | min | max |", "|---|---|---|---|---|"]
-            for k in keys:
-                vals = [r[k] for r in records if isinstance(r.get(k), int | float)]
-                out.append(f"| {k.replace('_', ' ')} | {len(vals)} | {_num(statistics.median(vals))} | "
-                           f"{_num(min(vals))} | {_num(max(vals))} |")
-            out.append("")
+        if len(records) > MAX_ROWS or level > 5:
+            out += _summary(title, records, heading)
             return
-        out += [f"{heading} {title}", ""]
+        if title:
+            out += [f"{heading} {title}", ""]
         out += _table(records)
         for i, record in enumerate(records):
             for key, value in record.items():
-                if not _scalar(value):
+                if not _scalar(value) and level < 5:
                     label = record.get("label") or record.get("mode") or record.get("name") or f"{title} {i + 1}"
                     _walk(f"{label}: {key.replace('_', ' ')}", value, level + 1, out)
+
+
+def bench_of(stem: str) -> Path:
+    """bench/NAME.py for bench/out/NAME.json, or for NAME-LABEL.json (a labelled run of NAME)."""
+    exact = ROOT / "bench" / f"{stem}.py"
+    return exact if exact.exists() else ROOT / "bench" / f"{stem.split('-', 1)[0]}.py"
 
 
 def usage(bench: Path) -> str:
@@ -119,9 +140,9 @@ def render(out_dir: Path) -> str:
     files = sorted(out_dir.glob("*.json")) if out_dir.is_dir() else []
     lines: list[str] = []
     benches = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
-    recorded = {p.stem for p in files}
+    recorded = {bench_of(p.stem).stem for p in files}
     for path in files:
-        bench = ROOT / "bench" / f"{path.stem}.py"
+        bench = bench_of(path.stem)
         try:
             data = json.loads(path.read_text())
         except ValueError as exc:
@@ -129,7 +150,8 @@ def render(out_dir: Path) -> str:
         lines += [f"## {path.stem}", ""]
         if summary(bench):
             lines += [summary(bench), ""]
-        lines += [f"From `bench/out/{path.name}`; rerun: `{usage(bench)}`.", ""]
+        rerun = f"; rerun: `{usage(bench)}`" if bench.exists() else ""
+        lines += [f"From `bench/out/{path.name}`{rerun}.", ""]
         _walk("", data, 3, lines)
     missing = [b for b in benches if b not in recorded]
     if missing:
