@@ -309,6 +309,8 @@ class Client:
                               hint="run the install again: it resumes where this one stopped")
         if "sha256:" + h.hexdigest() != digest:
             dest.unlink(missing_ok=True)
+            if resumed:  # the bytes kept from before may be the bad ones: once more, from scratch
+                return self.download(digest, dest, size=size)
             raise DigestMismatchError(f"blob {digest[7:19]}: downloaded content does not match its digest "
                                       f"({got} of {size} bytes)", hint=HINT_DIGEST)
         return resumed

@@ -124,7 +124,8 @@ def test_farm_install_cli_refuses_without_a_traceback(tmp_path: Path) -> None:
 
 def test_an_interrupted_download_resumes_from_the_partial_file(tmp_path: Path) -> None:
     """A connection cut mid-blob keeps what arrived; the next install asks for the rest (Range)
-    and the result is whole. A partial file longer than the blob is started over."""
+    and the result is whole. A partial file longer than the blob, or whose bytes are wrong, is
+    started over."""
     from tests.common.hostile_server import Raw
 
     scenario = fresh()
@@ -147,6 +148,11 @@ def test_an_interrupted_download_resumes_from_the_partial_file(tmp_path: Path) -
         # A partial file longer than the blob (another blob's, a corrupt one): started over.
         partial.parent.mkdir()
         partial.write_bytes(b"x" * (len(BIN) + 5))
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert got.resumed_bytes == 0 and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+        # A partial file of the right size and the wrong bytes: discarded, downloaded again.
+        partial.parent.mkdir()
+        partial.write_bytes(b"z" * len(BIN))
         got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
         assert got.resumed_bytes == 0 and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
     assert sorted(os.listdir(dest.parent)) == ["sq"]
