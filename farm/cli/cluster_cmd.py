@@ -104,13 +104,14 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
         **({"min_psnr": args.min_psnr} if args.min_psnr is not None else {})})
     if not args.json:
         print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
+    answered = answered_builds(st)
     if args.wait:
         with ReleaseProgress(live=False if args.json else None) as progress:
             progress.submitted(st)  # builds done already are answers from the index: "cached"
             if not st.get("done"):
                 st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=model.get("tag_moved"))
-    _show_release(doc, args.json, header=False)
+    _show_release(doc, args.json, header=False, answered=answered)
     if args.wait:
         return 0 if doc["ok"] else 1
     return 0
@@ -177,15 +178,30 @@ def _counts_text(builds: list[dict[str, Any]]) -> str:
     return f"{len(builds)} build(s): " + ", ".join(f"{n} {s}" for s, n in counts.items()) if builds else "no builds"
 
 
-def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True) -> None:
+def answered_builds(st: Any) -> set[int]:
+    """The builds a submit's answer already has final: answered from the index, not built for
+    this release (`farm build` calls them ``cached``)."""
+    builds = st.builds if hasattr(st, "builds") else st["builds"]
+    return {int(b["build"]) for b in builds if str(getattr(b["state"], "value", b["state"])) in FINAL}
+
+
+def _state_text(b: dict[str, Any], answered: frozenset[int] | set[int]) -> str:
+    if b["state"] == "succeeded" and b["build"] in answered:
+        return "cached"
+    return (b["state"] + (f" ({b['error_code']})" if b["error_code"] else "") + (f": {b['note']}" if b["note"] else "")
+            + (" (answered from the index)" if b["build"] in answered else ""))
+
+
+def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True,
+                  answered: frozenset[int] | set[int] = frozenset()) -> None:
+    """The release table; ``answered``: builds final when it was submitted, shown as cached."""
     if as_json:
         print(json.dumps(doc, indent=2))
         return
     if header:
         print(f"release {doc['release']} ({doc['model']}): {_counts_text(doc['builds'])}")
     rows = [{"build": b["build"], "target": b["target"], "toolchain": b["toolchain"],
-             "state": b["state"] + (f" ({b['error_code']})" if b["error_code"] else "")
-             + (f": {b['note']}" if b["note"] else ""),
+             "state": _state_text(b, answered),
              "attempts": b["attempts"], "artifact": (b["artifact"] or "")[7:19],
              "compile_s": f"{b['compile_seconds']:.2f}" if b["compile_seconds"] is not None else ""}
             for b in doc["builds"]]
@@ -229,6 +245,7 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
     tag_moved = st.tag_moved
     if not args.json:
         print(f"release {st.release_id} ({st.model}): {_counts_text(st.builds)}", file=sys.stderr)
+    answered = answered_builds(st)
     if args.wait:
         # A live table on a terminal; a plain line per build state change otherwise.
         with ReleaseProgress(live=False if args.json else None) as progress:
@@ -238,7 +255,7 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
 
                 st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
     doc = release_json(st.release_id, st.model, st.builds, tag_moved=tag_moved)
-    _show_release(doc, args.json, header=False)
+    _show_release(doc, args.json, header=False, answered=answered)
     if args.wait:
         return 0 if doc["ok"] else 1
     return 0

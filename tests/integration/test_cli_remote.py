@@ -44,10 +44,11 @@ def farm_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     finally:
         reg.close()
     read = token(settings, "remote-read", "read")
+    submit = token(settings, "remote-submit", "submit")
     port = free_port()
     proc = serve(host_env, port, home / "serve.log")
     try:
-        yield {"host_env": host_env, "server": f"http://127.0.0.1:{port}", "read": read, "outcome": o,
+        yield {"host_env": host_env, "server": f"http://127.0.0.1:{port}", "read": read, "submit": submit, "outcome": o,
                "home": home}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -132,3 +133,14 @@ def test_a_missing_model_file_is_invalid_model_not_storage(pipeline_env: dict[st
     err = json.loads(proc.stdout)["error"]
     assert err["code"] == "invalid-model", err
     assert "free space" not in (err.get("hint") or "") and str(tmp_path) not in (err.get("hint") or "")
+
+
+def test_a_cached_release_says_cached_as_farm_build_does(farm_service: dict[str, Any],
+                                                         pipeline_env: dict[str, str]) -> None:
+    o = farm_service["outcome"]
+    env = {**pipeline_env, "FARM_TOKEN": farm_service["submit"]}
+    proc = farm(env, "submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", o.toolchain, "--wait")
+    assert f"build {o.build_id} qnn:SM8650 {o.toolchain}: cached" in proc.stderr, proc.stderr
+    assert "succeeded after 0.0 s" not in proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(str(o.build_id)))
+    assert " cached " in f" {row} " and "succeeded" not in row
