@@ -13,10 +13,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from farm.api.deps import TOKEN_CACHE_S, TokenCache
-from farm.api.errors import STATUS, ErrorBoundary, error_response
+from farm.api.deps import SESSION_COOKIE, SESSION_MAX_AGE, TOKEN_CACHE_S, SessionRedirect, TokenCache
+from farm.api.errors import STATUS, ErrorBoundary, error_response, roots_of, server_roots
 from farm.api.schemas import ERRORS
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -29,6 +30,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     """The service on ``settings``: builds ``app.state`` (settings, registry, metrics, token
     cache, embedded runner) and includes one router per resource."""
     from farm.api.embedded import EmbeddedRunner
+    from farm.api.longpoll import LongPolls
     from farm.api.metrics import Metrics
     from farm.api.routes import artifacts, blobs, builds, coverage, health, models, releases, reports, resolve, tags, workers
 
@@ -38,6 +40,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.longpolls.close()
         if runner is not None:
             runner.shutdown()
         if registry is None:
@@ -50,9 +53,14 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.metrics = Metrics(settings, reg)
     app.state.tokens = TokenCache(ttl=TOKEN_CACHE_S)
     app.state.runner = runner
+    app.state.longpolls = LongPolls(settings, reg)
+    app.state.metrics.long_polls.set_function(app.state.longpolls.count)
+    app.state.roots = server_roots(settings)
     app.add_middleware(ErrorBoundary)
     app.add_exception_handler(E.FarmError, _farm_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(SessionRedirect, _session)  # type: ignore[arg-type]
 
     for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
@@ -63,12 +71,34 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     return app
 
 
-async def _farm_error(_request: Request, exc: E.FarmError) -> JSONResponse:
-    return error_response(exc)
+async def _farm_error(request: Request, exc: E.FarmError) -> JSONResponse:
+    return error_response(exc, roots_of(request.app))
 
 
-async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
-    return JSONResponse({"error": {"code": "usage", "message": f"{where}: {first.get('msg', 'invalid')}",
-                                   "hint": "see /openapi.json"}}, status_code=400)
+    what = "the body is not valid JSON" if first.get("type") == "json_invalid" else first.get("msg", "invalid")
+    return error_response(E.UsageError(f"{where}: {what}"[:300], hint="see /openapi.json"), roots_of(request.app))
+
+
+# What Starlette answers itself (no route, a method the route lacks), in the documented shape.
+_HTTP_CODES = {404: ("not-found", "see /openapi.json for the routes"),
+               405: ("usage", "see /openapi.json for the methods of this route")}
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code, hint = _HTTP_CODES.get(exc.status_code, ("usage" if exc.status_code < 500 else "internal-error", None))
+    message = (f"no route {request.method} {request.url.path[:200]}" if exc.status_code == 404
+               else f"{request.method} is not allowed on {request.url.path[:200]}" if exc.status_code == 405
+               else str(exc.detail)[:300])
+    err = E.error_for_code(code, message, hint=hint)
+    return error_response(err, roots_of(request.app), status=exc.status_code, headers=dict(exc.headers or {}))
+
+
+async def _session(_request: Request, exc: SessionRedirect) -> Response:
+    # The token leaves the URL at once: the browser keeps it in a cookie only this page reads.
+    resp = RedirectResponse(exc.location or "/coverage", status_code=303, headers={"Cache-Control": "no-store"})
+    resp.set_cookie(SESSION_COOKIE, exc.token, max_age=SESSION_MAX_AGE, path="/coverage", httponly=True,
+                    samesite="strict", secure=exc.secure)
+    return resp

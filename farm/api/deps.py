@@ -10,7 +10,8 @@ import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Query, Request
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -84,25 +85,123 @@ def token_scope(request: Request, raw: str) -> str | None:
     return got  # type: ignore[no-any-return]
 
 
+# OpenAPI: components.securitySchemes.bearer, and ``security: [{"bearer": []}]`` on every route
+# that takes a token. The scheme name is matched case-insensitively (RFC 9110).
+bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="a ctxfarm token: `farm token create NAME --scope read|submit|admin`")
+# The coverage page only: a browser keeps its token in this cookie (HttpOnly, SameSite=Strict,
+# Path=/coverage), got once from ``/coverage?token=...`` which then redirects to a URL without it.
+SESSION_COOKIE = "ctxfarm_session"
+SESSION_MAX_AGE = 12 * 3600
+session_cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name="coverage-session",
+                              description="set by /coverage?token=... (HttpOnly, SameSite=Strict), read only by /coverage")
+
+
+def _allow(request: Request, raw: str, needed: str) -> str:
+    from registry.tokens import allows
+
+    got = token_scope(request, raw)
+    if got is None:
+        raise E.UnauthorizedError("unknown or revoked token")
+    if not allows(got, needed):
+        raise E.ForbiddenError(f"a {got} token can't do this (needs {needed})")
+    return got
+
+
+def bearer_token(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
+    """The token of the Authorization header; 401 for another scheme or a token in the URL."""
+    if "token" in request.query_params:
+        # Tokens in URLs end up in proxy logs and shell history: only the page takes one.
+        raise E.UnauthorizedError("a token in the URL (?token=) is accepted only by the /coverage page",
+                                  hint="send it as a header: Authorization: Bearer <token>")
+    if creds is not None:
+        return creds.credentials.strip() or None
+    header = request.headers.get("authorization")
+    if header and header.strip():
+        raise E.UnauthorizedError("the Authorization header must use the Bearer scheme",
+                                  hint="send Authorization: Bearer <token>")
+    return None
+
+
 def scope(needed: str) -> Any:
-    """A dependency that lets through a token of scope ``needed`` or above: none or unknown is
-    401 ``unauthorized``, too weak is 403 ``forbidden``."""
+    """A dependency that lets through a bearer token of scope ``needed`` or above: none or
+    unknown is 401 ``unauthorized``, too weak is 403 ``forbidden``."""
 
-    def check(request: Request, authorization: Annotated[str | None, Header()] = None,
-              token: Annotated[str | None, Query(max_length=200, description="for browsers")] = None) -> str:
-        from registry.tokens import allows
-
-        raw = (authorization or "").removeprefix("Bearer ").strip() or (token or "")
+    def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+        raw = bearer_token(request, creds)
         if not raw:
             raise E.UnauthorizedError("no token")
-        got = token_scope(request, raw)
-        if got is None:
-            raise E.UnauthorizedError("unknown or revoked token")
-        if not allows(got, needed):
-            raise E.ForbiddenError(f"a {got} token can't do this (needs {needed})")
-        return got
+        return _allow(request, raw, needed)
 
     return Depends(check)
 
 
+async def drain(request: Request, limit: int) -> None:
+    """Read and drop a request body we refuse, up to ``limit`` bytes: a client that sends its
+    whole body before reading (urllib does) then reads our answer instead of a connection reset."""
+    from starlette.requests import ClientDisconnect
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return  # too much to read for nothing: answer now
+    seen = 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                return
+    except (ClientDisconnect, RuntimeError):
+        return
+
+
+def submit_before_body(limit_of: Any) -> Any:
+    """``submit`` for a route that streams its body: the token is checked before a byte of the
+    body is read; when it is refused, the body is drained (up to the upload cap) so the client
+    sees the 401/403."""
+
+    async def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            raw = bearer_token(request, creds)
+            if not raw:
+                raise E.UnauthorizedError("no token")
+            return await run_in_threadpool(_allow, request, raw, "submit")
+        except (E.UnauthorizedError, E.ForbiddenError):
+            await drain(request, limit_of(request))
+            raise
+
+    return Depends(check)
+
+
+class SessionRedirect(Exception):
+    """Raised by ``page_reader`` for ``/coverage?token=...``: answered with a 303 to the same
+    page without the token, setting the session cookie (``app`` handles it)."""
+
+    def __init__(self, location: str, token: str, secure: bool):
+        super().__init__(location)
+        self.location, self.token, self.secure = location, token, secure
+
+
+def page_reader(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+                cookie: Annotated[str | None, Depends(session_cookie)],
+                token: Annotated[str | None, Query(max_length=200, description="a read token, exchanged at once for "
+                                                   "a session cookie (a 303 to this page without it)")] = None) -> str:
+    """The coverage page's reader: a bearer token, the session cookie, or ``?token=`` once."""
+    from urllib.parse import urlencode
+
+    if token is not None:
+        _allow(request, token, "read")
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        location = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+        raise SessionRedirect(location, token, request.url.scheme == "https")
+    if creds is not None and creds.credentials.strip():
+        return _allow(request, creds.credentials.strip(), "read")
+    if cookie:
+        return _allow(request, cookie, "read")
+    raise E.UnauthorizedError("no token", hint="open /coverage?token=<read token> once (the page keeps it in a "
+                                               "session cookie), or send Authorization: Bearer <token>")
+
+
 read, submit, admin = scope("read"), scope("submit"), scope("admin")
+read_page = Depends(page_reader)

@@ -4,6 +4,7 @@ status per code (the CLI's codes, ``farm.core.errors``), never a traceback."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -17,17 +18,60 @@ STATUS = {
     "storage-unavailable": 503, "signature-invalid": 409, "unsigned": 409, "blob-not-found": 404,
     "digest-mismatch": 502, "storage-error": 503, "resource-limit": 400, "toolchain-error": 502, "worker-lost": 503,
     "timeout": 504, "interrupted": 503, "install-conflict": 409, "lease-lost": 409, "missing-extra": 501,
-    "bad-config": 500, "internal-error": 500, "tag-conflict": 409,
-    "rate-limited": 429, "accuracy-below-threshold": 422, "accuracy-unverified": 422,
+    "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
+    "accuracy-below-threshold": 422, "accuracy-unverified": 422,
 }
 
+# Absolute paths of this host never reach a client (they tell an attacker the layout): the
+# service's own roots, and anything that looks like a path under a usual top-level directory.
+# A URL path (``/v1/...``) is not one: the lookbehind skips what follows a host or a word.
+_PATHS = re.compile(r"(?<![\w:/.~-])/(?:tmp|home|work|var|usr|opt|root|srv|mnt|data|etc|proc|dev|run|private|"
+                    r"Users|nix|lib|lib64|bin|sbin|snap|media|scratch|cache|app|ctxfarm)(?![\w.-])(?:/[^\s'\"),;:]*)?")
+REDACTED = "<server path>"
 
-def error_response(exc: BaseException) -> JSONResponse:
+
+def redact(text: str | None, roots: tuple[str, ...] = ()) -> str | None:
+    """``text`` without this host's filesystem paths (each ``roots`` prefix, then any absolute
+    path under a usual top-level directory)."""
+    if not text:
+        return text
+    for root in sorted((r for r in roots if r and r != "/"), key=len, reverse=True):
+        text = re.sub(re.escape(root) + r"(?:/[^\s'\"),;:]*)?", REDACTED, text)
+    return _PATHS.sub(REDACTED, text)
+
+
+def server_roots(settings: Any) -> tuple[str, ...]:
+    """The paths of this service worth hiding: its home, temp dir, Python and the code."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    roots = {str(settings.home), str(Path(settings.home).resolve()), tempfile.gettempdir(), sys.prefix,
+             str(Path(__file__).resolve().parents[2])}
+    return tuple(r for r in roots if len(r) > 1)
+
+
+def status_of(err: E.FarmError) -> int:
+    return STATUS.get(err.code) or (400 if isinstance(err, E.UsageError) else 500)
+
+
+def error_response(exc: BaseException, roots: tuple[str, ...] = (), *, status: int | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """The documented error body for ``exc``, with no filesystem path of this host in it."""
     err = E.translate(exc)
-    status = STATUS.get(err.code, 500)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": {"code": err.code, "message": err.message, "hint": err.hint}},
-                        status_code=status, headers=headers)
+    status = status or status_of(err)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if status == 429:
+        headers.setdefault("Retry-After", "5")
+    return JSONResponse({"error": {"code": err.code, "message": redact(err.message, roots),
+                                   "hint": redact(err.hint, roots)}},
+                        status_code=status, headers=headers or None)
+
+
+def roots_of(app: Any) -> tuple[str, ...]:
+    return getattr(getattr(app, "state", None), "roots", ()) or ()
 
 
 class ErrorBoundary:
@@ -58,4 +102,4 @@ class ErrorBoundary:
                 return
             if not isinstance(exc, E.FarmError) and E.translate(exc).code == "internal-error":
                 logging.getLogger("ctxfarm.api").exception("internal error")
-            await error_response(exc)(scope, receive, send)
+            await error_response(exc, roots_of(scope.get("app")))(scope, receive, send)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -26,6 +26,7 @@ class _IndexCollector:
     def collect(self) -> Any:
         from sqlalchemy import case, func, select
 
+        from farm.pipeline.states import BuildState
         from registry.models import Artifact, Build, Worker
 
         builds = GaugeMetricFamily("ctxfarm_builds", "Build rows by state", labels=["state"])
@@ -34,7 +35,12 @@ class _IndexCollector:
         depth = GaugeMetricFamily("ctxfarm_queue_depth", "Messages waiting per queue", labels=["queue"])
         try:
             with self.reg.db.session() as s:
+                # Every state has its series from the start (0 included): an alert on
+                # ctxfarm_builds{state="queued"} must not wait for the first queued build.
+                by_state = dict.fromkeys((str(st) for st in BuildState), 0)
                 for state, n in s.execute(select(Build.state, func.count()).group_by(Build.state)):
+                    by_state[str(state)] = int(n)
+                for state, n in by_state.items():
                     builds.add_metric([state], n)
                 cols = [func.sum(case((Artifact.compile_seconds <= b, 1), else_=0)) for b in COMPILE_BUCKETS]
                 for row in s.execute(select(Artifact.backend, func.count(), func.sum(Artifact.compile_seconds), *cols)
@@ -69,6 +75,8 @@ class Metrics:
                                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.bytes_served = Counter("ctxfarm_blob_bytes_served", "Blob bytes streamed by the service",
                                     registry=self.registry)
+        self.long_polls = Gauge("ctxfarm_long_polls_waiting", "GET /v1/releases/ID?wait= requests waiting now",
+                                registry=self.registry)
         self.registry.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
 
     def render(self) -> tuple[bytes, str]:

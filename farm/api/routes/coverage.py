@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from farm.api.deps import RegistryDep, read
+from farm.api.deps import RegistryDep, read, read_page
 from registry.index import Registry
 
 router = APIRouter(tags=["read"])
@@ -19,7 +19,7 @@ def coverage_json(reg: RegistryDep, model: Annotated[list[str] | None, Query()] 
     return coverage_of(reg, model, backend)
 
 
-@router.get("/coverage", response_class=HTMLResponse, dependencies=[read])
+@router.get("/coverage", response_class=HTMLResponse, dependencies=[read_page])
 def coverage_page(reg: RegistryDep, model: Annotated[list[str] | None, Query(max_length=20)] = None,
                   soc: Annotated[str | None, Query(max_length=64)] = None,
                   sdk: Annotated[str | None, Query(max_length=64)] = None,

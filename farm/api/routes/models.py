@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from farm.api.deps import RegistryDep, SettingsDep, submit
+from farm.api.deps import RegistryDep, SettingsDep, drain, submit, submit_before_body
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -20,16 +22,26 @@ from registry.index import Registry
 router = APIRouter(tags=["submit"])
 
 
-@router.post("/v1/models", response_model=ModelOut, dependencies=[submit])
+def _upload_limit(request: Request) -> int:
+    return int(request.app.state.settings.max_upload_mb) * 1024 * 1024
+
+
+@router.post("/v1/models", response_model=ModelOut, dependencies=[submit_before_body(_upload_limit)])
 async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep,
                        name: Annotated[str | None, Query(max_length=255)] = None,
                        tag: Annotated[str | None, Query(max_length=128)] = None,
                        force_tag: bool = False) -> ModelOut:
     """Stream a bundle in (a .onnx, or a tar/zip with external data); the digest is computed
     on the way. The same content twice is a no-op answering the same digest. NAME:TAG
-    pointing at another model moves only with ``force_tag=true`` (else 409 tag-conflict)."""
-    name_, tag_ = plan.check_name_tag(name, tag)
-    limit = settings.max_upload_mb * 1024 * 1024
+    pointing at another model moves only with ``force_tag=true`` (else 409 tag-conflict).
+    The token is checked before the body is read; archives are bounded while they unpack
+    (``farm.api.uploads``), and the work stops when the client goes away."""
+    limit = _upload_limit(request)
+    try:
+        name_, tag_ = plan.check_name_tag(name, tag)
+    except E.FarmError:
+        await drain(request, limit)
+        raise
     work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
     try:
         raw = work / "upload"
@@ -43,10 +55,26 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) != size:
             raise E.InvalidModelError(f"the upload was cut short ({size} of {declared} bytes)")
-        return await run_in_threadpool(_accept_upload, settings, reg, raw, request.headers.get("content-type", ""),
-                                       work / "bundle", limit, name_, tag_, force_tag)
+        gone = threading.Event()
+        watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
+        try:
+            return await run_in_threadpool(_accept_upload, settings, reg, raw,
+                                           request.headers.get("content-type", ""), work / "bundle", limit, name_,
+                                           tag_, force_tag, gone)
+        finally:
+            watcher.cancel()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Sets ``gone`` when the client hangs up while its upload is being unpacked (the body is
+    read whole by then, so the next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            return
 
 
 def _uploads_dir(settings: Settings) -> Path:
@@ -56,12 +84,15 @@ def _uploads_dir(settings: Settings) -> Path:
 
 
 def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: str, bundle_dir: Path, limit: int,
-                   name: str | None, tag: str | None, force_tag: bool = False) -> ModelOut:
+                   name: str | None, tag: str | None, force_tag: bool = False,
+                   cancelled: threading.Event | None = None) -> ModelOut:
     from farm.api.uploads import unpack
     from farm.core.bundle import inspect_model
 
     bundle_dir.mkdir()
-    model_path = unpack(raw, content_type, bundle_dir, max_bytes=limit)
+    model_path = unpack(raw, content_type, bundle_dir, max_bytes=limit, cancelled=cancelled)
+    if cancelled is not None and cancelled.is_set():
+        raise E.InvalidModelError("the upload was abandoned by the client")
     bundle = inspect_model(model_path)
     files = plan.store_snapshot(reg, bundle)
     with reg.db.session() as s:

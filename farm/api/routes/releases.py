@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from farm.api.deps import RegistryDep, RunnerDep, SettingsDep, read, submit
-from farm.api.schemas import BuildOut, ReleaseIn, ReleaseOut
+from farm.api.schemas import BuildOut, ErrorResponse, ReleaseIn, ReleaseOut
 from farm.core import errors as E
 from farm.core.settings import Settings
 from farm.pipeline import plan
@@ -35,13 +35,29 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
     return release_out(st)
 
 
-@router.get("/v1/releases/{release_id}", response_model=ReleaseOut, tags=["read"], dependencies=[read])
-def get_release(release_id: int, settings: SettingsDep, reg: RegistryDep,
-                wait: Annotated[float, Query(ge=0, le=60)] = 0) -> ReleaseOut:
+@router.get("/v1/releases/{release_id}", response_model=ReleaseOut, tags=["read"], dependencies=[read],
+            responses={429: {"model": ErrorResponse, "description": "rate-limited: too many long polls waiting "
+                                                                    "(per token or in all); see Retry-After"}})
+async def get_release(request: Request, release_id: int, settings: SettingsDep, reg: RegistryDep,
+                      wait: Annotated[float, Query(ge=0, le=60)] = 0) -> ReleaseOut:
     """``wait=S``: a long poll, answered once the release is done, once one of its builds
-    changes state (woken by the executors' events), or after S seconds."""
-    return release_out(plan.watch_release(settings, plan.check_id(release_id, "release"), wait=wait,
-                                          registry=reg))
+    changes state (woken by the executors' events), when the client hangs up, or after S
+    seconds. A waiting poll holds no thread (``farm.api.longpoll``); too many waiting, per
+    token or in all, is 429 ``rate-limited``."""
+    from starlette.concurrency import run_in_threadpool
+
+    release_id = plan.check_id(release_id, "release")
+    if wait <= 0:
+        return release_out(await run_in_threadpool(plan.release_status, settings, release_id, reg))
+    polls = request.app.state.longpolls
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    return release_out(await polls.watch(release_id, wait, token, lambda: _disconnected(request)))
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (a GET has no body: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> dict[tuple[str, str], list[str]]:

@@ -1,0 +1,174 @@
+"""Long polls (``GET /v1/releases/ID?wait=S``) that hold no thread while they wait.
+
+A waiting request is a coroutine: it sleeps on an ``asyncio.Event`` set by one feed thread per
+process (build events: Redis pub/sub with a broker, this process's executors without one,
+``farm.pipeline.events``), wakes at least every ``FALLBACK_POLL_S`` (events are at-most-once) or
+when its client hangs up, and reads SQL in short calls on a small executor of its own. The
+shared threadpool, which serves ``/healthz``, ``/readyz``, ``/v1/resolve`` and every other
+synchronous route, is never taken by a waiter, and waiters are capped, per token and in all
+(over either cap: 429 ``rate-limited``, with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from farm.core import errors as E
+from farm.core.settings import Settings
+from farm.pipeline import plan
+from registry.index import Registry
+
+log = logging.getLogger("ctxfarm.api")
+T = TypeVar("T")
+
+MAX_WAITERS = 256  # long polls waiting at once, in all
+MAX_WAITERS_PER_TOKEN = 32  # ... and per token: one client can't take every slot
+READERS = 4  # threads that read SQL for waiters (short calls), apart from the shared pool
+FALLBACK_POLL_S = 5.0  # a waiter reads again at least this often: an event can be lost
+
+
+@dataclass(eq=False)
+class _Ticket:
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class BuildFeed:
+    """One thread that turns build events into wake-ups of the waiting coroutines (on
+    whichever event loop each waits). Started by the first waiter, stopped by ``close``."""
+
+    def __init__(self, broker_url: str | None):
+        self.broker_url = broker_url
+        self._tickets: set[_Ticket] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def listen(self) -> _Ticket:
+        ticket = _Ticket(asyncio.get_running_loop())
+        with self._lock:
+            self._tickets.add(ticket)
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="build-feed", daemon=True)
+                self._thread.start()
+        return ticket
+
+    def forget(self, ticket: _Ticket) -> None:
+        with self._lock:
+            self._tickets.discard(ticket)
+
+    def _run(self) -> None:
+        from farm.pipeline.events import Subscription
+
+        try:
+            with Subscription(self.broker_url) as sub:
+                while not self._stop.is_set():
+                    if sub.wait(None, 1.0):
+                        self._wake()
+        except Exception:  # the fallback poll still answers every waiter
+            log.exception("build event feed stopped")
+
+    def _wake(self) -> None:
+        with self._lock:
+            tickets = list(self._tickets)
+        for t in tickets:
+            try:
+                t.loop.call_soon_threadsafe(t.event.set)
+            except RuntimeError:  # its loop is closed: that waiter is gone
+                self.forget(t)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class LongPolls:
+    """The service's long polls: admission (the caps), the feed and the readers."""
+
+    def __init__(self, settings: Settings, reg: Registry, *, max_waiters: int = MAX_WAITERS,
+                 max_per_token: int = MAX_WAITERS_PER_TOKEN, readers: int = READERS):
+        self.settings, self.reg = settings, reg
+        self.max_waiters, self.max_per_token = max_waiters, max_per_token
+        self.feed = BuildFeed(settings.broker_url)
+        self.readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="longpoll-read")
+        self.waiting: Counter[str] = Counter()
+        self.total = 0
+
+    def count(self) -> int:
+        return self.total  # an int: read by /metrics from another thread
+
+    @contextmanager
+    def slot(self, token: str) -> Iterator[None]:
+        # Called on the event loop only: the counters need no lock.
+        key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+        if self.count() >= self.max_waiters:
+            raise E.RateLimitedError(f"{self.max_waiters} long polls are waiting already",
+                                     hint="poll again later, or without wait=")
+        if self.waiting[key] >= self.max_per_token:
+            raise E.RateLimitedError(f"this token has {self.max_per_token} long polls waiting already",
+                                     hint="wait for one to answer before starting another, or poll without wait=")
+        self.waiting[key] += 1
+        self.total += 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            self.waiting[key] -= 1
+            if self.waiting[key] <= 0:
+                del self.waiting[key]
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.readers, fn, *args)
+
+    def _status(self, release_id: int) -> plan.ReleaseStatus:
+        return plan.release_status(self.settings, release_id, registry=self.reg)
+
+    async def watch(self, release_id: int, wait: float, token: str, disconnected: Callable[[], Any]
+                    ) -> plan.ReleaseStatus:
+        """The release's status once it is done, once one of its builds changed state, when
+        the client hangs up, or after ``wait`` seconds."""
+        loop = asyncio.get_running_loop()
+        st = await self.read(self._status, release_id)
+        if st.done:
+            return st
+        with self.slot(token):
+            ticket = self.feed.listen()  # before the read below: a change after it wakes us
+            gone = asyncio.ensure_future(disconnected())
+            try:
+                seen = _states(st)
+                st = await self.read(self._status, release_id)
+                deadline = loop.time() + wait
+                while not st.done and _states(st) == seen and not gone.done():
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    woke = asyncio.ensure_future(ticket.event.wait())
+                    try:
+                        await asyncio.wait({woke, gone}, timeout=min(left, FALLBACK_POLL_S),
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        woke.cancel()
+                    if gone.done():
+                        break
+                    ticket.event.clear()  # before the read: an event after it wakes the next wait
+                    st = await self.read(self._status, release_id)
+                return st
+            finally:
+                gone.cancel()
+                self.feed.forget(ticket)
+
+    def close(self) -> None:
+        self.feed.close()
+        self.readers.shutdown(wait=False, cancel_futures=True)
+
+
+def _states(st: plan.ReleaseStatus) -> list[tuple[Any, Any]]:
+    return [(b.get("build"), b.get("state")) for b in st.builds]
