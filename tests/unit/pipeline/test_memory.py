@@ -23,9 +23,10 @@ GIB = 1024 * MIB
 def test_defaults_are_the_measured_facts() -> None:
     m = fit([])
     assert m.samples == 0
-    # vgg19 (548 MiB of weights) peaked at 1.6 GiB; a 2.25 GiB model at 4.9 GB (4673 MiB).
-    assert abs(m.predict_mb(548 * MIB) - 1638) / 1638 < 0.05
-    assert abs(m.predict_mb(int(2.25 * GIB)) - 4673) / 4673 < 0.05
+    # bench/memory.py (QNN 2.51.0): MatMul chains of 256 MiB and 1 GiB peaked at 761 and 2392 MiB;
+    # vgg19 (548 MiB of weights) at 1573 MiB; a 2.25 GiB model at 4.9 GB (4673 MiB).
+    for model_mb, peak_mb in ((256, 761), (1024, 2392), (548, 1573), (2304, 4673)):
+        assert abs(m.predict_mb(model_mb * MIB) - peak_mb) / peak_mb < 0.15, model_mb
 
 
 def test_fit_follows_the_recorded_peaks_and_shrugs_off_one_odd_build() -> None:
