@@ -170,3 +170,15 @@ def headline(entries: list[dict[str, Any]]) -> str:
     if failed:
         parts.append(f"{failed} fail")
     return ", ".join(parts) or "-"
+
+
+def accuracy_brief(rows: Rows, artifact_id: int) -> dict[str, Any] | None:
+    """The newest accuracy figure of an artifact, for resolve's answer (plain SQL: the CLI's fast
+    path imports no SQLAlchemy): ``{"runtime", "status", "min_psnr_db", "worst_output"}``."""
+    hit = rows.rows("SELECT runtime_backend, runtime_version, status, min_psnr_db, worst_output FROM accuracy_results"
+                    " WHERE artifact_id = :a ORDER BY recorded_at DESC, id DESC LIMIT 1", {"a": artifact_id})
+    if not hit:
+        return None
+    backend, version, status, psnr, worst = hit[0]
+    return {"runtime": f"{backend}:{version}", "status": status,
+            "min_psnr_db": None if psnr is None else float(psnr), "worst_output": worst}

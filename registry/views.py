@@ -92,6 +92,12 @@ def artifact_document(session: Session, store: Any, ref: str) -> dict[str, Any]:
     }
     if getattr(a, "description", None) is not None:  # the context binaries' own description (QNN System API)
         doc["description"] = a.description
+    # Evidence beyond "it loads" (issue 23): accuracy against the CPU reference, device reports.
+    from registry.evidence import of_artifacts
+    from registry.reports import summary
+
+    doc["accuracy"] = of_artifacts(session, [a.id]).get(a.id, [])
+    doc["devices"] = summary(session, [a.id]).get(a.id, [])
     return doc
 
 

@@ -18,7 +18,10 @@ from farm.core.text import strip_ansi
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "submit":
-        p.add_argument("model", help="path to the .onnx (external-data files beside it)")
+        p.add_argument("model", nargs="?", help="path to the .onnx (external-data files beside it)")
+        from farm.cli.build_cmd import add_group_arguments
+
+        add_group_arguments(p)
         p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME")
         p.add_argument("--sdk", action="append", default=[], metavar="VERSION",
                        help="toolchain version(s) to build with (repeatable); default: every one a live worker serves")
@@ -69,7 +72,39 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         return _remote(name, args, settings)
     if name == "status":
         return _status(args, settings)
+    if args.graph or args.group_file:
+        return _submit_group(args, settings)
+    if not args.model:
+        from farm.core.errors import UsageError
+
+        raise UsageError("no model given", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     return _submit(args, settings)
+
+
+def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
+    """``farm submit --graph NAME=PATH ...``: a graph group as one release (farm.core.groups)."""
+    from farm.cli.build_cmd import group_of
+    from farm.pipeline.plan import submit_release, wait_release
+
+    if getattr(args, "server", None):
+        from farm.core.errors import UsageError
+
+        raise UsageError("graph groups are submitted from a shell with the index (FARM_DATABASE_URL), "
+                         "not yet through --server", hint="run farm submit --graph ... where the farm's "
+                         "database, broker and store are configured")
+    group = group_of(args)
+    st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
+                        tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
+                        force_tag=args.force_tag, require_full_offload=args.require_full_offload)
+    if not args.json:
+        print(f"release {st.release_id} ({st.model}): group of {len(group.names)} graphs "
+              f"({', '.join(group.names)}): {_counts_text(st.builds)}", file=sys.stderr)
+    if args.wait and not st.done:
+        st = wait_release(settings, st.release_id, timeout=args.timeout)
+    doc = release_json(st.release_id, st.model, st.builds)
+    doc["graphs"] = group.names
+    _show_release(doc, args.json)
+    return 0 if doc["ok"] or not args.wait else 1
 
 
 def _remote(name: str, args: argparse.Namespace, settings: Settings | None = None) -> int:

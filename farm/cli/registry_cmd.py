@@ -147,6 +147,7 @@ def _show(info: dict[str, Any], as_json: bool) -> int:
             print(f"  {line}")
     elif not unverified:
         print("verdicts  none yet (no probe has loaded this artifact)")
+    _show_evidence(info)
     print("files")
     for f in info["files"]:
         print(f"  {f['role']:9s} {f['name']:40s} {human_size(f['size']):>10s}  {f['digest']}")
@@ -191,3 +192,23 @@ def _note(v: dict[str, Any]) -> str:
         first = v["detail"].strip().splitlines()[0] if v["detail"].strip() else ""
         parts.append(first[:120] + ("..." if len(first) > 120 else ""))
     return "; ".join(parts)
+
+
+def _show_evidence(info: dict[str, Any]) -> None:
+    """Accuracy against the CPU reference and device reports (issue 23, docs/evidence.md)."""
+    for acc in info.get("accuracy") or []:
+        if acc["status"] == "ok":
+            worst = f"worst output {acc['worst_output']!r}: " if acc.get("worst_output") else ""
+            outs = "; ".join(f"{o['name']} PSNR {o['psnr_db']} dB, cosine {o['cosine']}, max abs error "
+                             f"{o['max_abs_error']:.3g}" if isinstance(o.get("max_abs_error"), int | float)
+                             else f"{o['name']} PSNR {o['psnr_db']} dB" for o in acc["outputs"][:4])
+            print(f"accuracy  {acc['runtime']} vs CPU ({acc['inputs']}): {worst}{acc['min_psnr_db']} dB  [{outs}]")
+        else:
+            print(f"accuracy  {acc['runtime']}: {acc['status']}: {(acc.get('detail') or '')[:200]}")
+    if not info.get("accuracy"):
+        print("accuracy  not checked (farm build --accuracy, --min-psnr, or FARM_ACCURACY=after)")
+    for d in info.get("devices") or []:
+        times = f", load p50 {d['load_ms_p50']:g} ms" if d.get("load_ms_p50") is not None else ""
+        err = f", last error: {d['last_error'][:80]}" if d.get("last_error") else ""
+        print(f"devices   {d['runtime']} {d['soc']}: {d['loads']} load, {d['fails']} fail, {d['crashed']} crashed "
+              f"({d['devices']} device(s)){times}{err}")

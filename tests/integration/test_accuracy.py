@@ -1,0 +1,107 @@
+"""The accuracy gate for real (issue 23): QNN 2.51.0 contexts run on the x86_64 HTP simulator
+against onnxruntime's CPU EP. A 64x64 MatMul with seeded weights passes --min-psnr 30 (fp16
+rounding, about 77 dB); the same MatMul followed by x 1e5 then x 1e-5 (beyond fp16's range) fails
+it with accuracy-below-threshold naming output 'y', while its artifact is still published once.
+A run over its time budget records ``skipped: over N s`` and the gate says accuracy-unverified."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from farm.core.settings import Settings
+from registry.index import Registry
+from tests.common.accuracy_models import matmul_model
+from tests.common.cli import farm
+
+
+def _accuracy_rows(settings: Settings) -> list[tuple[int, str, str]]:
+    from sqlalchemy import text
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            return [tuple(r) for r in s.execute(text(  # type: ignore[misc]
+                "SELECT artifact_id, status, inputs FROM accuracy_results ORDER BY artifact_id"))]
+    finally:
+        reg.close()
+
+
+def test_min_psnr_gate_on_the_simulator(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    good = matmul_model(tmp_path / "matmul.onnx")
+    bad = matmul_model(tmp_path / "overflow.onnx", overflow=True)
+    proc = farm(farm_env, "build", str(good), str(bad), "-t", "qnn:SM8650", "--min-psnr", "30", "--json",
+                check=False)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    ok, failed = (m["builds"][0] for m in doc["models"])
+    assert ok["state"] == "built" and ok["accuracy"]["status"] == "ok"
+    assert 60 < ok["accuracy"]["min_psnr_db"] < 100
+    assert failed["state"] == "failed" and failed["error_code"] == "accuracy-below-threshold"
+    assert "output 'y'" in failed["error_message"] and "PSNR" in failed["error_message"]
+    (fig,) = failed["accuracy"]["outputs"]
+    assert fig["name"] == "y" and fig["psnr_db"] < 15 and fig["cosine"] < 0.95 and fig["max_abs_error"] > 1
+    assert failed["artifact"], "the artifact is published whatever the gate says"
+
+    # Published once: the artifact exists and shows its figures; asking again compiles and runs nothing.
+    shown = json.loads(farm(farm_env, "show", failed["artifact"], "--json").stdout)
+    assert shown["accuracy"][0]["status"] == "ok" and shown["accuracy"][0]["worst_output"] == "y"
+    before = _accuracy_rows(settings)
+    again = json.loads(farm(farm_env, "build", str(bad), "-t", "qnn:SM8650", "--min-psnr", "5", "--json").stdout)
+    assert again["builds"][0]["state"] == "cached" and again["builds"][0]["accuracy"]["min_psnr_db"] < 15
+    assert _accuracy_rows(settings) == before and len(before) == 2
+    ls = json.loads(farm(farm_env, "ls", "--json").stdout)
+    assert len(ls) == 2
+
+
+def test_over_budget_is_skipped_and_unverified(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    model = matmul_model(tmp_path / "m.onnx", seed=7)
+    env = {**farm_env, "FARM_ACCURACY_BUDGET": "0.05"}
+    proc = farm(env, "build", str(model), "-t", "qnn:SM8650", "--min-psnr", "30", "--json", check=False)
+    assert proc.returncode == 1
+    (b,) = json.loads(proc.stdout)["builds"]
+    assert b["error_code"] == "accuracy-unverified" and b["accuracy"]["status"] == "skipped"
+    assert "skipped: over 0.05 s" in b["accuracy"]["detail"]
+
+
+def test_release_gate_over_http(tmp_path: Path) -> None:
+    """POST /v1/releases with min_psnr on the embedded service: each build stays ``running``
+    (accuracy check pending) until its check ran, then the overflow model's build is answered
+    accuracy-below-threshold naming the output; the plain model's passes."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from registry.tokens import create_token
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+    reg = Registry.open(settings)
+    with reg.db.session() as s:
+        tok = create_token(s, "ci", "submit")
+    reg.close()
+    auth = {"Authorization": f"Bearer {tok}"}
+    with TestClient(create_app(settings)) as client:
+        answers = {}
+        for name, overflow in (("plain", False), ("overflow", True)):
+            data = matmul_model(tmp_path / f"{name}.onnx", overflow=overflow).read_bytes()
+            r = client.post(f"/v1/models?name={name}&tag=v1", content=data, headers=auth)
+            assert r.status_code == 200, r.text
+            r = client.post("/v1/releases", json={"model": f"{name}:v1", "targets": ["qnn:SM8650"],
+                                                  "min_psnr": 30}, headers=auth)
+            assert r.status_code == 200, r.text
+            release = r.json()["release"]
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                st = client.get(f"/v1/releases/{release}?wait=5", headers=auth).json()
+                if st["done"]:
+                    break
+            answers[name] = st
+        assert answers["plain"]["ok"] and answers["plain"]["builds"][0]["state"] == "succeeded"
+        (b,) = answers["overflow"]["builds"]
+        assert not answers["overflow"]["ok"] and b["state"] == "failed"
+        assert b["error_code"] == "accuracy-below-threshold" and "output 'y'" in b["error_message"]
+        assert b["artifact"], "published whatever the gate says"
+        bad = client.post("/v1/releases", json={"model": "plain:v1", "targets": ["qnn:SM8650"], "min_psnr": -1},
+                          headers=auth)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "usage"
