@@ -28,6 +28,31 @@ def _render(name: str) -> str:
     return _cache[name]
 
 
+def _listed(node: Any) -> set[str]:
+    if isinstance(node, str):
+        return {node}
+    if isinstance(node, list):
+        return set().union(*(_listed(n) for n in node)) if node else set()
+    if isinstance(node, dict):
+        return set().union(*(_listed(v) for v in node.values())) if node else set()
+    return set()
+
+
+def on_config(config: Any) -> Any:
+    """A page added to docs/ without a place in mkdocs.yml's nav still gets one, under "More": each
+    feature writes its own docs/<topic>.md, and a page no one can reach is no documentation."""
+    nav = config.get("nav")
+    if nav is None:
+        return config
+    docs = Path(config["docs_dir"])
+    listed = _listed(nav)
+    extra = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md")
+                   if "gen" not in p.relative_to(docs).parts and p.relative_to(docs).as_posix() not in listed)
+    if extra:
+        nav.append({"More": extra})
+    return config
+
+
 def on_pre_build(config: Any) -> None:
     _cache.clear()  # `mkdocs serve` rebuilds: render again from the code as it is now
 

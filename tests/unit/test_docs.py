@@ -38,7 +38,7 @@ def test_the_site_builds_strict_without_a_warning(site: tuple[Path, str]) -> Non
     assert not [line for line in log.splitlines() if line.startswith(("WARNING", "ERROR"))], log[-4000:]
 
 
-def test_every_page_in_docs_is_in_the_nav() -> None:
+def test_the_nav_has_every_page_the_issue_asks_for() -> None:
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -61,8 +61,25 @@ def test_every_page_in_docs_is_in_the_nav() -> None:
     listed = set(pages(config["nav"]))
     on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")
                if "gen" not in p.relative_to(ROOT / "docs").parts}
-    assert on_disk - listed == set(), "add these pages to the nav in mkdocs.yml"
+    # A page missing from mkdocs.yml's nav still lands under "More" (docs/gen/hooks.py, tested below);
+    # the nav names no page that is not there.
     assert listed - on_disk == set()
+    assert {"index.md", "concepts.md", "cli.md", "errors.md", "api.md", "operations.md", "security.md",
+            "tensorrt.md", "ci.md", "performance.md"} <= listed
+
+
+def test_a_page_left_out_of_the_nav_is_still_reachable(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "gen"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "gen"))
+    (tmp_path / "index.md").write_text("# x\n")
+    (tmp_path / "new-feature.md").write_text("# y\n")
+    config = {"nav": [{"Home": "index.md"}], "docs_dir": str(tmp_path)}
+    assert hooks.on_config(config)["nav"] == [{"Home": "index.md"}, {"More": ["new-feature.md"]}]
 
 
 def test_the_generated_pages_hold_what_the_code_has(site: tuple[Path, str]) -> None:
