@@ -8,11 +8,13 @@ the functions: choosing a backend costs nothing until one is asked for.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.core.errors import MissingExtraError
 
 if TYPE_CHECKING:
+    from farm.core.catalog import Target
     from workers.runner import Runner, Toolchain
     from workers.trt.runner import GpuInfo
 
@@ -51,3 +53,10 @@ def trt_serves(gpu_target: str, build_target: str, options: dict[str, Any]) -> b
     from workers.trt.runner import serves
 
     return serves(gpu_target, build_target, options)
+
+
+def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, **kw: Any) -> dict[str, Any]:
+    """A QNN context run against its source model on the CPU EP (``workers.qnn.accuracy``)."""
+    from workers.qnn.accuracy import check_accuracy as check
+
+    return check(model, ctx_model, target, work_dir, **kw)

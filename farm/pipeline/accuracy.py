@@ -2,7 +2,7 @@
 
 ``evaluate`` takes an artifact id, returns early when its figures exist (or a byte-identical
 context's can be reused), else fetches the model snapshot and the artifact into a fresh temp dir
-and runs ``workers.qnn.accuracy.check_accuracy`` (a child under ``FARM_ACCURACY_BUDGET``), and
+and runs ``workers.backends.check_accuracy`` (a child under ``FARM_ACCURACY_BUDGET``), and
 records the result. It runs where the answer does not wait for it: embedded ``farm build`` only
 when asked (``--min-psnr``/``--accuracy``), a worker as a follow-up task on the probe queue.
 
@@ -45,10 +45,10 @@ def runtime_version(backend: str) -> str | None:
     """The toolchain version this environment runs accuracy checks under (None: none here)."""
     if backend != "qnn":
         return None
-    from workers.qnn.runner import detect_toolchain
+    from workers.backends import qnn_toolchain
 
     try:
-        return detect_toolchain().version
+        return qnn_toolchain().version
     except FarmError:
         return None
 
@@ -118,7 +118,7 @@ def _newer(built: str, runtime: str) -> bool:
 def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]], sample_digest: str | None,
          seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any) -> dict[str, Any]:
     from farm.pipeline.bundles import download_bundle
-    from workers.qnn.accuracy import check_accuracy
+    from workers.backends import check_accuracy
 
     target = load_catalog().get(art.target, backend=art.backend)
     with tempfile.TemporaryDirectory(prefix="ctxfarm-accuracy-") as tmp:

@@ -1,13 +1,14 @@
 """Accuracy of a QNN context: the context run on the HTP backend (on x86_64: the simulator) against
 the source model on onnxruntime's CPU EP, with the same inputs, every output compared.
 
-    python -m workers.qnn.accuracy accuracy REQUEST.json RESULT.json
+    python -m workers.qnn.accuracy_child accuracy REQUEST.json RESULT.json
 
-The parent side (``check_accuracy``) imports no onnxruntime: it runs this module as a child
-under a time and memory budget (``workers.runner.run_child``), so a runtime that crashes or
-hangs costs one record (``runtime-crashed`` / ``skipped``), never the caller. A context the
-runtime here refuses to load is ``unverified`` with the runtime's own words (weight-shared and
-multi-SoC contexts on the simulator, measured).
+This module, the parent side (``check_accuracy``) and the figures, imports no onnxruntime: it
+runs ``workers.qnn.accuracy_child`` (the half that does) as a child process under a time and
+memory budget (``workers.runner.run_child``), so a runtime that crashes or hangs costs one
+record (``runtime-crashed`` / ``skipped``), never the caller. A context the runtime here
+refuses to load is ``unverified`` with the runtime's own words (weight-shared and multi-SoC
+contexts on the simulator, measured).
 
 Figures per output: PSNR in dB (peak = the reference's largest magnitude; ``PSNR_CAP`` when the
 outputs are identical), cosine similarity and the largest absolute error.
@@ -15,7 +16,6 @@ outputs are identical), cosine similarity and the largest absolute error.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from farm.core.errors import (
     WorkerLostError,
 )
 
-MODULE = "workers.qnn.accuracy"
+MODULE = "workers.qnn.accuracy_child"
 PSNR_CAP = 200.0  # dB: what identical outputs (zero error) are recorded as; JSON has no infinity
 DEFAULT_SEED = 0
 # onnx tensor type -> numpy dtype name, for seeded inputs and for checking sample inputs
@@ -92,48 +92,6 @@ def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict
     return feeds
 
 
-# ---- the child ------------------------------------------------------------------------------------
-
-def accuracy(req: dict[str, Any]) -> dict[str, Any]:
-    """CPU reference first (it never fails on a valid model), then the context on QNN."""
-    import numpy as np
-    import onnxruntime as ort
-
-    from workers.childproc import checkpoint
-    from workers.qnn.child import _session_options
-
-    t = time.perf_counter()
-    cpu = ort.InferenceSession(req["model"], providers=["CPUExecutionProvider"])
-    specs = [(i.name, i.type, list(i.shape)) for i in cpu.get_inputs()]
-    if req.get("sample"):
-        with np.load(req["sample"], allow_pickle=False) as z:
-            feeds = {name: z[name] for name, _, _ in specs}
-    else:
-        feeds = seeded_inputs(specs, int(req.get("seed", DEFAULT_SEED)), dict(req.get("dims") or {}))
-    names = [o.name for o in cpu.get_outputs()]
-    reference = cpu.run(names, feeds)
-    reference_seconds = time.perf_counter() - t
-    base = {"reference_seconds": reference_seconds, "status": "runtime-crashed",
-            "detail": "loading the context crashed the runtime"}
-    checkpoint(base)
-    ort_, so = _session_options(req["provider_options"])
-    t = time.perf_counter()
-    try:
-        sess = ort_.InferenceSession(req["ctx_model"], so, enable_fallback=0)
-    except Exception as exc:  # the runtime refused the context: nothing to compare
-        return {"reference_seconds": reference_seconds, "status": "unverified",
-                "detail": f"this runtime cannot load the context: {str(exc).strip()[:1500]}"}
-    load_seconds = time.perf_counter() - t
-    checkpoint({**base, "detail": "running the loaded context crashed the runtime", "load_seconds": load_seconds})
-    t = time.perf_counter()
-    got = sess.run(names, feeds)
-    run_seconds = time.perf_counter() - t
-    outputs = [{"name": n, "shape": list(np.shape(r)), **compare(r, g)}
-               for n, r, g in zip(names, reference, got, strict=True)]
-    return {"status": "ok", "outputs": outputs, "reference_seconds": reference_seconds,
-            "load_seconds": load_seconds, "run_seconds": run_seconds}
-
-
 # ---- the parent -----------------------------------------------------------------------------------
 
 def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
@@ -166,16 +124,3 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
     result.setdefault("outputs", [])
     result["wall_seconds"] = time.perf_counter() - start
     return result
-
-
-def main(argv: list[str]) -> int:
-    from workers.childproc import run_one
-
-    if len(argv) != 4 or argv[1] != "accuracy":
-        print(f"usage: python -m {MODULE} accuracy REQUEST.json RESULT.json", file=sys.stderr)
-        return 2
-    return run_one(argv[1], argv[2], argv[3], {"accuracy": accuracy})
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
