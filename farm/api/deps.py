@@ -16,6 +16,7 @@ from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBea
 from farm.core import errors as E
 from farm.core.settings import Settings
 from registry.index import Registry
+from registry.tokens import PREFIX as TOKEN_PREFIX
 
 TOKEN_CACHE_S = 5.0  # a revoked token stops working within this many seconds
 _MISS = object()
@@ -110,8 +111,9 @@ def _allow(request: Request, raw: str, needed: str) -> str:
 
 def bearer_token(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
     """The token of the Authorization header; 401 for another scheme or a token in the URL."""
-    if "token" in request.query_params:
-        # Tokens in URLs end up in proxy logs and shell history: only the page takes one.
+    if any(v.startswith(TOKEN_PREFIX) for v in request.query_params.getlist("token")):
+        # Tokens in URLs end up in proxy logs and shell history: only the page takes one. (A
+        # route may have a ``token`` parameter of its own, a token's name: that is no secret.)
         raise E.UnauthorizedError("a token in the URL (?token=) is accepted only by the /coverage page",
                                   hint="send it as a header: Authorization: Bearer <token>")
     if creds is not None:

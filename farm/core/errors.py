@@ -48,7 +48,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── ServerError              server-error       HTTP client: the service is unreachable or broken
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
-    ├── RateLimitedError         rate-limited       HTTP: too many device reports from one token
+    ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
@@ -401,7 +401,8 @@ class AccuracyUnverifiedError(FarmError):
 
 class RateLimitedError(FarmError):
     code = "rate-limited"
-    summary = "HTTP: a token sent more device reports than `FARM_REPORTS_PER_MINUTE` allows"
+    summary = ("HTTP: a token over a limit: more device reports than `FARM_REPORTS_PER_MINUTE`, or too many "
+               "long polls waiting (429, with Retry-After)")
     default_hint = "wait a minute and send again; reports of one device are counted once anyway"
 
 
