@@ -26,6 +26,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                        help="the probe evidence: one row per (model, target, built with), a column per runtime")
         p.add_argument("--target", "-t", action="append", default=[],
                        help="with --missing: the wanted targets (default: those each model was built for)")
+        p.add_argument("--summary", action="store_true",
+                       help="SoC x SDK counts (built, failed, missing, verified) instead of every model's cells")
+        p.add_argument("--tag", help="--summary/--missing: only models with a NAME:TAG of this TAG (e.g. stable)")
+        p.add_argument("--prefix", help="--summary/--missing: only models whose name starts with this")
         p.add_argument("--json", action="store_true")
         from farm.cli.remote import add_server_arguments
 
@@ -59,6 +63,8 @@ def parse_duration(text: str) -> timedelta:
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if name == "keys" and args.action in ("create", "public"):
         return _keys_local(args)
+    if name == "coverage" and (args.summary or args.missing or args.tag or args.prefix):
+        return _coverage_views(args, settings)
     if name == "coverage" and getattr(args, "server", None):
         from farm.cli.remote import client
 
@@ -95,6 +101,102 @@ def _coverage(reg: Any, args: argparse.Namespace) -> int:
     if args.missing:
         return _print_missing(cov, args)
     return _print_coverage(cov, args)
+
+
+def _coverage_views(args: argparse.Namespace, settings: Settings) -> int:
+    """--summary and --missing: the queries of registry.coverage (the summary kept up to date as
+    builds finish, models paged by name), on the local index or through the service
+    (/v1/coverage/summary|models): the same rows either way, at any size."""
+    filters = {"tag": args.tag, "prefix": args.prefix, "model": args.model or None, "backend": args.backend}
+    if getattr(args, "server", None):
+        from farm.cli.remote import client
+
+        c = client(args)
+
+        def fetch(path: str, **query: Any) -> dict[str, Any]:
+            doc = c.json("GET", path, **filters, **query)
+            if not isinstance(doc, dict):
+                from farm.core.errors import ServerError
+
+                raise ServerError(f"the service's answer to {path} is not a JSON object")
+            return doc
+
+        if args.summary:
+            return _print_summary(fetch("/v1/coverage/summary"), args)
+        return _print_missing_pages(lambda state, cursor: fetch("/v1/coverage/models", state=state, cursor=cursor,
+                                                                limit=200), args)
+    from registry.coverage import models_page, scope, summary
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            sc = scope(s, tag=args.tag, prefix=args.prefix, models=args.model or None, backend=args.backend)
+            if args.summary:
+                return _print_summary(summary(s, sc).to_dict(), args)
+            return _print_missing_pages(lambda state, cursor: models_page(s, sc, state=state, cursor=cursor,
+                                                                          limit=200).to_dict(), args)
+    finally:
+        reg.close()
+
+
+def _print_summary(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    rows = doc.get("rows") or []
+    if not rows:
+        print("no builds yet")
+        return 0
+    table([{**r, "sdk": r["toolchain"], "probe": r["probe_verified"], "device": r["device_verified"]} for r in rows],
+          ["target", "sdk", "models", "built", "building", "broken", "failed", "missing", "probe", "device"])
+    print("models: built for the SoC with any SDK; missing: those without a build on this SDK; "
+          "probe / device: built ones a probe or a device loaded")
+    return 0
+
+
+def _print_missing_pages(page_of: Any, args: argparse.Namespace) -> int:
+    """`farm coverage --missing` from the model pages: per model, the wanted targets (``-t``, default
+    those it was built for) without a good build on the newest SDK of their backend; exit 1 when
+    anything is missing."""
+    targets = None
+    if args.target:
+        from farm.core.catalog import parse_target
+
+        targets = sorted({parse_target(t).ref for t in args.target})
+    rows: list[dict[str, Any]] = []
+    newest: dict[str, str] = {}
+    cursor = None
+    while True:
+        # Without -t the query selects the models with something missing; with -t every model is looked at.
+        page = page_of(None if targets else "missing", cursor)
+        newest = {b: v[-1] for b, v in (page.get("toolchains") or {}).items() if v}
+        for m in page.get("models") or []:
+            if targets is None:
+                rows += [{"model": m["digest"], "tags": m["tags"], **x} for x in m["missing"]]
+                continue
+            cells = {(c["target"], c["toolchain"]): c for c in m["cells"]}
+            for target in targets:
+                toolchain = newest.get(target.split(":", 1)[0])
+                cell = cells.get((target, toolchain or ""))
+                if toolchain is None or (cell is not None and cell["state"] in ("built", "building")):
+                    continue
+                state = "missing" if cell is None else (
+                    f"failed({','.join(cell['codes'])})" if cell["state"] == "failed" and cell["codes"]
+                    else cell["state"])
+                rows.append({"model": m["digest"], "tags": m["tags"], "target": target, "toolchain": toolchain,
+                             "state": state})
+        cursor = page.get("next")
+        if not cursor:
+            break
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif rows:
+        table([{**r, "model": r["model"][7:19], "tags": ", ".join(r["tags"])} for r in rows],
+              ["model", "tags", "target", "toolchain", "state"])
+    else:
+        print("nothing missing for the newest toolchains: " + ", ".join(f"{b} {v}" for b, v in sorted(newest.items())))
+    return 1 if rows else 0
 
 
 def _print_missing(cov: dict[str, Any], args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from farm.pipeline import states
+from registry import reports
 from registry.coverage import Scope, compact, models_page, recomputed_matches, summary
 from registry.index import record_verdict, set_tag
-from registry import reports
 from registry.models import ApiToken, Artifact, ArtifactFile, Build, CompatVerdict
 from tests.common.index_rows import add_artifact, add_model, spec
 

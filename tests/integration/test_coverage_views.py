@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -26,6 +25,7 @@ def client(tmp_path) -> Iterator[TestClient]:
     reg.close()
     with TestClient(create_app(settings)) as c:
         c.headers["Authorization"] = f"Bearer {token}"
+        c.farm_home = str(tmp_path / "home")  # type: ignore[attr-defined]
         yield c
 
 
@@ -77,3 +77,31 @@ def test_page_summary_first_legend_visible_verdicts_paged(client: TestClient) ->
     narrow = client.get("/coverage", params={"state": "failed", "soc": "SM8750"}).text
     assert narrow.count("<table class='model'") == 1 and "beta" not in narrow.split("<h2>Models")[0]
     assert client.get("/coverage", params={"cursor": "bad!"}).status_code == 400
+
+
+def test_cli_summary_and_missing_are_the_service_rows(client: TestClient) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FARM_HOME": client.farm_home}  # type: ignore[attr-defined]
+    env.pop("FARM_SERVER", None)
+    env.pop("FARM_DATABASE_URL", None)
+
+    def farm(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "farm.cli", "coverage", *argv], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    out = farm("--summary", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == client.get("/v1/coverage/summary").json()
+    assert "SM8750" in farm("--summary").stdout
+    out = farm("--missing", "--json")
+    assert out.returncode == 1, out.stderr
+    rows = json.loads(out.stdout)
+    assert [(r["tags"], r["target"], r["state"]) for r in rows] == [
+        (["alpha:stable"], "qnn:SM8750", "broken"), (["beta:stable"], "qnn:SM8750", "failed(compile-timeout)")]
+    out = farm("--missing", "--json", "--tag", "dev", "-t", "qnn:SM8650", "-t", "qnn:SM8750")
+    # gamma: queued on SM8650 (building is not missing), built on SM8750.
+    assert (out.returncode, json.loads(out.stdout)) == (0, []), out.stderr
