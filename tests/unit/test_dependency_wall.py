@@ -9,7 +9,8 @@ import sys
 MODULES = ("farm", "farm.pipeline.plan", "registry.install", "farm.cli", "farm.core.bundle", "farm.core.options", "registry",
            "registry.index", "registry.resolve", "registry.lite", "registry.reads", "farm.pipeline.cached",
            "registry.manifest", "registry.store.local", "workers", "workers.backends",
-           "workers.runner", "workers.qnn.runner", "workers.epcontext", "workers.host", "workers.childproc")
+           "workers.runner", "workers.qnn.runner", "workers.qnn.accuracy", "workers.epcontext", "workers.host",
+           "workers.childproc")
 FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt")
 
 
