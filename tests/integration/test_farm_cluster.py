@@ -399,6 +399,40 @@ def test_lost_queue_is_resent_by_the_reconciler(farm_cluster: Farm) -> None:
     assert rows[0]["attempts"] == 1
 
 
+def test_graph_group_release_on_postgres_and_s3(farm_cluster: Farm, tmp_path: Path) -> None:
+    """A weight-shared group through the real cluster (PostgreSQL, Redis, SeaweedFS, QNN 2.47.0
+    and 2.51.0 workers): one shared binary per toolchain, described, never probed (the simulator
+    can't load it), fetched whole from S3; a multi-SoC build on 2.47.0 refused before anything."""
+    from tests.common.groups import prefill_decode
+
+    f = farm_cluster
+    f.start_worker("2.47.0")
+    f.start_worker("2.51.0")
+    prefill, decode = prefill_decode(tmp_path / "m", external=True)
+    args = ["submit", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650",
+            "--sdk", "2.47.0", "--sdk", "2.51.0", "--name", "llm/tiny", "--tag", "t1", "--wait", "--timeout", "180",
+            "--json"]
+    out = json.loads(f.cli(*args).stdout)
+    assert out["graphs"] == ["prefill", "decode"]
+    assert sorted((b["toolchain"], b["state"]) for b in out["builds"]) == [("2.47.0", "succeeded"),
+                                                                          ("2.51.0", "succeeded")]
+    time.sleep(3)  # time for the probes the reconciler would send: none may record a verdict
+    assert verdicts(f) == {}
+    for b in out["builds"]:
+        info = json.loads(f.cli("show", b["artifact"], "--json").stdout)
+        assert info["description"]["check"].startswith("ok") and "weight-shared" in info["description"]["unverified"]
+        assert [g["name"] for g in info["manifest"]["graphs"]] == ["prefill", "decode"]
+        (binary,) = info["description"]["binaries"].values()
+        assert binary["build_id"].startswith("v" + b["toolchain"])
+    dev = tmp_path / "device"
+    f.cli("fetch", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0", "--out", str(dev))
+    assert sorted(p.name for p in dev.iterdir()) == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx"]
+    again = json.loads(f.cli(*args).stdout)
+    assert [b["build"] for b in again["builds"]] == [b["build"] for b in out["builds"]]
+    refused = f.cli("submit", str(prefill), "-t", "qnn:SM8650+SM8750", "--sdk", "2.47.0", check=False)
+    assert refused.returncode == 2 and "error[multi-soc-unsupported]" in refused.stderr
+
+
 def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
     from infra.devfarm.services import free_port
 
