@@ -132,7 +132,8 @@ def states() -> str:
         body.append(line[4:])
     text = "\n".join(body).strip("\n")
     rest = doc.split(text.split("\n")[-1].strip(), 1)[-1].strip() if text else ""
-    return f"```\n{text}\n```\n\n{' '.join(rest.split())}\n"
+    # The docstring is reStructuredText: ``code`` is Markdown's `code`, and plain text in the diagram.
+    return f"```\n{text.replace('``', '')}\n```\n\n{' '.join(rest.replace('``', '`').split())}\n"
 
 
 # --- Layers: the import-linter contracts and each package's docstring ---------------------------
@@ -214,7 +215,8 @@ def api() -> str:
             out += [f"## {method.upper()} {path} {{#{anchor}}}", ""]
             scope = ", ".join(op.get("tags", []))
             if scope:
-                out += [f"Scope: **{scope}**" + ("" if scope == "ops" else " (a bearer token, or `?token=`)") + ".", ""]
+                how = " (a bearer token)" if op.get("security") else ""
+                out += [f"Scope: **{scope}**" + ("" if scope == "ops" else how) + ".", ""]
             if op.get("description"):
                 out += [" ".join(op["description"].split()), ""]
             params = [p for p in op.get("parameters", []) if p["name"] not in ("token", "authorization")]
