@@ -87,7 +87,9 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
             out += [f"| {k.replace('_', ' ')} | {_cell(v)} |" for k, v in scalars.items()]
             out.append("")
         family = {k: v for k, v in nested.items() if isinstance(v, dict) and any(_scalar(x) for x in v.values())}
-        if len(family) >= 2:
+        shapes = [{f for f, x in v.items() if _scalar(x)} for v in family.values()]
+        # Like records (modes, phases, queries) share most of their fields; unrelated dicts do not.
+        if len(family) >= 2 and len(set.intersection(*shapes)) * 2 >= max(len(s) for s in shapes):
             out += _table([{"": k, **v} for k, v in family.items()])
             if any(not _scalar(x) for v in family.values() for x in v.values()):
                 out += ["(Each row's per-run series are in the JSON.)", ""]
@@ -100,7 +102,7 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
             out += [f"{heading} {title}", "", _series(data) if all(isinstance(v, int | float) for v in data)
                     else ", ".join(_num(v) for v in data), ""]
             return
-        if len(records) > MAX_ROWS or level > 5:
+        if len(records) > MAX_ROWS or level > 4:
             out += _summary(title, records, heading)
             return
         if title:
@@ -108,7 +110,7 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
         out += _table(records)
         for i, record in enumerate(records):
             for key, value in record.items():
-                if not _scalar(value) and level < 5:
+                if not _scalar(value) and level < 4:
                     label = record.get("label") or record.get("mode") or record.get("name") or f"{title} {i + 1}"
                     _walk(f"{label}: {key.replace('_', ' ')}", value, level + 1, out)
 
@@ -126,7 +128,7 @@ def usage(bench: Path) -> str:
     doc = ast.get_docstring(ast.parse(bench.read_text())) or ""
     for line in doc.splitlines():
         if line.strip().startswith(f"python bench/{bench.name}"):
-            return line.strip()
+            return line.split("#", 1)[0].strip()
     return f"python bench/{bench.name}"
 
 
@@ -152,7 +154,7 @@ def render(out_dir: Path) -> str:
             lines += [summary(bench), ""]
         rerun = f"; rerun: `{usage(bench)}`" if bench.exists() else ""
         lines += [f"From `bench/out/{path.name}`{rerun}.", ""]
-        _walk("", data, 3, lines)
+        _walk("", data, 2, lines)
     missing = [b for b in benches if b not in recorded]
     if missing:
         lines += ["## Not recorded", "",
