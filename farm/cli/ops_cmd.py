@@ -73,8 +73,6 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             from farm.core.errors import ServerError
 
             raise ServerError("the service's coverage is not the document farm coverage --json prints")
-        if args.missing:
-            return _print_missing(cov, args)
         return _print_coverage(cov, args)
     if name != "coverage" and not (name == "keys" and args.action in ("create", "public")):
         from farm.cli.remote import require_local_index
@@ -98,8 +96,6 @@ def _coverage(reg: Any, args: argparse.Namespace) -> int:
 
     with reg.db.session() as s:
         cov = coverage(s, backend=args.backend, models=args.model or None).to_dict()
-    if args.missing:
-        return _print_missing(cov, args)
     return _print_coverage(cov, args)
 
 
@@ -197,52 +193,6 @@ def _print_missing_pages(page_of: Any, args: argparse.Namespace) -> int:
     else:
         print("nothing missing for the newest toolchains: " + ", ".join(f"{b} {v}" for b, v in sorted(newest.items())))
     return 1 if rows else 0
-
-
-def _print_missing(cov: dict[str, Any], args: argparse.Namespace) -> int:
-    """`farm coverage --missing`, from the coverage document (schema coverage.json) whichever side
-    made it: per model, the targets without a good build on the newest toolchain of their backend;
-    exit 1 when anything is missing."""
-    targets = None
-    if args.target:
-        from farm.core.catalog import parse_target
-
-        targets = [parse_target(t).ref for t in args.target]
-    rows = missing_of(cov, targets)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    elif rows:
-        table([{**r, "model": r["model"][7:19], "tags": ", ".join(r["tags"])} for r in rows],
-              ["model", "tags", "target", "toolchain", "state"])
-    else:
-        print("nothing missing for the newest toolchains: " +
-              ", ".join(f"{b} {v[-1]}" for b, v in sorted(cov["toolchains"].items()) if v))
-    return 1 if rows else 0
-
-
-def missing_of(cov: dict[str, Any], targets: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows of `farm coverage --missing --json` (schema coverage-missing.json) from a coverage
-    document: for each model, each wanted target (``targets``, default: every target the model
-    was built for) whose cell on the newest toolchain of its backend is not built or building."""
-    newest = {b: versions[-1] for b, versions in cov["toolchains"].items() if versions}
-    cells = {(c["model"], c["target"], c["toolchain"]): c for c in cov["cells"]}
-    wanted: dict[str, set[str]] = {}
-    for c in cov["cells"]:
-        wanted.setdefault(c["model"], set()).add(c["target"])
-    tags = {m["digest"]: list(m.get("tags") or []) for m in cov["models"]}
-    out = []
-    for model in (m["digest"] for m in cov["models"]):
-        for target in sorted(set(targets) if targets else wanted.get(model, set())):
-            toolchain = newest.get(target.split(":", 1)[0])
-            if toolchain is None:
-                continue
-            cell = cells.get((model, target, toolchain))
-            if cell is None or cell["state"] not in ("built", "building"):
-                state = "missing" if cell is None else (
-                    f"failed({','.join(cell['codes'])})" if cell["state"] == "failed" else cell["state"])
-                out.append({"model": model, "tags": tags.get(model, []), "target": target,
-                            "toolchain": toolchain, "state": state})
-    return out
 
 
 def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:

@@ -1,7 +1,6 @@
 """What a new user met at the CLI (issue 21): the documented `farm token create` forms, progress
-with real elapsed times and `cached` answers, page faults as counts, `coverage --missing` from
-the coverage document (the same rows whichever side made it), and `local-only` where a shell
-has a service but no index."""
+with real elapsed times and `cached` answers, page faults as counts, and `local-only` where a
+shell has a service but no index."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import pytest
 
 from farm.cli import main
 from farm.cli.cluster_cmd import phase_text
-from farm.cli.ops_cmd import missing_of
 from farm.cli.progress import ReleaseProgress
 from farm.cli.remote import require_local_index
 from farm.core.errors import LocalOnlyError
@@ -109,26 +107,6 @@ def test_release_progress_restarts_the_clock_when_a_build_starts_running(monkeyp
 ])
 def test_phases_print_counts_without_a_unit(name, value, text):
     assert phase_text(name, value) == text
-
-
-def test_coverage_missing_from_the_document_is_what_the_index_computes():
-    from registry.coverage import Cell, Coverage
-
-    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
-    cov = Coverage(
-        toolchains={"qnn": ["2.47.0", "2.51.0"], "trt": ["10.13.0.35"]},
-        cells={(a, "qnn:SM8650", "2.51.0"): Cell("built", 1),
-               (a, "qnn:SM8750", "2.47.0"): Cell("built", 1),
-               (a, "qnn:SM8750", "2.51.0"): Cell("failed", 1, ["toolchain-error", "timeout", "timeout"]),
-               (b, "qnn:SM8650", "2.47.0"): Cell("building", 1),
-               (b, "trt:sm_89", "10.13.0.35"): Cell("broken", 1)},
-        models=[a, b], tags={a: ["sq:latest"]})
-    doc = json.loads(json.dumps(cov.to_dict()))  # as it crosses HTTP
-    for targets in (None, ["qnn:SM8650", "qnn:SM8750", "trt:sm_89"], ["qnn:SM8450"]):
-        assert missing_of(doc, targets) == cov.missing(targets), targets
-    assert [(r["model"], r["target"], r["state"]) for r in missing_of(doc)] == [
-        (a, "qnn:SM8750", "failed(timeout,toolchain-error)"), (b, "qnn:SM8650", "missing"),
-        (b, "trt:sm_89", "broken")]
 
 
 def test_a_shell_with_a_service_and_no_index_is_refused_local_commands(tmp_path: Path):
