@@ -342,7 +342,8 @@ def _read_capped(resp: Any, cap: int, what: str, *, deadline: float, stop: bool 
     limit = cap if stop else cap + 1
     try:
         while len(buf) < limit:
-            chunk = resp.read(min(CHUNK, limit - len(buf)))
+            # read1: whatever has arrived, so a trickling body meets its deadline between bytes
+            chunk = resp.read1(min(CHUNK, limit - len(buf)))
             if not chunk:
                 break
             buf += chunk
@@ -492,10 +493,11 @@ def _check_manifest_binding(manifest: dict[str, Any], res: dict[str, Any], q: Qu
 def install(server: str, token: str | None, model: str, *, dest: str | os.PathLike[str], soc: str | None = None,
             qnn: str | None = None, gpu: str | None = None, trt: str | None = None,
             platform: str = "linux-x86-64", trusted_keys: list[str] | None = None,
-            require_signature: bool = False, allow_unsigned: bool = False) -> InstallResult:
-    """Resolve, download (resuming), verify and place an artifact; see the module docstring."""
+            require_signature: bool = False, allow_unsigned: bool = False, timeout: float = 60.0) -> InstallResult:
+    """Resolve, download (resuming), verify and place an artifact; see the module docstring.
+    ``timeout``: seconds any network operation may wait (an answer's body gets twice that)."""
     q = question(model, soc, qnn, gpu, trt, platform)
-    client = Client(server, token)
+    client = Client(server, token, timeout=timeout)
     res = check_answer(client.json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn, gpu=gpu, trt=trt,
                                     platform=platform if gpu else None, manifest="false"), q)
     artifact: str = res["artifact"]
@@ -645,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dest", "-d", required=True, metavar="DIR", help="directory that will hold exactly this artifact")
     p.add_argument("--require-signature", action="store_true")
     p.add_argument("--allow-unsigned", action="store_true")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long any network operation may wait (default 60)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     env = os.environ
@@ -660,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
                          require_signature=args.require_signature
                          or parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),
                          allow_unsigned=args.allow_unsigned
-                         or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")))
+                         or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
+                         timeout=args.timeout)
     except Exception as exc:  # the boundary: documented codes only
         from farm.core.errors import translate
 

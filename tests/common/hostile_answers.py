@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.common.hostile_server import BIN, MODEL, Raw, Scenario, canonical
+from tests.common.hostile_server import BIN, MODEL, Raw, Scenario, Slow, canonical
 
 
 @dataclass(frozen=True)
@@ -250,6 +250,12 @@ CASES: list[Case] = [
         200, [(f"X-H{i}", "v") for i in range(300)], b"{}"))),
     Case("header line too long", "server-error", _raw("/v1/resolve", lambda s: Raw(200, [("X-Long", "v" * 70_000)], b"{}"))),
     Case("status line garbage", "server-error", _raw("/v1/resolve", lambda s: Raw(999, [], b"{}"))),
+    # Slow peers: a device waits a bounded time (the tests ask for a 1 s timeout).
+    Case("answer never comes", "server-error",
+         lambda s, w: s.routes.update({"/v1/resolve": Slow(stall=5)}), ask={"timeout": 1.0}),
+    Case("answer trickles past its deadline", "server-error",
+         lambda s, w: s.routes.update({"/v1/resolve": Slow(body=b" " * 100 + b"{}", per_byte=0.1)}),
+         ask={"timeout": 1.0}),
     # Signatures, with a trusted key configured: never internal-error.
     Case("signature garbage", "signature-invalid",
          _signature([{"public_key": TRUSTED, "signature": "!!not base64!!"}]), ask={"trusted_keys": [TRUSTED]}),

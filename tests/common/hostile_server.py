@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,17 @@ class Raw:
 
 
 @dataclass
+class Slow:
+    """A response that waits ``stall`` seconds before its status line, then sends its body one
+    byte every ``per_byte`` seconds (at most ``limit`` seconds in all: the server thread ends)."""
+
+    body: bytes = b"{}"
+    stall: float = 0.0
+    per_byte: float = 0.0
+    limit: float = 10.0
+
+
+@dataclass
 class Scenario:
     """What the hostile service answers. ``manifest`` and ``answer`` are plain data a case
     mutates; ``manifest_bytes`` (when set) replaces the encoded manifest; ``routes`` maps a path
@@ -52,7 +64,7 @@ class Scenario:
     answer: dict[str, Any] = field(default_factory=dict)
     manifest_bytes: bytes | None = None
     blobs: dict[str, bytes] = field(default_factory=dict)
-    routes: dict[str, Raw | Callable[[BaseHTTPRequestHandler], Raw]] = field(default_factory=dict)
+    routes: dict[str, Raw | Slow | Callable[[BaseHTTPRequestHandler], Raw]] = field(default_factory=dict)
     keep_answer_digest: bool = False  # a case that lies about the manifest digest on purpose
     seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
@@ -125,7 +137,10 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(Raw(200, [], data))
 
-        def _send(self, raw: Raw) -> None:
+        def _send(self, raw: Raw | Slow) -> None:
+            if isinstance(raw, Slow):
+                self._slow(raw)
+                return
             self.send_response(raw.status)
             for k, v in raw.headers:
                 self.send_header(k, v)
@@ -139,6 +154,23 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(raw.body)
             except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: that's its right
                 pass
+
+        def _slow(self, slow: Slow) -> None:
+            start = time.monotonic()
+            time.sleep(slow.stall)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(slow.body)))
+                self.end_headers()
+                for i in range(len(slow.body)):
+                    if time.monotonic() - start > slow.limit:
+                        break
+                    self.wfile.write(slow.body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(slow.per_byte)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
 
     return Handler
 

@@ -40,9 +40,9 @@ def _ask(case: Case, dest: Path) -> dict[str, Any]:
 
 def _argv(url: str, ask: dict[str, Any]) -> list[str]:
     argv = ["--server", url, "--token", TOKEN, "--model", ask["model"], "--dest", str(ask["dest"]), "--json"]
-    for flag in ("soc", "qnn", "gpu", "trt"):
+    for flag in ("soc", "qnn", "gpu", "trt", "timeout"):
         if ask.get(flag):
-            argv += [f"--{flag}", ask[flag]]
+            argv += [f"--{flag}", str(ask[flag])]
     return argv
 
 
