@@ -405,11 +405,13 @@ def _workers(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(rows, indent=2))
     elif rows:
         from farm.cli.registry_cmd import _when
+        from farm.cli.remote import answer_of
 
-        table([{**r, "ep": f"{r.get('ep_package')} {r.get('ep_version')}", "started": _when(r.get("started_at")),
-                "last_seen": f"{float(r.get('last_seen_seconds') or 0):.0f} s ago",
-                "queues": " ".join(map(str, r.get("queues") or []))} for r in rows],
-              ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
+        with answer_of("workers"):
+            cells = [{**r, "ep": f"{r.get('ep_package')} {r.get('ep_version')}", "started": _when(r.get("started_at")),
+                      "last_seen": f"{float(r.get('last_seen_seconds') or 0):.0f} s ago",
+                      "queues": " ".join(map(str, r.get("queues") or []))} for r in rows]
+        table(cells, ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
     else:
         print("no workers registered" if args.all else "no live workers (--all shows stopped and dead ones)")
     return 0

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from farm.cli import human_size, table
-from farm.cli.remote import add_server_arguments, client, require_local_index
+from farm.cli.remote import add_server_arguments, answer_of, client, require_local_index
 from farm.core.settings import Settings
 from farm.core.times import human
 
@@ -37,9 +37,12 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
         api = client(args)
         if name == "show":
-            return _show(api.json("GET", f"/v1/artifacts/{quote(args.artifact, safe='')}"), args.json)
-        return _ls(api.json("GET", "/v1/artifacts", model=args.model, target=args.target, limit=str(args.limit)),
-                   args.json)
+            doc = api.json("GET", f"/v1/artifacts/{quote(args.artifact, safe='')}")
+            with answer_of("show"):
+                return _show(_checked_show(doc), args.json)
+        rows = api.json("GET", "/v1/artifacts", model=args.model, target=args.target, limit=str(args.limit))
+        with answer_of("ls"):
+            return _ls(rows, args.json)
     from registry.index import Registry
     from registry.views import artifact_document, ls_rows
 
@@ -105,6 +108,18 @@ def _when(text: str | None) -> str:
 
 def _text(v: Any) -> str:
     return json.dumps(v) if not isinstance(v, str) else v
+
+
+def _checked_show(doc: Any) -> dict[str, Any]:
+    """The keys `farm show` reads, present before anything is printed (a service's answer)."""
+    if not isinstance(doc, dict):
+        raise TypeError("not an object")
+    for key in ("artifact", "status", "model", "tags", "target", "toolchain", "options", "non_default_options",
+                "compile_seconds", "nodes_ep", "nodes_cpu", "created_at", "verdicts", "files", "manifest"):
+        doc[key]  # noqa: B018 - KeyError is the check
+    for key in ("toolchain", "placement", "epcontext"):
+        doc["manifest"][key]  # noqa: B018
+    return doc
 
 
 def _show(info: dict[str, Any], as_json: bool) -> int:

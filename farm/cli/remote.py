@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from farm.core.settings import Settings
@@ -45,3 +46,16 @@ def require_local_index(command: str, settings: Settings, env: Mapping[str, str]
     if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
         raise LocalOnlyError(f"farm {command} has no remote form: it needs the index itself, and this shell "
                              f"has only a service (FARM_SERVER) and no index")
+
+
+@contextmanager
+def answer_of(command: str) -> Iterator[None]:
+    """Around reading a service's answer: one that is not the document `farm COMMAND --json`
+    prints (a missing key, a wrong type) is ``server-error``, not a bug (``internal-error``)."""
+    from farm.core.errors import ServerError
+
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ServerError(f"the service's answer for farm {command} is not the document farm {command} --json "
+                          f"prints ({type(exc).__name__})") from None

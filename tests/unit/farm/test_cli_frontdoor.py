@@ -121,3 +121,30 @@ def test_a_shell_with_a_service_and_no_index_is_refused_local_commands(tmp_path:
                                                       "FARM_DATABASE_URL": "postgresql://db/farm"})
     (tmp_path / "index.db").write_bytes(b"")  # an embedded index that exists: it is this farm's
     require_local_index("registry verify", settings, {"FARM_SERVER": "http://farm:8080"})
+
+
+class StubService:
+    """A service that answers every GET with ``doc`` (a malformed one, here)."""
+
+    def __init__(self, doc: object) -> None:
+        self.doc = doc
+
+    def json(self, method: str, path: str, **query: object) -> object:
+        return self.doc
+
+
+@pytest.mark.parametrize("argv,module,doc", [
+    (["ls"], "farm.cli.registry_cmd", [{"id": "abc"}]),
+    (["ls"], "farm.cli.registry_cmd", {"not": "a list"}),
+    (["show", "abcdef"], "farm.cli.registry_cmd", {"artifact": "sha256:x"}),
+    (["show", "abcdef"], "farm.cli.registry_cmd", ["a list"]),
+    (["workers"], "farm.cli.remote", [{"worker": "w", "last_seen_seconds": "soon"}]),
+    (["workers"], "farm.cli.remote", [1, 2]),
+])
+def test_a_malformed_answer_to_a_read_command_is_server_error(argv, module, doc, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FARM_HOME", str(tmp_path))
+    monkeypatch.setattr(f"{module}.client", lambda args: StubService(doc))
+    assert main([*argv, "--server", "http://farm.invalid"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error[server-error]") and "Traceback" not in err, err
+    assert not (tmp_path / "index.db").exists()
