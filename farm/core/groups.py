@@ -45,6 +45,13 @@ def member_onnx(index: int) -> str:
     return f"g{index}/g{index}.onnx"
 
 
+def part_of(name: str) -> str:
+    """The part a graph belongs to: its name up to the last dot (``part1.prefill`` -> ``part1``;
+    ``prefill`` -> ``""``). Consecutive graphs of one part share their context binaries; each
+    part has its own, as the HTP process domain limits one context to about 3.5 GB."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
 def check_graph_name(name: Any) -> str:
     if not isinstance(name, str) or len(name) > 64 or not GRAPH_NAME_RE.fullmatch(name):
         shown = name[:80] if isinstance(name, str) else type(name).__name__

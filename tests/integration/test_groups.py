@@ -161,3 +161,17 @@ def test_multi_soc_refused_below_qnn_2_48(sdk: str) -> None:
     with pytest.raises(MultiSocUnsupportedError, match="QNN >= 2.48"):
         check_build_support(parse_target("qnn:SM8650+SM8750"), sdk, group=False)
     check_build_support(parse_target("qnn:SM8650+SM8750"), "2.49.40", group=False)
+
+
+def test_parts_get_binaries_of_their_own(farm_env: dict[str, str], tmp_path: Path) -> None:
+    p1, d1 = prefill_decode(tmp_path / "p1", seed=1)
+    p2, d2 = prefill_decode(tmp_path / "p2", seed=2)
+    out = json.loads(farm(farm_env, "build", "--graph", f"part1.prefill={p1}", "--graph", f"part1.decode={d1}",
+                          "--graph", f"part2.prefill={p2}", "--graph", f"part2.decode={d2}", "-t", "qnn:SM8750",
+                          "--json").stdout)
+    info = _show(farm_env, out["builds"][0]["artifact"])
+    assert [(g["name"], g["contexts"]) for g in info["manifest"]["graphs"]] == [
+        ("part1.prefill", ["g0_ctx_qnn.bin"]), ("part1.decode", ["g0_ctx_qnn.bin"]),
+        ("part2.prefill", ["g2_ctx_qnn.bin"]), ("part2.decode", ["g2_ctx_qnn.bin"])]
+    assert info["description"]["check"].startswith("ok")
+    assert sorted(info["description"]["binaries"]) == ["g0_ctx_qnn.bin", "g2_ctx_qnn.bin"]

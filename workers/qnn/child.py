@@ -127,7 +127,7 @@ def compile_group(req: dict[str, Any]) -> dict[str, Any]:
     for i, m in enumerate(members):
         _, so = _session_options(req["provider_options"])
         so.add_session_config_entry("ep.share_ep_contexts", "1")
-        if i == len(members) - 1:
+        if m.get("stop", i == len(members) - 1):  # the last graph of a part ends its binaries
             so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
         os.chdir(os.path.dirname(os.path.abspath(m["model"])))
         name = os.path.basename(m["model"])

@@ -210,7 +210,7 @@ class QnnRunner:
         ``.bin`` files (named by the EP after the first graph: fixed stems, never a graph
         name). The description of the binaries must name exactly the requested graphs."""
         from farm.core.errors import UnsupportedOpsError
-        from farm.core.groups import read_descriptor
+        from farm.core.groups import part_of, read_descriptor
         from farm.core.names import inside
         from workers.epcontext import read_epcontext, referenced_files
         from workers.runner import MEDIA_CTX_MODEL, OutputFile
@@ -222,7 +222,10 @@ class QnnRunner:
         out_dir.mkdir(parents=True)
         doc = read_descriptor(job.model_path)
         root = job.model_path.parent
-        members = [{"model": str(inside(root, g["file"])), "ctx_path": str(out_dir / f"g{i}_ctx.onnx")}
+        parts = [part_of(g["name"]) for g in doc["graphs"]]
+        members = [{"model": str(inside(root, g["file"])), "ctx_path": str(out_dir / f"g{i}_ctx.onnx"),
+                    # Each part (part1.prefill, part1.decode -> part1) gets binaries of its own.
+                    "stop": i == len(parts) - 1 or parts[i + 1] != parts[i]}
                    for i, g in enumerate(doc["graphs"])]
         request = {"group": members, "out_dir": str(out_dir),
                    "provider_options": provider_options(job.target, job.options)}
