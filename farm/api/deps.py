@@ -49,19 +49,20 @@ class TokenCache:
                 self.items.popitem(last=False)
 
 
-def get_settings(request: Request) -> Settings:
+# Async (they only read app.state): a sync dependency would take a thread of the shared pool.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_registry(request: Request) -> Registry:
+async def get_registry(request: Request) -> Registry:
     return request.app.state.registry  # type: ignore[no-any-return]
 
 
-def get_metrics(request: Request) -> Any:
+async def get_metrics(request: Request) -> Any:
     return request.app.state.metrics
 
 
-def get_runner(request: Request) -> Any:
+async def get_runner(request: Request) -> Any:
     """The embedded runner, or None when builds go to a broker."""
     return request.app.state.runner
 
@@ -79,7 +80,7 @@ def token_scope(request: Request, raw: str) -> str | None:
     cache: TokenCache = request.app.state.tokens
     got = cache.get(raw)
     if got is _MISS:
-        reg = get_registry(request)
+        reg: Registry = request.app.state.registry
         with reg.db.session() as s:
             got = scope_of(s, raw)
         cache.put(raw, got)
