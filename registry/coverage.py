@@ -468,7 +468,7 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
 
 
 def models_page(session: Any, sc: Scope | None = None, *, target: str | None = None, toolchain: str | None = None,
-                state: str | None = None, cursor: str | None = None, limit: int = 50) -> Page:
+                state: str | None = None, cursor: str | None = None, limit: int = 20) -> Page:
     """One page of models with their cells, by (first name, digest) after ``cursor``. ``target``
     (backend:name), ``toolchain``: only those cells; ``state``: only models with a cell in that
     state (``missing``: a wanted target with nothing built or building on the toolchain asked,

@@ -46,7 +46,7 @@ RUNTIME_NAMES = {"qnn": "QNN", "trt": "TensorRT"}
 
 def render_page(session: Any, *, tag: str | None = None, prefix: str | None = None,
                 model: list[str] | None = None, soc: str | None = None, sdk: str | None = None,
-                state: str | None = None, cursor: str | None = None, limit: int = 50) -> str:
+                state: str | None = None, cursor: str | None = None, limit: int = 20) -> str:
     """The whole page for these filters (bad ones raise the usual usage / not-found errors)."""
     from registry.coverage import models_page, scope, summary
 

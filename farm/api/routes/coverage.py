@@ -70,7 +70,7 @@ def coverage_models(reg: RegistryDep, tag: Annotated[str | None, Query(max_lengt
                     toolchain: Annotated[str | None, Query(max_length=64)] = None,
                     state: Annotated[str | None, Query(pattern="^(built|building|broken|failed|missing)$")] = None,
                     cursor: Annotated[str | None, Query(max_length=600)] = None,
-                    limit: Annotated[int, Query(ge=1, le=200)] = 50) -> dict[str, Any]:
+                    limit: Annotated[int, Query(ge=1, le=200)] = 20) -> dict[str, Any]:
     """One page of models (by name) with their cells; ``next`` is the cursor of the page after."""
     from registry.coverage import models_page, scope
 
