@@ -181,3 +181,28 @@ def test_farm_resolve_server_checks_what_it_prints(name: str, tmp_path: Path, ca
         assert rc == 0 and scenario.answer["artifact"][7:19] in out and "model_ctx_qnn.bin" in out
     else:
         assert rc != 0 and f"error[{case.code}]" in err, err
+
+
+def test_a_signature_binds_the_manifest(tmp_path: Path) -> None:
+    """With a trusted key: a signature over the manifest digest installs; the same signature
+    beside another manifest (the service re-pointed the answer) is refused."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    signed = fresh()
+    signed.seal()
+    sig = base64.b64encode(key.sign(b"ctxfarm-manifest-v1\n" + signed.answer["artifact"].encode())).decode()
+    signed.answer["signatures"] = [{"public_key": public, "signature": sig}]
+    with hostile_service(signed) as url:
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "a", trusted_keys=[public])
+    assert got.signed_by is not None and (tmp_path / "a" / "model_ctx_qnn.bin").read_bytes() == BIN
+    other = fresh()
+    other.manifest["files"] = [f for f in other.manifest["files"] if f["name"] == "model_ctx.onnx"]
+    other.answer["signatures"] = [{"public_key": public, "signature": sig}]
+    with hostile_service(other) as url, pytest.raises(FarmError) as exc:
+        install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "b", trusted_keys=[public])
+    assert exc.value.code == "signature-invalid" and not (tmp_path / "b").exists()
