@@ -144,3 +144,30 @@ def test_a_cached_release_says_cached_as_farm_build_does(farm_service: dict[str,
     assert "succeeded after 0.0 s" not in proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith(str(o.build_id)))
     assert " cached " in f" {row} " and "succeeded" not in row
+
+
+@pytest.mark.parametrize("path,code", [
+    ("/v1/artifacts?limit=0", None),
+    ("/v1/artifacts?limit=100000000", None),
+    ("/v1/artifacts?target=qnn:NOPE", "unknown-target"),
+    ("/v1/artifacts?target=" + "x" * 500, None),
+    ("/v1/artifacts?model=..%2F..%2Fetc", None),
+    ("/v1/artifacts/..%2F..%2Fetc%2Fpasswd", None),
+    ("/v1/artifacts/zzzzzz", "usage"),
+    ("/v1/artifacts/" + "a" * 64, "not-found"),
+    ("/v1/workers?all=maybe", None),
+])
+def test_hostile_reads_get_a_coded_error(farm_service: dict[str, Any], path: str, code: str | None) -> None:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(farm_service["server"] + path,
+                                 headers={"Authorization": f"Bearer {farm_service['read']}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=30)
+    assert 400 <= info.value.code < 500, info.value.code
+    err = json.loads(info.value.read())["error"]
+    assert err["code"] and err["message"]
+    if code is not None:
+        assert err["code"] == code, err
+    assert str(farm_service["home"]) not in json.dumps(err)  # no server path in an answer
