@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,13 +63,37 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(SessionRedirect, _session)  # type: ignore[arg-type]
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
     from farm.api.routes import cancel
 
     app.include_router(cancel.router)  # issue 22: farm cancel
     app.include_router(reports.router)  # issue 23: device reports
+    from farm.api.routes import groups
+
+    app.include_router(groups.router)  # issue 22: graph groups
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, less the 422 it declares on every route with parameters: this
+    service answers a bad parameter or body 400 ``usage`` in the documented error shape."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                if isinstance(op, dict) and op.get("responses", {}).pop("422", None) is not None:
+                    op["responses"].setdefault("400", {"description": "usage: a bad parameter or body",
+                                                       "content": {"application/json": {"schema": {
+                                                           "$ref": "#/components/schemas/ErrorResponse"}}}})
+        schemas = doc.get("components", {}).get("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 async def _farm_error(request: Request, exc: E.FarmError) -> JSONResponse:

@@ -216,6 +216,10 @@ def test_openapi_declares_the_bearer_scheme(svc: dict[str, Any]) -> None:
                 ("put", "/v1/tags/{name}/{tag}")):
         assert {"bearer": []} in ops[key]["security"], key
     assert "token" not in {p["name"] for p in ops[("get", "/v1/resolve")].get("parameters", [])}
+    # A bad parameter or body is 400 usage in the error shape: no route declares FastAPI's 422.
+    assert not [key for key, op in ops.items() if "422" in op.get("responses", {})]
+    assert ops[("get", "/v1/resolve")]["responses"]["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorResponse"}
 
 
 def test_metrics_have_a_zero_series_for_every_build_state(tmp_path: Path) -> None:
