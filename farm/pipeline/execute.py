@@ -166,9 +166,14 @@ class LeaseKeeper:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    @property
+    def interval(self) -> float:
+        """A third of the lease, at most RENEW_MAX_S: a cancelled build (states.cancel) stops within
+        seconds however long the lease."""
+        return max(min(self.lease_seconds / 3, RENEW_MAX_S), 0.2)
+
     def _run(self) -> None:
-        # At most every RENEW_MAX_S: a cancelled build (states.cancel) stops within seconds.
-        interval = max(min(self.lease_seconds / 3, RENEW_MAX_S), 0.2)
+        interval = self.interval
         while not self._stop.wait(interval):
             try:
                 with self.registry.db.session() as s:
