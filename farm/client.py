@@ -50,6 +50,7 @@ from farm.core.errors import (
     MissingExtraError,
     ServerError,
     SignatureError,
+    StorageError,
     UnsignedError,
     UsageError,
     error_for_code,
@@ -517,6 +518,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
         _remove(partial)
     partial.mkdir(exist_ok=True)
     files: list[dict[str, Any]] = manifest["files"]
+    _check_room(partial, files)
     resumed = total = 0
     for f in files:
         # Named by the checked digest (64 hex digits), never by anything else the server said.
@@ -537,6 +539,20 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
             written.append(out / safe_relative(f["name"]))
     shutil.rmtree(partial, ignore_errors=True)
     return InstallResult(artifact, out / safe_relative(manifest["ctxModel"]), written, total, resumed, signed_by)
+
+
+def _check_room(partial: Path, files: list[dict[str, Any]]) -> None:
+    """Declared sizes that the device's disk can't hold are refused before a byte is fetched (a
+    server can't fill a device by declaring a terabyte); files placed are hard links of the
+    downloads, so the artifact needs its size once."""
+    need = 0
+    for digest, size in {f["digest"]: f["size"] for f in files}.items():
+        kept = partial / digest[7:]
+        need += max(size - (kept.stat().st_size if kept.is_file() and not kept.is_symlink() else 0), 0)
+    free = shutil.disk_usage(partial).free
+    if need > free:
+        raise StorageError(f"the artifact needs {need} more bytes, {free} are free where --dest is: nothing was "
+                           "downloaded", hint="free space on the device or pick a --dest on a larger filesystem")
 
 
 def _check_signatures(artifact: str, sigs: list[dict[str, str]], trusted: list[str], *, required: bool,

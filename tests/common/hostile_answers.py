@@ -158,6 +158,9 @@ CASES: list[Case] = [
     Case("size a float", "bad-manifest", _set("files.size", float(len(BIN)))),
     Case("size a bool", "bad-manifest", _set("files.size", True)),
     Case("size astronomical", "bad-manifest", _set("files.size", 2**64)),
+    Case("sizes past the device's free space (64 TiB declared)", "storage-error",
+         lambda s, w: s.manifest["files"].extend({"name": f"huge{i}.bin", "digest": "sha256:" + f"{i:064x}",
+                                                  "size": 1 << 40} for i in range(64))),
     # Manifest shape.
     Case("manifest not JSON", "bad-manifest", _manifest_bytes(b"\x89PNG not json")),
     Case("manifest a list", "bad-manifest", _manifest_bytes(b"[1, 2, 3]")),
