@@ -335,14 +335,15 @@ def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None =
     rows = rows_of(session)
     sc = sc or Scope()
     counters = [c for c in COUNTERS if c != "wanted"]
-    if sc.whole:
+    if sc.whole or (sc.tag is not None and sc.prefix is None and sc.digests is None):
+        # The farm, or a tag (channel): counters kept as builds finish and tags move.
         if compact_over is not None and _deltas_over(rows, compact_over):
             compact(rows)
-        params: dict[str, Any] = {}
-        where = ""
+        params: dict[str, Any] = {"scope": "" if sc.tag is None else f"tag:{sc.tag}"}
+        where = " WHERE scope = :scope"
         if sc.backend is not None:
             params["s_backend"] = sc.backend
-            where = " WHERE backend = :s_backend"
+            where += " AND backend = :s_backend"
         found = rows.rows(f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS)}"
                           f" FROM coverage_deltas{where} GROUP BY backend, target, toolchain", params)
         source = "counters"
@@ -521,7 +522,7 @@ def models_page(session: Any, sc: Scope | None = None, *, target: str | None = N
 def _newest_toolchains(rows: Rows, backend: str | None) -> dict[str, str]:
     """backend -> the newest toolchain with a build (from the summary's counters)."""
     found: dict[str, list[str]] = defaultdict(list)
-    for be, tc in rows.rows("SELECT backend, toolchain FROM coverage_deltas WHERE toolchain <> ''"
+    for be, tc in rows.rows("SELECT backend, toolchain FROM coverage_deltas WHERE scope = '' AND toolchain <> ''"
                             " GROUP BY backend, toolchain HAVING sum(cells) > 0"):
         if backend is None or be == backend:
             found[be].append(tc)
@@ -643,20 +644,35 @@ def recomputed_matches(session: Any) -> list[str]:
         " GROUP BY b.model_digest, b.backend, b.target, b.toolchain) r")}
     diffs = [f"cell {k}: kept {kept.get(k)} recomputed {fresh.get(k)}"
              for k in sorted(set(kept) | set(fresh)) if kept.get(k) != fresh.get(k)]
-    sums = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
-        f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS[:-1])} FROM coverage_deltas"
-        " WHERE toolchain <> '' GROUP BY backend, target, toolchain")}
-    sums = {k: v for k, v in sums.items() if any(v)}
-    expect = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
-        f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM coverage_cells c"
-        " GROUP BY c.backend, c.target, c.toolchain")}
-    diffs += [f"summary {k}: kept {sums.get(k)} recomputed {expect.get(k)}"
-              for k in sorted(set(sums) | set(expect)) if sums.get(k) != expect.get(k)]
-    wanted = {tuple(r[:2]): int(r[2]) for r in rows.rows(
-        "SELECT backend, target, sum(wanted) FROM coverage_deltas GROUP BY backend, target")}
-    wanted = {k: v for k, v in wanted.items() if v}
-    expect_w = {tuple(r[:2]): int(r[2]) for r in rows.rows(
-        "SELECT backend, target, count(DISTINCT model_digest) FROM coverage_cells GROUP BY backend, target")}
-    diffs += [f"wanted {k}: kept {wanted.get(k)} recomputed {expect_w.get(k)}"
-              for k in sorted(set(wanted) | set(expect_w)) if wanted.get(k) != expect_w.get(k)]
+    scopes = [("", "", {})] + [(f"tag:{t}", " JOIN tags t ON t.model_digest = c.model_digest AND t.tag = :tag",
+                                {"tag": t}) for (t,) in rows.rows("SELECT DISTINCT tag FROM tags")]
+    kept_scopes = {r[0] for r in rows.rows("SELECT DISTINCT scope FROM coverage_deltas")}
+    for scope, join, params in scopes:
+        kept_scopes.discard(scope)
+        p = {**params, "scope": scope}
+        sums = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
+            f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS[:-1])}"
+            " FROM coverage_deltas WHERE scope = :scope AND toolchain <> '' GROUP BY backend, target, toolchain", p)}
+        sums = {k: v for k, v in sums.items() if any(v)}
+        # A model with two NAME:TAGs of one TAG counts once in that scope (DISTINCT digests).
+        cells_of = (f"(SELECT DISTINCT c.* FROM coverage_cells c{join})" if join else "coverage_cells")
+        expect = {tuple(r[:3]): tuple(int(v) for v in r[3:]) for r in rows.rows(
+            f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM {cells_of} c"
+            " GROUP BY c.backend, c.target, c.toolchain", params)}
+        diffs += [f"summary {scope or 'farm'} {k}: kept {sums.get(k)} recomputed {expect.get(k)}"
+                  for k in sorted(set(sums) | set(expect)) if sums.get(k) != expect.get(k)]
+        wanted = {tuple(r[:2]): int(r[2]) for r in rows.rows(
+            "SELECT backend, target, sum(wanted) FROM coverage_deltas WHERE scope = :scope GROUP BY backend, target",
+            p)}
+        wanted = {k: v for k, v in wanted.items() if v}
+        expect_w = {tuple(r[:2]): int(r[2]) for r in rows.rows(
+            f"SELECT c.backend, c.target, count(DISTINCT c.model_digest) FROM coverage_cells c{join}"
+            " GROUP BY c.backend, c.target", params)}
+        diffs += [f"wanted {scope or 'farm'} {k}: kept {wanted.get(k)} recomputed {expect_w.get(k)}"
+                  for k in sorted(set(wanted) | set(expect_w)) if wanted.get(k) != expect_w.get(k)]
+    for scope in sorted(kept_scopes):
+        left = rows.rows(f"SELECT {', '.join(f'sum({c})' for c in COUNTERS)} FROM coverage_deltas"
+                         " WHERE scope = :scope", {"scope": scope})
+        if any(int(v or 0) for v in left[0]):
+            diffs.append(f"scope {scope}: counters left {left[0]} though no model has the tag")
     return diffs

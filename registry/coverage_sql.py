@@ -22,7 +22,8 @@ running), else broken, else failed: the order ``registry.coverage`` has always s
 
 from __future__ import annotations
 
-# Counters of coverage_deltas, the summary's columns. ``cells``: (model, target, toolchain) cells
+# Counters of coverage_deltas, the summary's columns, per scope ('' the whole farm, ``tag:T`` the
+# models with a NAME:T). ``cells``: (model, target, toolchain) cells
 # with any build; ``wanted``: models with a build for the target on any toolchain, counted on the
 # (backend, target) (a delta row carries it on the toolchain whose touch changed it).
 COUNTERS = ("cells", "built", "building", "broken", "failed", "probe_verified", "device_verified", "wanted")
@@ -49,20 +50,47 @@ _STATE = ("CASE WHEN r.succeeded > 0 THEN 'built' WHEN r.building > 0 THEN 'buil
 CELL_COLUMNS = ("state", "builds", "succeeded", "building", "failed", "broken", "probe_verified", "device_verified")
 
 
-def _contribution(alias: str) -> str:
-    """The summary counters of the cell rows ``alias`` (zero or one row here; many in rebuild)."""
+def _contribution_parts(alias: str) -> list[tuple[str, str]]:
+    """(expression, counter) of the summary counters of the cell rows ``alias``."""
     def n(cond: str) -> str:
         return f"coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"
     s = f"{alias}.state"
-    return ", ".join([
-        "count(*) AS cells",
-        f"{n(f'{s} = ' + repr('built'))} AS built",
-        f"{n(f'{s} = ' + repr('building'))} AS building",
-        f"{n(f'{s} = ' + repr('broken'))} AS broken",
-        f"{n(f'{s} = ' + repr('failed'))} AS failed",
-        f"{n(f'{s} = ' + repr('built') + f' AND {alias}.probe_verified > 0')} AS probe_verified",
-        f"{n(f'{s} = ' + repr('built') + f' AND {alias}.device_verified > 0')} AS device_verified",
-    ])
+    return [("count(*)", "cells"),
+            (n(f"{s} = 'built'"), "built"),
+            (n(f"{s} = 'building'"), "building"),
+            (n(f"{s} = 'broken'"), "broken"),
+            (n(f"{s} = 'failed'"), "failed"),
+            (n(f"{s} = 'built' AND {alias}.probe_verified > 0"), "probe_verified"),
+            (n(f"{s} = 'built' AND {alias}.device_verified > 0"), "device_verified")]
+
+
+def _contribution(alias: str) -> str:
+    """The summary counters of the cell rows ``alias`` (zero or one row here; many in rebuild)."""
+    return ", ".join(f"{expr} AS {name}" for expr, name in _contribution_parts(alias))
+
+
+def _scopes(m: str) -> str:
+    """The summary scopes a model's cells count in: the whole farm ('') and ``tag:T`` for each
+    TAG of its NAME:TAGs (a channel such as ``stable``)."""
+    return f"SELECT '' AS scope UNION SELECT DISTINCT 'tag:' || tag FROM tags WHERE model_digest = {m}"
+
+
+def tag_statements(m: str, tag: str, sign: int) -> list[str]:
+    """A model gains (``sign`` 1) or loses (-1) a tag scope: its cells' counters and its wanted
+    marks added to or taken from ``tag:TAG``. Runs only when the change made the model's first
+    row with that TAG, or removed its last (the guard counts the rows after the change)."""
+    after = f"(SELECT count(*) FROM tags WHERE model_digest = {m} AND tag = {tag}) = {1 if sign > 0 else 0}"
+    cols = ", ".join(COUNTERS)
+    signed = ", ".join(f"{'' if sign > 0 else '-'}{expr}" for expr, _ in _contribution_parts("c"))
+    zeros = ", ".join("0" for _ in COUNTERS[1:-1])
+    return [
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {cols})"
+        f" SELECT 'tag:' || {tag}, c.backend, c.target, c.toolchain, {signed}, 0 FROM coverage_cells c"
+        f" WHERE c.model_digest = {m} AND {after} GROUP BY c.backend, c.target, c.toolchain",
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {cols})"
+        f" SELECT 'tag:' || {tag}, c.backend, c.target, '', 0, {zeros}, {sign} FROM coverage_cells c"
+        f" WHERE c.model_digest = {m} AND {after} GROUP BY c.backend, c.target",
+    ]
 
 
 def touch_statements(m: str, be: str, tg: str, tc: str) -> list[str]:
@@ -78,11 +106,12 @@ def touch_statements(m: str, be: str, tg: str, tc: str) -> list[str]:
     diffs = [f"n.{c} - o.{c} AS d_{c}" for c in COUNTERS if c != "wanted"]
     diffs.append(f"{wanted_new} - {wanted_old} AS d_wanted")
     delta = (
-        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
-        f" SELECT {be}, {tg}, {tc}, {', '.join('d.d_' + c for c in COUNTERS)} FROM ("
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT sc.scope, {be}, {tg}, {tc}, {', '.join('d.d_' + c for c in COUNTERS)} FROM ("
         f"SELECT {', '.join(diffs)}"
         f" FROM (SELECT {_contribution('x')} FROM ({new_cell}) x) n,"
-        f" (SELECT {_contribution('y')} FROM coverage_cells y WHERE y.{key.replace(' AND ', ' AND y.')}) o) d"
+        f" (SELECT {_contribution('y')} FROM coverage_cells y WHERE y.{key.replace(' AND ', ' AND y.')}) o) d,"
+        f" ({_scopes(m)}) sc"
         f" WHERE {' OR '.join(f'd.d_{c} <> 0' for c in COUNTERS)}"
     )
     replace = (
@@ -105,24 +134,36 @@ def rebuild() -> list[str]:
         f"INSERT INTO coverage_cells (model_digest, backend, target, toolchain, {', '.join(CELL_COLUMNS)})"
         f" SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE},"
         f" {', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM ({recompute}) r",
-        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
-        f" SELECT c.backend, c.target, c.toolchain, {_contribution('c')}, 0 FROM coverage_cells c"
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT '', c.backend, c.target, c.toolchain, {_contribution('c')}, 0 FROM coverage_cells c"
         " GROUP BY c.backend, c.target, c.toolchain",
-        f"INSERT INTO coverage_deltas (backend, target, toolchain, {', '.join(COUNTERS)})"
-        f" SELECT c.backend, c.target, '', 0, {zeros}, count(DISTINCT c.model_digest) FROM coverage_cells c"
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT '', c.backend, c.target, '', 0, {zeros}, count(DISTINCT c.model_digest) FROM coverage_cells c"
         " GROUP BY c.backend, c.target",
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT 'tag:' || t.tag, c.backend, c.target, c.toolchain, {_contribution('c')}, 0"
+        f" FROM coverage_cells c JOIN ({_MODEL_TAGS}) t ON t.model_digest = c.model_digest"
+        " GROUP BY t.tag, c.backend, c.target, c.toolchain",
+        f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
+        f" SELECT 'tag:' || t.tag, c.backend, c.target, '', 0, {zeros}, count(DISTINCT c.model_digest)"
+        f" FROM coverage_cells c JOIN ({_MODEL_TAGS}) t ON t.model_digest = c.model_digest"
+        " GROUP BY t.tag, c.backend, c.target",
     ]
+
+
+_MODEL_TAGS = "SELECT DISTINCT model_digest, tag FROM tags"
 
 
 # ---- PostgreSQL ---------------------------------------------------------------------------------
 
 _PG_FUNCTIONS = ("coverage_touch(varchar, varchar, varchar, varchar)", "model_generation_bump(varchar)",
                  "coverage_builds_trigger()", "coverage_artifacts_trigger()", "coverage_verdicts_trigger()",
+                 "coverage_tags_trigger()",
                  "coverage_signatures_trigger()")
 _PG_TRIGGERS = (("coverage_builds", "builds"), ("coverage_builds_state", "builds"),
                 ("coverage_artifacts", "artifacts"), ("coverage_artifacts_status", "artifacts"),
                 ("coverage_verdicts", "compat_verdicts"), ("coverage_reports", "device_reports"),
-                ("coverage_signatures", "signatures"))
+                ("coverage_signatures", "signatures"), ("coverage_tags", "tags"))
 
 # A build moving between queued and running leaves its cell "building": no touch (claims and
 # lease renewals stay as cheap as before).
@@ -139,9 +180,26 @@ BEGIN
   IF p_model IS NULL THEN
     RETURN;
   END IF;
-  -- One lock per (model, backend, target): its cells and its wanted mark change under it.
+  -- Shared on the model (a tag change takes it exclusively: its scopes then stand still), then one
+  -- lock per (model, backend, target): its cells and its wanted mark change under it.
+  PERFORM pg_advisory_xact_lock_shared(hashtext('ctxfarm.coverage.model'), hashtext(p_model));
   PERFORM pg_advisory_xact_lock(hashtext('ctxfarm.coverage'), hashtext(p_model || '/' || p_backend || '/' || p_target));
   {body};
+END $$""",
+        f"""CREATE FUNCTION coverage_tags_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' AND OLD.model_digest = NEW.model_digest AND OLD.tag = NEW.tag THEN
+    RETURN NULL;
+  END IF;
+  IF TG_OP <> 'INSERT' THEN
+    PERFORM pg_advisory_xact_lock(hashtext('ctxfarm.coverage.model'), hashtext(OLD.model_digest));
+    {";".join(tag_statements("OLD.model_digest", "OLD.tag", -1))};
+  END IF;
+  IF TG_OP <> 'DELETE' THEN
+    PERFORM pg_advisory_xact_lock(hashtext('ctxfarm.coverage.model'), hashtext(NEW.model_digest));
+    {";".join(tag_statements("NEW.model_digest", "NEW.tag", 1))};
+  END IF;
+  RETURN NULL;
 END $$""",
         """CREATE FUNCTION model_generation_bump(p_model varchar) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -210,6 +268,8 @@ END $$""",
         " FOR EACH ROW EXECUTE FUNCTION coverage_verdicts_trigger()",
         "CREATE TRIGGER coverage_signatures AFTER INSERT OR UPDATE OR DELETE ON signatures"
         " FOR EACH ROW EXECUTE FUNCTION coverage_signatures_trigger()",
+        "CREATE TRIGGER coverage_tags AFTER INSERT OR UPDATE OR DELETE ON tags"
+        " FOR EACH ROW EXECUTE FUNCTION coverage_tags_trigger()",
     ]
 
 
@@ -225,6 +285,7 @@ _SQLITE_TRIGGERS = ("coverage_builds_insert", "coverage_builds_delete", "coverag
                     "coverage_verdicts_insert", "coverage_verdicts_update", "coverage_verdicts_delete",
                     "coverage_reports_insert", "coverage_reports_update", "coverage_reports_delete",
                     "coverage_signatures_insert", "coverage_signatures_delete",
+                    "coverage_tags_insert", "coverage_tags_delete", "coverage_tags_update",
                     "coverage_touches_do", "model_generation_bumps_do")
 _SQLITE_VIEWS = ("coverage_touches", "model_generation_bumps")
 
@@ -245,6 +306,9 @@ def _sqlite_install() -> list[str]:
                 f" SELECT model_digest, backend, target, toolchain FROM artifacts WHERE id = {row}.artifact_id;"
                 " INSERT INTO model_generation_bumps (model_digest)"
                 f" SELECT model_digest FROM artifacts WHERE id = {row}.artifact_id;")
+
+    def tags(row: str, sign: int) -> str:
+        return " ".join(st + ";" for st in tag_statements(f"{row}.model_digest", f"{row}.tag", sign))
 
     def bump_signed(row: str) -> str:
         return ("INSERT INTO model_generation_bumps (model_digest)"
@@ -277,6 +341,11 @@ def _sqlite_install() -> list[str]:
         f"CREATE TRIGGER coverage_reports_insert AFTER INSERT ON device_reports BEGIN {via_artifact('NEW')} END",
         f"CREATE TRIGGER coverage_reports_update AFTER UPDATE ON device_reports BEGIN {via_artifact('NEW')} END",
         f"CREATE TRIGGER coverage_reports_delete AFTER DELETE ON device_reports BEGIN {via_artifact('OLD')} END",
+        f"CREATE TRIGGER coverage_tags_insert AFTER INSERT ON tags BEGIN {tags('NEW', 1)} END",
+        f"CREATE TRIGGER coverage_tags_delete AFTER DELETE ON tags BEGIN {tags('OLD', -1)} END",
+        "CREATE TRIGGER coverage_tags_update AFTER UPDATE OF model_digest, tag ON tags"
+        " WHEN OLD.model_digest IS NOT NEW.model_digest OR OLD.tag IS NOT NEW.tag"
+        f" BEGIN {tags('OLD', -1)} {tags('NEW', 1)} END",
         f"CREATE TRIGGER coverage_signatures_insert AFTER INSERT ON signatures BEGIN {bump_signed('NEW')} END",
         f"CREATE TRIGGER coverage_signatures_delete AFTER DELETE ON signatures BEGIN {bump_signed('OLD')} END",
     ]
@@ -309,15 +378,15 @@ def compact(dialect: str) -> list[str]:
     one snapshot (a delta committed meanwhile is neither summed nor deleted), run by one session
     at a time (the caller holds the advisory lock); SQLite: writers are serialized already."""
     sums = ", ".join(f"sum({c})" for c in COUNTERS)
-    cols = f"backend, target, toolchain, {', '.join(COUNTERS)}"
+    cols = f"scope, backend, target, toolchain, {', '.join(COUNTERS)}"
     nonzero = " OR ".join(f"sum({c}) <> 0" for c in COUNTERS)
     if dialect == "postgresql":
         return [f"WITH gone AS (DELETE FROM coverage_deltas RETURNING *)"
-                f" INSERT INTO coverage_deltas ({cols}) SELECT backend, target, toolchain, {sums} FROM gone"
-                f" GROUP BY backend, target, toolchain HAVING {nonzero}"]
+                f" INSERT INTO coverage_deltas ({cols}) SELECT scope, backend, target, toolchain, {sums} FROM gone"
+                f" GROUP BY scope, backend, target, toolchain HAVING {nonzero}"]
     return ["CREATE TEMP TABLE IF NOT EXISTS coverage_folded AS SELECT * FROM coverage_deltas WHERE 0",
             "DELETE FROM coverage_folded",
-            f"INSERT INTO coverage_folded ({cols}) SELECT backend, target, toolchain, {sums} FROM coverage_deltas"
-            f" GROUP BY backend, target, toolchain HAVING {nonzero}",
+            f"INSERT INTO coverage_folded ({cols}) SELECT scope, backend, target, toolchain, {sums}"
+            f" FROM coverage_deltas GROUP BY scope, backend, target, toolchain HAVING {nonzero}",
             "DELETE FROM coverage_deltas",
             f"INSERT INTO coverage_deltas ({cols}) SELECT {cols} FROM coverage_folded"]

@@ -404,6 +404,7 @@ class CoverageDelta(Base):
     __tablename__ = "coverage_deltas"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(140))  # '' the whole farm, tag:TAG the models with a NAME:TAG
     backend: Mapped[str] = mapped_column(String(16))
     target: Mapped[str] = mapped_column(String(64))
     toolchain: Mapped[str] = mapped_column(String(64))

@@ -5,8 +5,8 @@ an artifact, or records a verdict (every writer: the ORM, the bare connections, 
 
 - ``coverage_cells``: one row per (model, backend, target, toolchain) that has a build, with its
   counts and derived state (built | building | broken | failed);
-- ``coverage_deltas``: append-only counter changes per (backend, target, toolchain); the summary
-  is their sum, folded now and then by ``registry.coverage.compact`` (no hot counter row that
+- ``coverage_deltas``: append-only counter changes per scope (the whole farm, or ``tag:TAG``: the
+  models with a NAME:TAG, kept as tags move) and (backend, target, toolchain); the summary is their sum, folded now and then by ``registry.coverage.compact`` (no hot counter row that
   every finishing build would queue on);
 - ``model_generations``: a counter per model digest bumped whenever what resolve reads of it
   changes (artifacts, probe verdicts, device reports, signatures): the service's cached
@@ -58,6 +58,7 @@ def upgrade() -> None:
     op.create_table(
         'coverage_deltas',
         sa.Column('id', sa.Integer(), nullable=False),
+        sa.Column('scope', sa.String(length=140), nullable=False),
         sa.Column('backend', sa.String(length=16), nullable=False),
         sa.Column('target', sa.String(length=64), nullable=False),
         sa.Column('toolchain', sa.String(length=64), nullable=False),

@@ -159,3 +159,37 @@ def check_reads(sessions: Sessions, digests: dict[str, Any]) -> None:
             cell = next(c for c in alpha.cells if c["target"] == "qnn:SM8650")
             assert [(v["runtime"], v["verdict"]) for v in cell["verdicts"]] == [("2.51.0", "fails"),
                                                                                ("2.52.0", "loads")]
+
+
+def run_tag_moves(sessions: Sessions, digests: dict[str, Any]) -> None:
+    """After ``run``: a tag scope follows NAME:TAGs as they are added, moved and deleted (a model
+    with two NAME:TAGs of one TAG counts once), checked against a recompute at each step."""
+    from registry.index import delete_tag
+
+    b, c = digests["b"], digests["c"]
+
+    def stable() -> dict[tuple[str, str], Any]:
+        with sessions() as s:
+            return {(r.target, r.toolchain): r for r in summary(s, Scope(tag="stable"), compact_over=None).rows}
+
+    with sessions() as s:
+        set_tag(s, "gamma", "stable", c)
+        _check(s, "gamma gains stable")
+    assert stable()[("SM8750", "2.51.0")].wanted == 3
+    with sessions() as s:
+        set_tag(s, "alpha", "stable", b, force=True)  # b is beta:stable already: alpha leaves the scope
+        _check(s, "alpha:stable moved to beta's digest")
+    rows = stable()
+    assert rows[("SM8750", "2.51.0")].wanted == 2 and rows[("SM8750", "2.51.0")].broken == 0
+    with sessions() as s:
+        delete_tag(s, "beta", "stable")  # alpha:stable still points at b
+        _check(s, "beta:stable deleted")
+    assert stable()[("SM8750", "2.51.0")].failed == 1
+    with sessions() as s:
+        delete_tag(s, "alpha", "stable")
+        delete_tag(s, "gamma", "stable")
+        _check(s, "last stable tags deleted")
+    assert stable() == {}
+    with sessions() as s:
+        compact(s)
+        _check(s, "compact")

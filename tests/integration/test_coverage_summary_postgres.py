@@ -17,6 +17,7 @@ def test_incremental_equals_recomputed_on_postgres(pg_url):
     try:
         digests = coverage_scenario.run(db.session)
         coverage_scenario.check_reads(db.session, digests)
+        coverage_scenario.run_tag_moves(db.session, digests)
     finally:
         db.dispose()
 

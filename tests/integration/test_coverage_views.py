@@ -37,7 +37,8 @@ def test_summary_and_pages(client: TestClient) -> None:
         "backend": "qnn", "target": "qnn:SM8750", "toolchain": "2.51.0", "models": 3, "built": 1, "building": 0,
         "broken": 1, "failed": 1, "missing": 0, "probe_verified": 0, "device_verified": 0}
     assert r.json()["source"] == "counters"
-    assert client.get("/v1/coverage/summary?tag=stable").json()["source"] == "cells"
+    assert client.get("/v1/coverage/summary?tag=stable").json()["source"] == "counters"
+    assert client.get("/v1/coverage/summary?prefix=al").json()["source"] == "cells"
     names, cursor = [], None
     while True:
         page = client.get("/v1/coverage/models", params={"limit": 2, **({"cursor": cursor} if cursor else {})})

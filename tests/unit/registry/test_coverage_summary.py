@@ -16,6 +16,10 @@ def test_incremental_equals_recomputed_after_every_change(db):
     coverage_scenario.check_reads(db.session, digests)
 
 
+def test_tag_scopes_follow_tag_moves(db):
+    coverage_scenario.run_tag_moves(db.session, coverage_scenario.run(db.session))
+
+
 def test_rebuild_gives_the_same_tables(db):
     coverage_scenario.run(db.session)
     with db.session() as s:
