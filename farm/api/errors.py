@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from farm.core import errors as E
 
 STATUS = {
+    "sharing-unsupported": 400, "multi-soc-unsupported": 400, "bad-group": 400,  # issue 22
     "usage": 400, "bad-name": 400, "bad-options": 400, "unknown-target": 400, "invalid-model": 400,
     "bad-manifest": 400, "unsupported-ops": 400, "not-found": 404, "no-match": 404, "too-large": 413,
     "unauthorized": 401, "forbidden": 403, "no-worker": 503, "database-error": 503, "schema-mismatch": 503,

@@ -68,12 +68,12 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         return serve(settings, args.backend, concurrency=args.concurrency, loglevel=args.loglevel)
     if name == "workers":
         return _workers(args, settings)
+    if name == "submit" and (args.graph or args.group_file):
+        return _submit_group(args, settings)
     if getattr(args, "server", None):
         return _remote(name, args, settings)
     if name == "status":
         return _status(args, settings)
-    if args.graph or args.group_file:
-        return _submit_group(args, settings)
     if not args.model:
         from farm.core.errors import UsageError
 
@@ -87,11 +87,7 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.plan import submit_release, wait_release
 
     if getattr(args, "server", None):
-        from farm.core.errors import UsageError
-
-        raise UsageError("graph groups are submitted from a shell with the index (FARM_DATABASE_URL), "
-                         "not yet through --server", hint="run farm submit --graph ... where the farm's "
-                         "database, broker and store are configured")
+        return _submit_group_remote(args, settings)
     group = group_of(args)
     st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
                         tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
@@ -107,6 +103,44 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if doc["ok"] or not args.wait else 1
 
 
+def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
+    """Through the service: each graph sent as a model of its own (hash first; nothing sent for
+    one the service holds), then ``POST /v1/groups`` names them in order, then the release."""
+    from farm.client import Client, wait_release
+    from farm.core.errors import FarmError, UsageError
+    from farm.core.groups import check_members, parse_graph_args, read_group_file
+    from farm.core.options import parse_pairs
+
+    if args.model:
+        raise UsageError("give the models either as paths or as --graph NAME=PATH, not both")
+    members = check_members(parse_graph_args(args.graph) + (read_group_file(args.group_file) if args.group_file else []))
+    client = Client(args.server, args.token)
+    quiet = argparse.Namespace(**{**vars(args), "name": None, "tag": None, "force_tag": False})
+    graphs = []
+    for graph, path in members:
+        try:
+            _check_model_path(Path(path))
+            graphs.append({"name": graph, "model": send_model(client, Path(path), quiet, settings)["digest"]})
+        except FarmError as exc:
+            exc.message = f"graph {graph!r}: {exc.message}"
+            raise
+    group = client.json("POST", "/v1/groups", {"graphs": graphs, "name": args.name, "tag": args.tag,
+                                                "force_tag": args.force_tag})
+    st = client.json("POST", "/v1/releases", {
+        "model": group["digest"], "targets": list(args.target), "sdks": list(args.sdk),
+        "options": parse_pairs(args.option), "allow_queue": args.allow_queue, "retry_failed": args.retry_failed,
+        **({"require_full_offload": True} if args.require_full_offload else {})})
+    if not args.json:
+        print(f"release {st['release']} ({group['digest'][:19]}): group of {len(graphs)} graphs "
+              f"({', '.join(g['name'] for g in graphs)}): {_counts_text(st['builds'])}", file=sys.stderr)
+    if args.wait and not st.get("done"):
+        st = wait_release(client, st["release"], timeout=args.timeout)
+    doc = release_json(st["release"], st["model"], st["builds"], tag_moved=group.get("tag_moved"))
+    doc["graphs"] = [g["name"] for g in graphs]
+    _show_release(doc, args.json)
+    return 0 if doc["ok"] or not args.wait else 1
+
+
 def _remote(name: str, args: argparse.Namespace, settings: Settings | None = None) -> int:
     """submit/status through the HTTP service: no database, broker or store credentials."""
     from farm.client import Client, wait_release
@@ -114,6 +148,10 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
 
     client = Client(args.server, args.token)
     if name == "submit":
+        if not args.model:
+            from farm.core.errors import UsageError
+
+            raise UsageError("no model given", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
         _check_model_path(Path(args.model))
     if name == "status":
         if args.build is not None:

@@ -281,3 +281,21 @@ def check_build_support(target: Any, toolchain: str, *, group: bool) -> None:
                 "(the QNN link step fails with 'does not support shared weights')",
                 hint="build the graphs one by one for this SoC (no --graph), or pick a v73+ target: "
                      "SM8550, SC8380XP, SM8650, SM8750, SM8850")
+
+
+def group_listing(members: list[tuple[str, str, list[dict[str, Any]]]]) -> tuple[bytes, str, list[dict[str, Any]]]:
+    """(group.json, group digest, snapshot listing) of a group from its members' recorded
+    snapshots: (graph name, model digest, that model's listing: ``model.onnx`` first, then its
+    external data). The same digest ``inspect_group`` computes from the files themselves, so a
+    group assembled by the service from uploaded members is the group a CLI builds locally."""
+    check_members([(n, "") for n, _, _ in members])
+    desc = canonical_json(descriptor([(n, d) for n, d, _ in members]))
+    entry = {"path": GROUP_FILE, "digest": sha256_bytes(desc), "size": len(desc)}
+    listing: list[dict[str, Any]] = [entry]
+    for i, (_, _, files) in enumerate(members):
+        head, rest = files[0], files[1:]
+        listing.append({"path": member_onnx(i), "digest": head["digest"], "size": int(head["size"])})
+        listing += [{"path": f"{member_dir(i)}/{f['path']}", "digest": f["digest"], "size": int(f["size"])}
+                    for f in rest]
+    digest = bundle_digest(entry["digest"], [(f["path"], f["digest"]) for f in listing[1:]])
+    return desc, digest, listing

@@ -382,6 +382,12 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     from registry.models import Release, ReleaseBuild
 
     matrix = request.matrix(served)
+    # Sharing and multi-SoC refusals for every front door (the HTTP service's too): a group is
+    # looked up only where a target would refuse one (below v73, multi-SoC, not QNN).
+    if any(t.multi_soc or t.backend != "qnn" or (t.htp_arch_number or 0) < 73 for t, _ in matrix):
+        from farm.pipeline.groups import is_group
+
+        check_support(matrix, group=is_group(reg, model_digest))
     specs = [(t, v, _spec(model_digest, t, v, request.options[t])) for t, v in matrix]
     label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
     release_matrix = {"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],

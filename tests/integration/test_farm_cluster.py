@@ -433,6 +433,53 @@ def test_graph_group_release_on_postgres_and_s3(farm_cluster: Farm, tmp_path: Pa
     assert refused.returncode == 2 and "error[multi-soc-unsupported]" in refused.stderr
 
 
+def test_graph_group_over_http(farm_cluster: Farm, tmp_path: Path) -> None:
+    """A pipeline with only a URL and a submit token sends each graph (hash first), names them as
+    a group (POST /v1/groups), releases it; a device installs the whole group. The group's digest
+    is the one the CLI computes locally from the same files."""
+    from farm.core.groups import inspect_group
+    from infra.devfarm.services import free_port
+    from tests.common.groups import prefill_decode
+    from tests.common.service import serve
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
+    read = f.cli("token", "create", "fleet", "--scope", "read").stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = serve(f.env, port, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
+    bare["FARM_HOME"] = str(tmp_path / "nothing-here")
+    prefill, decode = prefill_decode(tmp_path / "m", external=True)
+    try:
+        def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True,
+                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
+            assert not check or proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+            return proc
+
+        group = ["--graph", f"prefill={prefill}", "--graph", f"decode={decode}"]
+        st = json.loads(cli("submit", *group, "-t", "qnn:SM8650", "--sdk", "2.51.0", "--name", "llm/tiny", "--tag",
+                            "t1", "--wait", "--timeout", "240", "--server", url, "--token", submit, "--json").stdout)
+        assert st["ok"] and st["graphs"] == ["prefill", "decode"]
+        assert st["model"] == inspect_group([("prefill", str(prefill)), ("decode", str(decode))]).digest
+        dest = tmp_path / "device"
+        got = json.loads(cli("install", "--server", url, "--token", read, "--model", "llm/tiny:t1", "--soc",
+                             "SM8650", "--qnn", "2.51.0", "--dest", str(dest), "--json").stdout)
+        assert sorted(p.name for p in dest.iterdir()) == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx"]
+        assert got["bytes"] > 0
+        refused = cli("submit", *group, "-t", "qnn:SM8450", "--sdk", "2.51.0", "--server", url, "--token", submit,
+                      check=False)
+        assert refused.returncode == 2 and "error[sharing-unsupported]" in refused.stderr, refused.stderr
+        dup = cli("submit", "--graph", f"a={prefill}", "--graph", f"a={decode}", "-t", "qnn:SM8650", "--server", url,
+                  "--token", submit, check=False)
+        assert dup.returncode == 2 and "error[bad-group]" in dup.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_database_down_is_a_clear_error(tmp_path: Path) -> None:
     from infra.devfarm.services import free_port
 
