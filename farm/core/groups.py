@@ -290,7 +290,7 @@ def group_listing(members: list[tuple[str, str, list[dict[str, Any]]]]) -> tuple
     group assembled by the service from uploaded members is the group a CLI builds locally."""
     check_members([(n, "") for n, _, _ in members])
     desc = canonical_json(descriptor([(n, d) for n, d, _ in members]))
-    entry = {"path": GROUP_FILE, "digest": sha256_bytes(desc), "size": len(desc)}
+    entry: dict[str, Any] = {"path": GROUP_FILE, "digest": sha256_bytes(desc), "size": len(desc)}
     listing: list[dict[str, Any]] = [entry]
     for i, (_, _, files) in enumerate(members):
         head, rest = files[0], files[1:]

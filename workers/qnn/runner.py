@@ -223,10 +223,11 @@ class QnnRunner:
         doc = read_descriptor(job.model_path)
         root = job.model_path.parent
         parts = [part_of(g["name"]) for g in doc["graphs"]]
-        members = [{"model": str(inside(root, g["file"])), "ctx_path": str(out_dir / f"g{i}_ctx.onnx"),
-                    # Each part (part1.prefill, part1.decode -> part1) gets binaries of its own.
-                    "stop": i == len(parts) - 1 or parts[i + 1] != parts[i]}
-                   for i, g in enumerate(doc["graphs"])]
+        members: list[dict[str, Any]] = [
+            {"model": str(inside(root, g["file"])), "ctx_path": str(out_dir / f"g{i}_ctx.onnx"),
+             # Each part (part1.prefill, part1.decode -> part1) gets binaries of its own.
+             "stop": i == len(parts) - 1 or parts[i + 1] != parts[i]}
+            for i, g in enumerate(doc["graphs"])]
         request = {"group": members, "out_dir": str(out_dir),
                    "provider_options": provider_options(job.target, job.options)}
         # A fresh child, not a warm host's fork: the EP keeps the shared contexts per process.
