@@ -74,7 +74,10 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
         return Verdict(False, "rule", why)
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
-    return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
+    # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups).
+    shared = (" (a weight-shared graph group: unverified here, the x86_64 simulator cannot load it)"
+              if getattr(artifact, "ctx_model", "") == "g0_ctx.onnx" else "")
+    return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}{shared}")
 
 
 @lru_cache(maxsize=256)
