@@ -19,7 +19,7 @@ from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from infra.devfarm.services import free_port
 from registry.index import Registry, register_worker
-from tests.common.cli import farm
+from tests.common.cli import farm, heavy, modules
 from tests.common.onnx_models import light
 from tests.common.schemas import valid
 from tests.common.service import serve, token
@@ -106,6 +106,12 @@ def test_read_commands_answer_from_the_service(farm_service: dict[str, Any], pip
                                                    for p in phases.split(","))
     # None of it made an index in the pipeline shell.
     assert not Path(pipeline_env["FARM_HOME"], "index.db").exists()
+
+
+def test_remote_reads_import_no_database_or_store(pipeline_env: dict[str, str]) -> None:
+    for args in (["ls"], ["workers"], ["coverage"]):
+        proc = farm(pipeline_env, *args, "--json", importtime=True)
+        assert heavy(modules(proc.stderr)) == [], (args, heavy(modules(proc.stderr)))
 
 
 def test_a_command_with_no_remote_form_says_so(pipeline_env: dict[str, str]) -> None:
