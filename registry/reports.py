@@ -58,13 +58,99 @@ def record(s: Any, artifact_id: int, token_id: int, fields: dict[str, Any]) -> i
     values.update(artifact_id=artifact_id, token_id=token_id, received_at=now, count=1, revoked_at=None)
     dialect = s.get_bind().dialect.name
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(DeviceReport).values(**values)
-    update = {k: ins.excluded[k] for k in (*FIELDS, "received_at")}
+    update: dict[str, Any] = {k: ins.excluded[k] for k in (*FIELDS, "received_at")}
     update["count"] = DeviceReport.count + 1
     update["revoked_at"] = None
     stmt = ins.on_conflict_do_update(
         index_elements=["artifact_id", "token_id", "device_id", "runtime_backend", "runtime_version"],
         set_=update).returning(DeviceReport.id)
     return int(s.execute(stmt).scalar_one())
+
+
+KEY = ("artifact_id", "token_id", "device_id", "runtime_backend", "runtime_version")
+
+
+def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
+    """Insert or replace many reports in one statement; their row ids, in order. Reports of one
+    key within the batch collapse to the last one (``count`` adds up)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from registry.models import DeviceReport
+
+    now = datetime.now(UTC)
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    keys = []
+    for artifact_id, token_id, fields in reports:
+        values = {k: fields.get(k) for k in FIELDS}
+        values.update(artifact_id=artifact_id, token_id=token_id, received_at=now, revoked_at=None)
+        key = tuple(values[k] for k in KEY)
+        keys.append(key)
+        values["count"] = rows[key]["count"] + 1 if key in rows else 1
+        rows[key] = values
+    dialect = s.get_bind().dialect.name
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(DeviceReport).values(list(rows.values()))
+    update: dict[str, Any] = {k: ins.excluded[k] for k in (*FIELDS, "received_at")}
+    update["count"] = DeviceReport.count + ins.excluded["count"]
+    update["revoked_at"] = None
+    stmt = ins.on_conflict_do_update(index_elements=list(KEY), set_=update).returning(
+        DeviceReport.id, *(getattr(DeviceReport, k) for k in KEY))
+    ids = {tuple(r[1:]): int(r[0]) for r in s.execute(stmt)}
+    return [ids[k] for k in keys]
+
+
+class ReportWriter:
+    """Writes reports in batches from one thread: every report that arrives while a batch is
+    being written goes into the next one (one statement, one commit), so a burst of devices
+    costs a few transactions, not one each. On PostgreSQL the commit does not wait for the WAL
+    flush (``synchronous_commit = off``): a report is telemetry, and a crash of the database
+    server loses at most the last moments of them, never the index's consistency."""
+
+    def __init__(self, db: Any, max_batch: int = 500):
+        import queue
+        import threading
+
+        self.db, self.max_batch = db, max_batch
+        self.queue: queue.SimpleQueue[tuple[int, int, dict[str, Any], Any]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="report-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, artifact_id: int, token_id: int, fields: dict[str, Any]) -> Any:
+        """A ``concurrent.futures.Future`` of the report's row id."""
+        from concurrent.futures import Future
+
+        fut: Future[int] = Future()
+        self.queue.put((artifact_id, token_id, fields, fut))
+        return fut
+
+    def _run(self) -> None:
+        import queue
+
+        while True:
+            batch = [self.queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                ids = self._write([(a, t, f) for a, t, f, _ in batch])
+            except Exception:  # a bad row must not fail its neighbours: one by one
+                for a, t, f, fut in batch:
+                    try:
+                        fut.set_result(self._write([(a, t, f)])[0])
+                    except Exception as exc:  # noqa: BLE001 - handed to the waiting request
+                        fut.set_exception(exc)
+                continue
+            for (_a, _t, _f, fut), report_id in zip(batch, ids, strict=True):
+                fut.set_result(report_id)
+
+    def _write(self, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
+        with self.db.session() as s:
+            if s.get_bind().dialect.name == "postgresql":
+                from sqlalchemy import text
+
+                s.execute(text("SET LOCAL synchronous_commit = off"))
+            return record_many(s, reports)
 
 
 def revoke(s: Any, *, token_name: str | None = None, report_id: int | None = None) -> int:

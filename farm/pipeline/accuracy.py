@@ -84,12 +84,12 @@ def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool
                 return evidence.view(have)
             reuse = evidence.reusable(s, key, art.id)
             if reuse is not None:
-                result = {"status": reuse.status, "outputs": reuse.outputs, "run_seconds": reuse.run_seconds,
+                reused = {"status": reuse.status, "outputs": reuse.outputs, "run_seconds": reuse.run_seconds,
                           "reference_seconds": reuse.reference_seconds,
                           "detail": f"reused: the same model, context bytes, runtime and inputs were checked "
                                     f"as artifact id {reuse.artifact_id}" + (f"; {reuse.detail}" if reuse.detail
                                                                             else "")}
-                return evidence.view(evidence.record(s, art.id, backend, label, inputs, key, result))
+                return evidence.view(evidence.record(s, art.id, backend, label, inputs, key, reused))
         model = s.get(Model, art.model_digest)
         files = [dict(f) for f in (model.files if model else [])]
         sample_digest = sample.digest if sample is not None else None

@@ -1,0 +1,302 @@
+"""Evidence (issue 23): what the accuracy check costs, and how fast one service takes device reports.
+
+    python bench/evidence.py [--models 6] [--rounds 2] [--report-seconds 8] [--clients 8]
+
+1. Accuracy vs compile: 6 models with seeded weights x SM8650/SM8750 (12 builds) built embedded,
+   then each checked (``farm.pipeline.accuracy.evaluate``: the simulator run and the CPU
+   reference in one child). Per model: compile s (both SoCs), check s, ratio; target: all checks
+   within 2x the builds' own compile time.
+2. A release without a gate costs the same whatever FARM_ACCURACY says: rounds of fresh models
+   through the embedded service (POST /v1/releases, long poll until done), FARM_ACCURACY=off and
+   =after alternating in the same run; the answer time ratio (target <= 1.05x: the check runs
+   after the answer, in a thread of its own).
+3. Reports: a live `farm serve` (one process) on PostgreSQL, ``--clients`` keep-alive clients
+   posting reports for ``--report-seconds``; accepted reports/s (target 1,000/s), and resolve
+   latency p50/p99 while they arrive against resolve alone in the same run.
+Prints a table and writes bench/out/evidence.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from farm.core.settings import Settings  # noqa: E402
+from tests.common.accuracy_models import matmul_model  # noqa: E402
+
+
+def seeded(path: Path, name: str, seed: int) -> Path:
+    """A real topology with seeded weights: the onnx wheel's light model (near-constant outputs
+    as shipped) with every float initializer replaced by seeded N(0, 0.1) values."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.common.onnx_models import light
+
+    model = onnx.load(str(light(name)))
+    rng = np.random.default_rng(seed)
+    for i, init in enumerate(model.graph.initializer):
+        arr = numpy_helper.to_array(init)
+        if arr.dtype == np.float32 and arr.size > 1:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                (rng.standard_normal(arr.shape) * 0.1).astype(np.float32), init.name))
+    onnx.save(model, str(path))
+    return path
+
+
+def models(tmp: Path, n: int, seed: int = 0) -> list[Path]:
+    from tests.common.onnx_models import conv_relu_add
+
+    makers = [lambda p: matmul_model(p, seed=seed), lambda p: matmul_model(p, seed=seed, n=256),
+              lambda p: conv_relu_add(p, seed=seed), lambda p: seeded(p, "squeezenet", seed),
+              lambda p: seeded(p, "shufflenet", seed), lambda p: seeded(p, "resnet50", seed)]
+    names = ["matmul64", "matmul256", "conv_relu_add", "squeezenet", "shufflenet", "resnet50"]
+    return [make(tmp / f"{names[i]}-{seed}.onnx") for i, make in enumerate(makers[:n])]
+
+
+# ---- 1. accuracy vs compile -----------------------------------------------------------------------
+
+def accuracy_cost(tmp: Path, n: int) -> list[dict[str, Any]]:
+    from farm.pipeline.accuracy import evaluate
+    from farm.pipeline.plan import build_many
+    from registry.index import Registry, find_artifact
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp / "acc-home")})
+    paths = models(tmp, n)
+    reports = build_many(settings, [str(p) for p in paths], ["qnn:SM8650", "qnn:SM8750"])
+    reg = Registry.open(settings)
+    rows = []
+    try:
+        for path, report in zip(paths, reports, strict=True):
+            compile_s = check_s = 0.0
+            psnr = []
+            for o in report.outcomes:
+                if o.state == "failed":
+                    continue
+                compile_s += float(o.compile_seconds or 0)
+                with reg.db.session() as s:
+                    artifact_id = find_artifact(s, o.artifact).id
+                t = time.perf_counter()
+                view = evaluate(settings, reg, artifact_id)
+                check_s += time.perf_counter() - t
+                psnr.append(view["min_psnr_db"] if view and view["status"] == "ok" else view and view["status"])
+            rows.append({"model": path.stem.rsplit("-", 1)[0], "builds": len(report.outcomes),
+                         "compile_s": round(compile_s, 3), "check_s": round(check_s, 3),
+                         "ratio": round(check_s / compile_s, 2) if compile_s else None, "psnr_db": psnr})
+    finally:
+        reg.close()
+    return rows
+
+
+# ---- 2. the answer of an ungated release, check off vs after ------------------------------------------
+
+def release_answer(tmp: Path, rounds: int) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from registry.index import Registry
+    from registry.tokens import create_token
+
+    times: dict[str, list[float]] = {"off": [], "after": []}
+    for r in range(rounds):
+        for mode in (("off", "after") if r % 2 == 0 else ("after", "off")):
+            home = tmp / f"rel-{mode}-{r}"
+            settings = Settings.from_env({"FARM_HOME": str(home), "FARM_ACCURACY": mode})
+            reg = Registry.open(settings)
+            with reg.db.session() as s:
+                tok = create_token(s, "b", "submit")
+            reg.close()
+            auth = {"Authorization": f"Bearer {tok}"}
+            with TestClient(create_app(settings)) as client:
+                t = time.perf_counter()
+                for i, p in enumerate(models(tmp / f"m-{mode}-{r}", 3, seed=100 + r)):
+                    data = p.read_bytes()
+                    client.post(f"/v1/models?name=m{i}&tag=v", content=data, headers=auth).raise_for_status()
+                    rel = client.post("/v1/releases", json={"model": f"m{i}:v", "targets": ["qnn:SM8650"]},
+                                      headers=auth).json()["release"]
+                    while not client.get(f"/v1/releases/{rel}?wait=10", headers=auth).json()["done"]:
+                        pass
+                times[mode].append(time.perf_counter() - t)
+    off, after = statistics.median(times["off"]), statistics.median(times["after"])
+    return {"rounds": rounds, "off_s": [round(x, 3) for x in times["off"]],
+            "after_s": [round(x, 3) for x in times["after"]], "ratio": round(after / off, 3)}
+
+
+# ---- 3. report ingestion --------------------------------------------------------------------------------
+
+def reports(tmp: Path, seconds: float, clients: int) -> dict[str, Any]:
+    import psycopg
+
+    from farm.pipeline.plan import build
+    from infra.devfarm.services import free_port
+    from tests.common.service import serve, token
+
+    name = f"ctxfarm_bench_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    proc = None
+    try:
+        from registry.db import migrate
+
+        migrate(url)
+        env_vars = {"FARM_HOME": str(tmp / "rep-home"), "FARM_DATABASE_URL": url,
+                    "FARM_STORE_URL": f"file://{tmp / 'rep-blobs'}", "FARM_REPORTS_PER_MINUTE": "10000000"}
+        settings = Settings.from_env(env_vars)
+        (o,) = build(settings, matmul_model(tmp / "rep.onnx"), ["qnn:SM8650"], name="mm", tag="v").outcomes
+        read, rep = token(settings, "r", "read"), token(settings, "rep", "report")
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars
+        proc = serve(env, port, tmp / "serve.log")
+        body = {"artifact": o.artifact, "device_model": "bench", "soc": "SM8650", "os": "Android 15",
+                "runtime_version": "2.51.0", "onnxruntime": "1.31.1", "outcome": "loads", "load_ms": 9.5}
+
+        def resolve_lat(stop: threading.Event, out: list[float]) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            path = "/v1/resolve?model=mm:v&soc=SM8650&qnn=2.51.0&manifest=false"
+            while not stop.is_set():
+                t = time.perf_counter()
+                conn.request("GET", path, headers={"Authorization": f"Bearer {read}"})
+                resp = conn.getresponse()
+                resp.read()
+                out.append((time.perf_counter() - t) * 1000)
+                time.sleep(0.01)
+
+        def resolve_only(duration: float) -> list[float]:
+            stop, out = threading.Event(), []
+            th = threading.Thread(target=resolve_lat, args=(stop, out))
+            th.start()
+            time.sleep(duration)
+            stop.set()
+            th.join()
+            return out
+
+        base = resolve_only(min(seconds, 4))
+        accepted = [0] * clients
+        refused = [0] * clients
+        stop = threading.Event()
+
+        def poster(i: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            n = 0
+            while not stop.is_set():
+                n += 1
+                # a fleet: most devices report once, some again (counted once)
+                data = json.dumps({**body, "device_id": f"c{i}-d{n % 5000}"}).encode()
+                conn.request("POST", "/v1/reports", body=data, headers={
+                    "Authorization": f"Bearer {rep}", "Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status == 201:
+                    accepted[i] += 1
+                else:
+                    refused[i] += 1
+
+        def cpu_s(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        cpu0 = cpu_s(proc.pid)
+        lat: list[float] = []
+        rstop = threading.Event()
+        rth = threading.Thread(target=resolve_lat, args=(rstop, lat))
+        threads = [threading.Thread(target=poster, args=(i,)) for i in range(clients)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        rth.start()
+        time.sleep(seconds)
+        stop.set()
+        rstop.set()
+        for th in [*threads, rth]:
+            th.join()
+        elapsed = time.perf_counter() - t0
+        cpu = cpu_s(proc.pid) - cpu0
+        after = resolve_only(min(seconds, 4))
+
+        def q(values: list[float], p: float) -> float:
+            s = sorted(values)
+            return round(s[min(len(s) - 1, int(p / 100 * len(s)))], 2) if s else float("nan")
+
+        return {"clients": clients, "seconds": round(elapsed, 2), "accepted": sum(accepted), "refused": sum(refused),
+                "reports_per_s": round(sum(accepted) / elapsed, 1),
+                # The service's own CPU per accepted report (resolves included): what one core
+                # would sustain, whatever else this box runs.
+                "service_cpu_ms_per_report": round(cpu * 1000 / max(sum(accepted), 1), 3),
+                "per_core_reports_per_s": round(sum(accepted) / cpu, 1) if cpu else None,
+                "load_average": os.getloadavg()[0],
+                "resolve_ms_alone": {"p50": q(base + after, 50), "p99": q(base + after, 99), "n": len(base + after)},
+                "resolve_ms_during": {"p50": q(lat, 50), "p99": q(lat, 99), "n": len(lat)}}
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--report-seconds", type=float, default=8.0)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--skip", action="append", default=[], choices=["accuracy", "release", "reports"])
+    args = ap.parse_args()
+    out: dict[str, Any] = {"host": os.uname().nodename, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-evidence-") as tmp_:
+        tmp = Path(tmp_)
+        if "accuracy" not in args.skip:
+            rows = accuracy_cost(tmp, args.models)
+            total_c, total_k = sum(r["compile_s"] for r in rows), sum(r["check_s"] for r in rows)
+            out["accuracy"] = {"models": rows, "compile_s": round(total_c, 3), "check_s": round(total_k, 3),
+                               "ratio": round(total_k / total_c, 2) if total_c else None,
+                               "target": "check <= 2x compile", "met": bool(total_c and total_k <= 2 * total_c)}
+            print(f"{'model':16s} {'builds':>6s} {'compile s':>10s} {'check s':>9s} {'ratio':>6s}  min PSNR dB")
+            for r in rows:
+                print(f"{r['model']:16s} {r['builds']:6d} {r['compile_s']:10.3f} {r['check_s']:9.3f} "
+                      f"{r['ratio'] or 0:6.2f}  {r['psnr_db']}")
+            a = out["accuracy"]
+            print(f"{'all':16s} {'':6s} {a['compile_s']:10.3f} {a['check_s']:9.3f} {a['ratio'] or 0:6.2f}  "
+                  f"target <= 2.00: {'met' if a['met'] else 'MISSED'}\n")
+        if "release" not in args.skip:
+            rel = release_answer(tmp, args.rounds)
+            rel.update(target="<= 1.05x", met=rel["ratio"] <= 1.05)
+            out["release"] = rel
+            print(f"ungated release answer, FARM_ACCURACY=after vs off (same run, {rel['rounds']} rounds): "
+                  f"{rel['ratio']}x  off {rel['off_s']} after {rel['after_s']}  "
+                  f"target <= 1.05x: {'met' if rel['met'] else 'MISSED'}\n")
+        if "reports" not in args.skip:
+            rep = reports(tmp, args.report_seconds, args.clients)
+            rep.update(target="1000 reports/s", met=rep["reports_per_s"] >= 1000)
+            out["reports"] = rep
+            print(f"reports: {rep['reports_per_s']}/s accepted ({rep['accepted']} in {rep['seconds']} s, "
+                  f"{rep['clients']} clients, refused {rep['refused']}); target 1000/s: "
+                  f"{'met' if rep['met'] else 'MISSED'}; service CPU {rep['service_cpu_ms_per_report']} ms/report "
+                  f"(= {rep['per_core_reports_per_s']}/s per core; load average {rep['load_average']:.1f})")
+            print(f"resolve ms alone p50 {rep['resolve_ms_alone']['p50']} p99 {rep['resolve_ms_alone']['p99']}; "
+                  f"during p50 {rep['resolve_ms_during']['p50']} p99 {rep['resolve_ms_during']['p99']}")
+    dest = ROOT / "bench" / "out" / "evidence.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwrote {dest.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

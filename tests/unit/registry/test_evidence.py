@@ -1,0 +1,236 @@
+"""Evidence (issue 23) without servers: accuracy figures and the gate, seeded inputs, the report
+scope, report validation on both sides, aggregation (one device counts once, revocation) and
+resolve's order (device > probe > rule; failing on N devices is not served)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from farm.core.catalog import load_catalog
+from farm.core.errors import AccuracyBelowThresholdError, AccuracyUnverifiedError, UsageError
+from registry import evidence
+from registry.lite import SessionRows
+from registry.reports import DeviceEvidence, device_verdicts, record, record_many, revoke, summary
+from registry.resolve import Device, rank, resolve
+from registry.tokens import allows, create_token, token_identity
+from tests.common.index_rows import add_artifact, add_model
+from workers.qnn.accuracy import PSNR_CAP, compare, seeded_inputs
+
+# ---- figures ---------------------------------------------------------------------------------------
+
+
+def test_compare_identical_noisy_and_broken_outputs() -> None:
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    assert compare(ref, ref) == {"psnr_db": PSNR_CAP, "cosine": 1.0, "max_abs_error": 0.0}
+    noisy = ref + np.float32(1e-3)
+    got = compare(ref, noisy)
+    assert got["psnr_db"] == pytest.approx(60.0, abs=0.01)  # peak 1, mse 1e-6
+    assert got["max_abs_error"] == pytest.approx(1e-3, rel=1e-3) and got["cosine"] > 0.999
+    assert compare(ref, -ref)["cosine"] == pytest.approx(-1.0)
+    nan = ref.copy()
+    nan[3] = np.nan
+    assert compare(ref, nan)["psnr_db"] == 0.0 and compare(ref, nan)["max_abs_error"] is None
+    assert "shape" in compare(ref, ref[:10])["error"]
+
+
+def test_seeded_inputs_are_deterministic_by_dtype_and_dynamic_dims() -> None:
+    specs = [("x", "tensor(float)", ["batch", 3]), ("ids", "tensor(int64)", [2, -1]), ("m", "tensor(bool)", [4])]
+    a = seeded_inputs(specs, 0, {"batch": 5})
+    b = seeded_inputs(specs, 0, {"batch": 5})
+    assert a["x"].shape == (5, 3) and a["x"].dtype == np.float32 and a["ids"].shape == (2, 1)
+    assert a["ids"].dtype == np.int64 and a["m"].dtype == bool
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(seeded_inputs(specs, 1, {"batch": 5})["x"], a["x"])
+    with pytest.raises(ValueError, match="no seeded input"):
+        seeded_inputs([("s", "tensor(string)", [1])], 0, {})
+
+
+def _view(status: str = "ok", outputs: list[dict[str, object]] | None = None) -> dict[str, object]:
+    outputs = outputs if outputs is not None else [{"name": "y", "psnr_db": 9.8, "cosine": 0.83, "max_abs_error": 15.6},
+                                                    {"name": "z", "psnr_db": 78.6, "cosine": 1.0, "max_abs_error": 0.007}]
+    worst, name = evidence.summarize({"status": status, "outputs": outputs})
+    return {"status": status, "outputs": outputs, "min_psnr_db": worst, "worst_output": name, "runtime": "qnn:2.51.0",
+            "detail": None if status == "ok" else "skipped: over 300 s", "inputs": "seeded:0"}
+
+
+def test_gate_names_the_worst_output_and_its_figures() -> None:
+    art = "sha256:" + "a" * 64
+    refusal = evidence.gate(_view(), 30.0, art)
+    assert isinstance(refusal, AccuracyBelowThresholdError)
+    assert "output 'y'" in refusal.message and "9.8 dB" in refusal.message and "cosine 0.83" in refusal.message
+    assert "aaaaaaaaaaaa" in (refusal.hint or "")
+    assert evidence.gate(_view(), 5.0, art) is None
+    assert isinstance(evidence.gate(_view("skipped", []), 5.0, art), AccuracyUnverifiedError)
+    assert isinstance(evidence.gate(None, 5.0, art), AccuracyUnverifiedError)
+    assert evidence.summarize({"status": "ok", "outputs": _view()["outputs"]}) == (9.8, "y")
+    assert evidence.headline([_view()]) == "9.8 dB" and evidence.headline([]) == "-"
+
+
+def test_min_psnr_is_checked() -> None:
+    from farm.pipeline.accuracy import check_min_psnr
+    from farm.pipeline.submission import ReleaseRequest
+
+    assert check_min_psnr(30) == 30.0 and check_min_psnr(None) is None
+    for bad in (-1, 201, float("nan"), float("inf"), True):
+        with pytest.raises(UsageError):
+            check_min_psnr(bad)
+        with pytest.raises(UsageError):
+            ReleaseRequest.parse(["qnn:SM8650"], ["2.51.0"], {}, min_psnr=bad)
+    assert ReleaseRequest.parse(["qnn:SM8650"], ["2.51.0"], {}, min_psnr=25).min_psnr == 25.0
+
+
+def test_accuracy_rows_and_reuse(db) -> None:  # type: ignore[no-untyped-def]
+    with db.session() as s:
+        m = add_model(s)
+        a, b = add_artifact(s, m.digest), add_artifact(s, m.digest, target="SM8750")
+        key = evidence.numerics_key(m.digest, ["sha256:" + "1" * 64], "qnn", "2.51.0", evidence.SEEDED)
+        assert key != evidence.numerics_key(m.digest, ["sha256:" + "2" * 64], "qnn", "2.51.0", evidence.SEEDED)
+        row = evidence.record(s, a.id, "qnn", "2.51.0", evidence.SEEDED, key, {"status": "ok", **_view()})
+        assert (row.min_psnr_db, row.worst_output) == (9.8, "y")
+        again = evidence.record(s, a.id, "qnn", "2.51.0", evidence.SEEDED, key, {"status": "ok", **_view()})
+        assert again.status == "ok" and len(evidence.of_artifacts(s, [a.id])[a.id]) == 1  # replaced
+        assert evidence.reusable(s, key, b.id) is not None and evidence.reusable(s, key, a.id) is None
+        crashed = evidence.numerics_key(m.digest, [], "qnn", "2.51.0", evidence.SEEDED)
+        evidence.record(s, b.id, "qnn", "2.51.0", evidence.SEEDED, crashed,
+                        {"status": "runtime-crashed", "detail": "signal 11"})
+        assert evidence.reusable(s, crashed, a.id) is None, "a crash may be the host's: never reused"
+
+
+# ---- scopes and report validation -------------------------------------------------------------------
+
+def test_report_scope_is_apart_from_the_ladder(db) -> None:  # type: ignore[no-untyped-def]
+    assert allows("report", "report") and allows("admin", "report")
+    assert not any(allows("report", n) for n in ("read", "submit", "admin"))
+    assert not allows("read", "report") and not allows("submit", "report") and not allows(None, "report")
+    assert allows("admin", "read") and allows("submit", "read") and not allows("read", "submit")
+    with db.session() as s:
+        tok = create_token(s, "fleet", "report")
+        ident = token_identity(s, tok)
+        assert ident is not None and ident[1:] == ("fleet", "report")
+        assert token_identity(s, tok + "x") is None and token_identity(s, "nope") is None
+
+
+def _body(**over: object) -> dict[str, object]:
+    return {"artifact": "sha256:" + "b" * 64, "device_id": "d1", "device_model": "Phone", "soc": "SM8650",
+            "os": "Android 15", "runtime_version": "2.51.0", "onnxruntime": "1.31.1", "outcome": "loads", **over}
+
+
+@pytest.mark.parametrize("over", [
+    {"load_ms": "12"}, {"load_ms": True}, {"load_ms": -1}, {"load_ms": 1e12}, {"psnr_db": 500},
+    {"outcome": "maybe"}, {"unknown": 1}, {"device_id": "../x"}, {"device_id": ""}, {"device_id": "x" * 129},
+    {"error": "e" * 4001}, {"os": "a\x00b"}, {"reported_at": "2999-01-01T00:00:00Z"},
+    {"reported_at": "2026-01-01T00:00:00"}, {"reported_at": "yesterday"}, {"reported_at": 5},
+    {"runtime_version": "latest"}, {"artifact": "sha256:abc"}, {"fingerprint": "a b"},
+])
+def test_hostile_report_fields_are_refused(over: dict[str, object]) -> None:
+    from farm.api.routes.reports import _parse
+
+    with pytest.raises(UsageError):
+        _parse(json.dumps(_body(**over)).encode())
+
+
+def test_good_reports_parse() -> None:
+    from farm.api.routes.reports import _parse
+
+    now = datetime.now(UTC).isoformat()
+    r = _parse(json.dumps(_body(load_ms=12, first_inference_ms=3.5, reported_at=now, error="x\ny")).encode())
+    assert r.load_ms == 12.0 and r.reported_at is not None and r.error == "x\ny"
+    for raw in (b"", b"[]", b"{", b"null"):
+        with pytest.raises(UsageError):
+            _parse(raw)
+
+
+def test_client_side_report_is_checked_before_it_leaves() -> None:
+    from farm.client_report import make_report
+
+    body = make_report(artifact="sha256:" + "c" * 64, soc="SM8650", runtime_version="2.51.0", outcome="fails",
+                       onnxruntime="1.31.1", device="dev-1", error="x" * 10_000 + "CAUSE", load_ms=3)
+    assert body["error"].endswith("CAUSE") and len(body["error"]) == 4000 and body["load_ms"] == 3.0
+    assert body["reported_at"].endswith("Z")
+    for bad in ({"outcome": "ok"}, {"artifact": "x"}, {"load_ms": -1}, {"load_ms": float("nan")}, {"device": "a b"}):
+        kw = {"artifact": "sha256:" + "c" * 64, "soc": "SM8650", "runtime_version": "2.51.0", "outcome": "loads",
+              "onnxruntime": "1.31.1", "device": "d", **bad}
+        with pytest.raises(UsageError):
+            make_report(**kw)  # type: ignore[arg-type]
+
+
+# ---- aggregation and resolve --------------------------------------------------------------------------
+
+FIELDS = {"device_model": "Phone", "soc": "SM8650", "os": "Android", "runtime_backend": "qnn",
+          "runtime_version": "2.51.0", "ort_version": "1.31.1", "outcome": "loads", "load_ms": 10.0}
+
+
+def test_one_device_counts_once_and_revocation(db) -> None:  # type: ignore[no-untyped-def]
+    with db.session() as s:
+        m = add_model(s)
+        a = add_artifact(s, m.digest)
+        create_token(s, "t1", "report")
+        create_token(s, "t2", "report")
+        (t1, t2) = sorted(r[0] for r in s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")))
+        first = record(s, a.id, t1, {**FIELDS, "device_id": "d1"})
+        assert record(s, a.id, t1, {**FIELDS, "device_id": "d1", "load_ms": 30.0}) == first  # replaced
+        ids = record_many(s, [(a.id, t1, {**FIELDS, "device_id": "d2", "load_ms": 20.0}),
+                              (a.id, t1, {**FIELDS, "device_id": "d2", "load_ms": 20.0}),
+                              (a.id, t2, {**FIELDS, "device_id": "d9", "outcome": "fails", "error": "QNN_X"})])
+        assert ids[0] == ids[1] != ids[2]
+        (entry,) = summary(s, [a.id])[a.id]
+        assert (entry["devices"], entry["loads"], entry["fails"], entry["reports"]) == (3, 2, 1, 5)
+        assert entry["load_ms_p50"] == 30.0 and entry["last_error"] == "QNN_X"
+        ev = device_verdicts(SessionRows(s), [a.id], "qnn", "2.51.0", "SM8650")[a.id]
+        assert (ev.loads, ev.fails) == (2, 1)
+        assert device_verdicts(SessionRows(s), [a.id], "qnn", "2.51.0", "SM8750") == {}
+        assert revoke(s, token_name="t1") == 2
+        ev = device_verdicts(SessionRows(s), [a.id], "qnn", "2.51.0", "SM8650")[a.id]
+        assert (ev.loads, ev.fails) == (0, 1)
+        assert revoke(s, report_id=ids[2]) == 1 and summary(s, [a.id]) == {}
+        # A device reporting again after revocation counts again.
+        record(s, a.id, t1, {**FIELDS, "device_id": "d1"})
+        assert summary(s, [a.id])[a.id][0]["loads"] == 1
+
+
+def test_resolve_order_device_then_probe_then_rule(db) -> None:  # type: ignore[no-untyped-def]
+    sm8650 = load_catalog().get("SM8650", backend="qnn")
+    device = Device("qnn", sm8650, "2.51.0")
+    with db.session() as s:
+        m = add_model(s)
+        older = add_artifact(s, m.digest, toolchain="2.47.0")
+        newer = add_artifact(s, m.digest, toolchain="2.51.0")
+        rows = SessionRows(s)
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == newer.id and v.source == "rule"
+        create_token(s, "fleet", "report")
+        tok = s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")).scalar()
+        record(s, older.id, tok, {**FIELDS, "device_id": "d1"})
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == older.id and v.source == "device" and "loaded on 1 device(s)" in v.reason
+        for i in range(3):
+            record(s, older.id, tok, {**FIELDS, "device_id": f"bad{i}", "outcome": "fails", "error": "E"})
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == older.id and "3 failed" in v.reason, "loads on one device: still served"
+        revoke(s, token_name="fleet")
+        for i in range(3):
+            record(s, newer.id, tok, {**FIELDS, "device_id": f"n{i}", "outcome": "crashed", "error": "SIGSEGV"})
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == older.id and v.source == "rule", "failing on 3 devices and loading on none: not served"
+        art, v = resolve(rows, m.digest, device, fail_devices=4)
+        assert art.id == newer.id
+
+
+def test_rank_never_serves_another_soc_on_device_evidence() -> None:
+    from tests.common.index_rows import T0
+
+    sm8650 = load_catalog().get("SM8650", backend="qnn")
+
+    class A:
+        def __init__(self, id_: int, target: str):
+            self.id, self.target, self.toolchain, self.options_digest = id_, target, "2.51.0", ""
+            self.created_at = T0
+            self.build = type("B", (), {"options": {}})()
+
+    good, bad = rank([A(1, "SM8750")], Device("qnn", sm8650, "2.51.0"),
+                     devices={1: DeviceEvidence(loads=5, last_at=T0 + timedelta(days=1))})
+    assert good == [] and bad[0][1].source == "rule"
