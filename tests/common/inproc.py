@@ -15,7 +15,8 @@ from tests.common.service import token
 
 
 class Counting:
-    """ASGI middleware: requests and body bytes per (method, path)."""
+    """ASGI middleware: requests and body bytes per (method, path); a digest or an upload
+    session id in the path is counted as ``DIGEST`` or ``ID``."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -26,7 +27,11 @@ class Counting:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        key = (scope["method"], "/v1/models/DIGEST" if path.startswith("/v1/models/sha256:") else path)
+        if path.startswith("/v1/models/sha256:"):
+            path = "/v1/models/DIGEST"
+        elif path.startswith("/v1/uploads/"):  # an upload session: /v1/uploads/ID[/complete]
+            path = "/v1/uploads/ID" + path[len("/v1/uploads/") + 32:]
+        key = (scope["method"], path)
         self.hits[key] = self.hits.get(key, 0) + 1
 
         async def counted() -> Any:

@@ -1,8 +1,9 @@
 """A model over 2 GiB through every path (issue 22), once, on the real stack: SeaweedFS (S3,
 multipart), the HTTP service (in this process: tests.common.inproc), the real QNN compile.
 
-- upload: streamed (the bundle goes as a tar written on the way, 1 MiB at a time) with this
-  process's peak RSS flat; the same model submitted again sends no model bytes;
+- upload: streamed through a resumable session (the bundle goes as a tar written on the way,
+  1 MiB at a time) with this process's peak RSS flat; the same model submitted again sends no
+  model bytes;
 - ``-o embed_mode=1``: refused as ``bad-options`` before any compile (declared sizes over the
   2 GiB protobuf limit);
 - compile: a real QNN build of 2.06 GiB of fp32 weights, its peak recorded beside its prediction;
@@ -62,7 +63,7 @@ def test_a_model_over_2_gib_through_every_path(s3_url: str, tmp_path: Path, farm
         figures["upload_s"] = time.perf_counter() - t
         figures["upload_rss_growth_mb"] = maxrss_mb() - before
         assert first["size"] > 2 * GIB and len(first["files"]) == 2
-        assert svc["counting"].bytes[("POST", "/v1/models")] > 2 * GIB
+        assert svc["counting"].bytes[("PATCH", "/v1/uploads/ID")] > 2 * GIB  # a resumable session
         # Client and service in this process: streaming kept both flat (the model is 2.06 GiB).
         assert figures["upload_rss_growth_mb"] < 256, figures
 
@@ -70,7 +71,7 @@ def test_a_model_over_2_gib_through_every_path(s3_url: str, tmp_path: Path, farm
         again = send_model(client, model, ask, settings)
         figures["resubmit_s"] = time.perf_counter() - t
         assert again["digest"] == first["digest"]
-        assert svc["counting"].hits[("POST", "/v1/models")] == 1  # nothing sent the second time
+        assert svc["counting"].hits[("PATCH", "/v1/uploads/ID")] == 1  # nothing sent the second time
 
         release = {"model": "llm/big:stable", "targets": ["qnn:SM8650"]}
         st = client.json("POST", "/v1/releases", {**release, "options": {"embed_mode": "1"}})

@@ -13,6 +13,7 @@ import pytest
 
 from farm.cli.cluster_cmd import send_model
 from farm.client import Client
+from farm.core.errors import NotFoundError, UnauthorizedError, UsageError
 from farm.core.settings import Settings
 from tests.common.inproc import Counting, running_service
 from tests.common.onnx_models import matmul_add, save_external
@@ -34,7 +35,7 @@ def test_an_unchanged_model_is_not_sent_again(service: dict[str, Any], settings:
     counting: Counting = service["counting"]
 
     first = send_model(client, model, args(), settings)
-    upload = ("POST", "/v1/models")
+    upload = ("PATCH", "/v1/uploads/ID")  # farm submit uploads through a resumable session
     assert counting.hits.get(upload) == 1
     assert counting.bytes[upload] > 256 * 1024  # the bundle went as a tar: .onnx + w.data
     assert len(first["files"]) == 2 and first["tag"] == "llm/m:stable"
@@ -70,3 +71,51 @@ def test_held_answers_404_then_200_and_checks_the_digest(service: dict[str, Any]
     assert client.json("GET", f"/v1/models/{b.digest}")["digest"] == b.digest
     with pytest.raises(UsageError):
         client.json("GET", "/v1/models/sha256:not-a-digest")
+
+
+def test_an_upload_cut_short_goes_on_from_where_it_stopped(service: dict[str, Any], settings: Settings,
+                                                         tmp_path: Path) -> None:
+    """A session that took the first part of the bundle (the connection then dropped) is asked
+    where it stands and only the rest is sent; the model is the local bundle."""
+    import json
+
+    from farm.client import _Stream, _tar_parts
+    from farm.core.digests import local_bundle
+
+    model = save_external(matmul_add(seed=13, size=256), tmp_path / "m" / "model.onnx")
+    client = Client(service["url"], service["token"])
+    counting: Counting = service["counting"]
+    bundle = local_bundle(model, None)
+    parts, total = _tar_parts(bundle.members)
+    session = client.json("POST", "/v1/uploads")["upload"]
+    head = b"".join(_Stream(parts))[: total // 3]  # what got through before the cut
+    with client._request("PATCH", f"/v1/uploads/{session}", body=head,
+                         headers={"Upload-Offset": "0", "Content-Type": "application/octet-stream"}):
+        pass
+    assert client.json("GET", f"/v1/uploads/{session}")["offset"] == len(head)
+    # farm submit remembers the session of this bundle: the next run goes on with it.
+    (settings.home / "cache").mkdir(parents=True, exist_ok=True)
+    (settings.home / "cache" / "uploads.json").write_text(json.dumps({bundle.digest: session}))
+    before = counting.bytes[("PATCH", "/v1/uploads/ID")]
+    got = send_model(client, model, args(), settings)
+    assert got["digest"] == bundle.digest and got["tag"] == "llm/m:stable"
+    assert counting.bytes[("PATCH", "/v1/uploads/ID")] - before == total - len(head)  # only the rest
+    assert counting.hits[("POST", "/v1/uploads")] == 1  # no new session
+    assert json.loads((settings.home / "cache" / "uploads.json").read_text()) == {}
+    with pytest.raises(NotFoundError):  # completed: the session is gone
+        client.json("GET", f"/v1/uploads/{session}")
+
+
+def test_upload_sessions_refuse_what_is_not_theirs(service: dict[str, Any]) -> None:
+    client = Client(service["url"], service["token"])
+    for bad in ("..%2F..%2Fetc", "0" * 31, "G" * 32, "0" * 32):
+        with pytest.raises((NotFoundError, UsageError)):
+            client.json("GET", f"/v1/uploads/{bad}")
+    session = client.json("POST", "/v1/uploads")["upload"]
+    with pytest.raises(UsageError, match="holds 0 bytes"):  # a piece at another offset
+        with client._request("PATCH", f"/v1/uploads/{session}", body=b"x" * 10,
+                             headers={"Upload-Offset": "5", "Content-Type": "application/octet-stream"}):
+            pass
+    reader = Client(service["url"], None)
+    with pytest.raises(UnauthorizedError):
+        reader.json("POST", "/v1/uploads")
