@@ -133,24 +133,58 @@ class _Stream:
     iterable piece by piece; from a file object it reads 8 KiB at a time). ``sent`` counts what
     went out. A file that shrank since it was measured stops the upload: its length was promised."""
 
-    def __init__(self, parts: list[tuple[bytes | None, Path | None, int]]):
-        self.parts, self.sent = parts, 0
+    def __init__(self, parts: list[tuple[bytes | None, Path | None, int]], skip: int = 0):
+        self.parts, self.sent, self.skip = parts, 0, skip
 
     def __iter__(self) -> Iterator[bytes]:
+        skip = self.skip  # a resumed upload: the first ``skip`` bytes were sent before
         for data, path, size in self.parts:
+            if skip >= size:
+                skip -= size
+                continue
             if data is not None:
-                self.sent += len(data)
-                yield data
+                piece, skip = data[skip:], 0
+                self.sent += len(piece)
+                yield piece
                 continue
             assert path is not None
-            left = size
+            left = size - skip
             with open(path, "rb") as f:
+                f.seek(skip)
+                skip = 0
                 while left > 0 and (chunk := f.read(min(CHUNK, left))):
                     left -= len(chunk)
                     self.sent += len(chunk)
                     yield chunk
             if left:
                 raise ServerError(f"{path.name} shrank while it was being uploaded")
+
+
+def _tar_parts(members: list[tuple[str, Path]]) -> tuple[list[tuple[bytes | None, Path | None, int]], int]:
+    """The pieces of a tar of (name, file), its headers made here: the same bytes every time for
+    the same files, so an upload cut short goes on from an offset."""
+    import tarfile
+
+    parts: list[tuple[bytes | None, Path | None, int]] = []
+    total = 0
+    for rel, path in members:
+        size = path.stat().st_size
+        info = tarfile.TarInfo(rel)
+        info.size, info.mode, info.mtime = size, 0o644, 0
+        header = info.tobuf(tarfile.PAX_FORMAT)
+        pad = -size % tarfile.BLOCKSIZE
+        parts += [(header, None, len(header)), (None, path, size), (b"\0" * pad, None, pad)]
+        total += len(header) + size + pad
+    parts.append((b"\0" * (2 * tarfile.BLOCKSIZE), None, 2 * tarfile.BLOCKSIZE))
+    return parts, total + 2 * tarfile.BLOCKSIZE
+
+
+def _session_id(value: Any) -> str:
+    """An upload session id from the service: 32 hex digits, or the answer is refused (it goes
+    into a URL path)."""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{32}", value):
+        raise ServerError(f"the service answered an upload session id {shown(value)}", hint=HINT_SERVER)
+    return value
 # Failures of the connection or of the peer's HTTP (too many or too long headers, a body cut
 # short): the service is unreachable or broken, never a bug of ours.
 _WIRE_ERRORS = (OSError, http.client.HTTPException, ValueError)
@@ -237,21 +271,47 @@ class Client:
         memory stays flat whatever the size."""
         if len(members) == 1:
             return self.upload(members[0][1], name=name, tag=tag, force_tag=force_tag)
-        import tarfile
-
-        parts: list[tuple[bytes | None, Path | None, int]] = []
-        total = 0
-        for rel, path in members:
-            size = path.stat().st_size
-            info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.mtime = size, 0o644, 0
-            header = info.tobuf(tarfile.PAX_FORMAT)
-            pad = -size % tarfile.BLOCKSIZE
-            parts += [(header, None, len(header)), (None, path, size), (b"\0" * pad, None, pad)]
-            total += len(header) + size + pad
-        parts.append((b"\0" * (2 * tarfile.BLOCKSIZE), None, 2 * tarfile.BLOCKSIZE))
-        total += 2 * tarfile.BLOCKSIZE
+        parts, total = _tar_parts(members)
         return self._post_model(_Stream(parts), total, "application/x-tar", name, tag, force_tag)
+
+    def upload_resumable(self, members: list[tuple[str, Path]], *, name: str | None = None, tag: str | None = None,
+                         force_tag: bool = False, session: str | None = None,
+                         on_session: Any = None) -> dict[str, Any]:
+        """Upload a bundle through an upload session (``/v1/uploads``) that survives a cut
+        connection: ``session`` (an id ``on_session`` was given by an earlier call) is asked where
+        it stands and the bundle goes on from there; the bytes are the same tar (or .onnx) as
+        ``upload_bundle``'s, so a piece sent earlier is never sent again."""
+        if len(members) == 1:
+            path = members[0][1]
+            size = path.stat().st_size
+            parts: list[tuple[bytes | None, Path | None, int]] = [(None, path, size)]
+            total, kind = size, "application/octet-stream"
+        else:
+            parts, total = _tar_parts(members)
+            kind = "application/x-tar"
+        offset = 0
+        if session is not None:
+            try:
+                offset = check_size(self.json("GET", f"/v1/uploads/{_session_id(session)}").get("offset"))
+            except (FarmError, AttributeError):
+                session = None
+        if session is None or offset > total:
+            answer = self.json("POST", "/v1/uploads")
+            session, offset = _session_id(answer.get("upload") if isinstance(answer, dict) else None), 0
+            if on_session is not None:
+                on_session(session)
+        if offset < total:
+            headers = {"Content-Type": "application/octet-stream", "Content-Length": str(total - offset),
+                       "Upload-Offset": str(offset)}
+            with self._request("PATCH", f"/v1/uploads/{session}", body=_Stream(parts, skip=offset),
+                               headers=headers) as resp:
+                _read_capped(resp, MAX_ANSWER_BYTES, "the upload's answer",
+                             deadline=time.monotonic() + 2 * self.timeout)
+        answer = self.json("POST", f"/v1/uploads/{session}/complete", None, name=name, tag=tag,
+                           force_tag="true" if force_tag else None, bundle_type=kind)
+        if not isinstance(answer, dict):
+            raise ServerError("the upload's answer is not a JSON object", hint=HINT_SERVER)
+        return answer
 
     def manifest_bytes(self, digest: str, size: int) -> bytes:
         """An artifact's manifest, fetched by its digest: at most ``size`` bytes read, then

@@ -66,9 +66,10 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
-    from farm.api.routes import cancel
+    from farm.api.routes import cancel, upload_sessions
 
     app.include_router(cancel.router)  # issue 22: farm cancel
+    app.include_router(upload_sessions.router)  # issue 22: resumable uploads
     app.include_router(reports.router)  # issue 23: device reports
     from farm.api.routes import groups
 

@@ -210,10 +210,41 @@ def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Setti
             print(f"model {bundle.digest[:19]} ({bundle.size / 2**20:.1f} MiB) is held by the service: nothing "
                   f"uploaded ({time.perf_counter() - t:.2f} s)", file=sys.stderr)
         return held
-    model = dict(client.upload_bundle(bundle.members, name=args.name, tag=args.tag, force_tag=args.force_tag))
+    # Resumable: the session of an upload of this bundle cut short earlier goes on where it stopped.
+    sessions = settings.home / "cache" / "uploads.json" if settings is not None else None
+    known = _load_json(sessions)
+
+    def remember(session: str) -> None:
+        if sessions is not None:
+            _save_json(sessions, {**_load_json(sessions), bundle.digest: session})
+
+    model = dict(client.upload_resumable(bundle.members, name=args.name, tag=args.tag, force_tag=args.force_tag,
+                                         session=known.get(bundle.digest), on_session=remember))
+    if sessions is not None:
+        _save_json(sessions, {k: v for k, v in _load_json(sessions).items() if k != bundle.digest})
     if not args.json:
         print(f"uploaded {bundle.size / 2**20:.1f} MiB in {time.perf_counter() - t:.2f} s", file=sys.stderr)
     return model
+
+
+def _load_json(path: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_json(path: Any, data: dict[str, Any]) -> None:
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an upload that can't be remembered starts over if cut: nothing else
 
 
 def release_json(release: int, model: str, builds: list[dict[str, Any]], *,
