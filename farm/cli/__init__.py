@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             raise
         err = translate(exc)
-        if err.code not in codes():  # the README's table is the whole vocabulary
+        if err.code not in codes():  # the documented table is the whole vocabulary
             err = InternalError(f"undocumented error code {err.code!r}: {err.message}")
         if _debug() and not isinstance(exc, FarmError):
             import traceback

@@ -1,5 +1,5 @@
 """farm help [errors | COMMAND]: the error codes (made from farm/core/errors.py, the one source of
-the README's table) or one command's help."""
+the table of docs/errors.md) or one command's help."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from farm.core.settings import Settings
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("topic", nargs="?", metavar="errors|COMMAND",
                    help="errors: every error code, its exit status and meaning; COMMAND: its arguments")
-    p.add_argument("--markdown", action="store_true", help="errors: the README's Markdown table")
+    p.add_argument("--markdown", action="store_true", help="errors: the Markdown table (docs/errors.md)")
     p.add_argument("--json", action="store_true", help="errors: machine-readable output")
 
 

@@ -2,7 +2,7 @@
 
 Every error carries a stable ``code`` (scripts match on it), a message and an optional hint.
 The CLI maps them to exit codes in one place (``farm.cli``). This module is the one source of the
-vocabulary: each class's ``code``, ``exit_code`` and ``summary`` make the README's "Errors" table
+vocabulary: each class's ``code``, ``exit_code`` and ``summary`` make the "Errors" table of the docs (docs/errors.md)
 and `farm help errors` (``markdown_table``; a test compares), and the CLI lets no other code out.
 
     FarmError
@@ -64,7 +64,7 @@ class FarmError(Exception):
     # Abstract: never raised itself (a test checks); every subclass has a documented code.
     code = "farm-error"
     exit_code = 1
-    summary = ""  # one line for the README table and `farm help errors`
+    summary = ""  # one line for docs/errors.md and `farm help errors`
     default_hint: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None):
@@ -102,7 +102,7 @@ class BadOptionsError(FarmError):
     code = "bad-options"
     summary = "unknown build option, bad value or combination"
     exit_code = 2  # a bad argument, like usage (a build that fails with it in a worker: exit 1)
-    default_hint = "see the options of each backend in the README (farm build --option key=value)"
+    default_hint = "see the options of each backend in docs/usage.md (farm build --option key=value)"
 
 
 class SharingUnsupportedError(FarmError):
@@ -231,7 +231,7 @@ class UnsignedError(SignatureError):
 class ConfigError(FarmError):
     code = "bad-config"
     summary = "a bad `FARM_*` setting (names the variable)"
-    default_hint = "see the FARM_* settings in the README"
+    default_hint = "see the FARM_* settings in docs/settings.md"
 
 
 class MissingExtraError(FarmError):
@@ -417,7 +417,7 @@ class Interrupted(KeyboardInterrupt):
 
 def translate(exc: BaseException) -> FarmError:
     """Any exception, as the error users see (every front door uses this one mapping; the codes
-    are in the README's table). Library errors are recognised by module, not imported."""
+    are in the documented table). Library errors are recognised by module, not imported."""
     if isinstance(exc, FarmError):
         return exc
     if isinstance(exc, KeyboardInterrupt):
@@ -444,8 +444,8 @@ def translate(exc: BaseException) -> FarmError:
 # ---- the one vocabulary ---------------------------------------------------------------------------
 
 def documented() -> list[type[FarmError]]:
-    """Every error class users can see, in the order they are defined here. The README's
-    "Errors" table and `farm help errors` are made from this list (a test compares them)."""
+    """Every error class users can see, in the order they are defined here. The
+    "Errors" table of docs/errors.md and `farm help errors` are made from this list (a test compares them)."""
     seen = {c for c in _subclasses(FarmError) if c.__module__ == __name__}
     return [v for v in globals().values() if isinstance(v, type) and v in seen]
 
@@ -461,7 +461,7 @@ def table_rows() -> list[dict[str, Any]]:
 
 
 def markdown_table() -> str:
-    """The README's table (`farm help errors --markdown`)."""
+    """The table of docs/errors.md (`farm help errors --markdown`)."""
     lines = ["| code | exit | meaning |", "|---|---|---|"]
     lines += [f"| `{r['code']}` | {r['exit']} | {r['meaning']} |" for r in table_rows()]
     return "\n".join(lines) + "\n"
