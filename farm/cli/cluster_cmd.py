@@ -77,7 +77,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if not args.model:
         from farm.core.errors import UsageError
 
-        raise UsageError("no model given", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
+        raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     return _submit(args, settings)
 
 
@@ -151,7 +151,7 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
         if not args.model:
             from farm.core.errors import UsageError
 
-            raise UsageError("no model given", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
+            raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
         _check_model_path(Path(args.model))
     if name == "status":
         if args.build is not None:
