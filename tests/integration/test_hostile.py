@@ -319,6 +319,16 @@ BAD_INVOCATIONS: list[tuple[list[str], str, str | None]] = [
     (["fetch", "--model", "good", "--soc", "SM8650", "--qnn", "2.51.0", "-o", "{d}"], "usage", "is now -d/--dest"),
     (["targets", "--backend", "qnnx"], "usage", "did you mean qnn?"),
     (["ls", "--limit", "0"], "usage", "choose from 1 to 100000"),
+    # graph groups and multi-SoC targets (docs/groups.md): names never become paths
+    (["build", "--graph", "../../etc={m}", "--graph", "decode={m}", "-t", "qnn:SM8650"], "bad-group", "not allowed"),
+    (["build", "--graph", "prefill={m}", "--graph", "prefill={m}", "-t", "qnn:SM8650"], "bad-group", "twice"),
+    (["build", "--group-file", "{d}/none.json", "-t", "qnn:SM8650"], "bad-group", "cannot read"),
+    (["build", "--graph", "prefill={m}", "--graph", "decode={m}", "-t", "qnn:SM8450"], "sharing-unsupported",
+     "v69"),
+    (["submit", "--graph", "p={m}", "-t", "qnn:SM8650"], "bad-group", "at least two"),
+    (["build", "{m}", "-t", "qnn:SM8650+"], "unknown-target", None),
+    (["build", "{m}", "-t", "qnn:SM8650+SM9999"], "unknown-target", "SM9999"),
+    (["build", "{m}", "-t", "trt:sm_90+sm_89"], "unknown-target", None),
 ]
 
 
