@@ -21,7 +21,7 @@ from tests.common.registry_state import snapshot
 from workers.qnn.runner import QnnRunner
 from workers.runner import CompileJob
 
-# option=value -> what differs from the default build (measured: see the README's options table)
+# option=value -> what differs from the default build (measured: see the options table in docs/usage.md)
 CHANGES_BYTES = {
     "graph_optimization": "graph_optimization=3",  # another finalization: another .bin
     "vtcm_mb": "vtcm_mb=4",  # another .bin, and the compatibility string in the _ctx.onnx records it
