@@ -43,14 +43,3 @@ def record_group(reg: Registry, graphs: list[tuple[str, str]], *, name: str | No
                                 name, tag, "+".join(g for g, _, _ in members), force_tag=force_tag)
     return {"digest": digest, "graphs": [{"name": g, "model": d} for g, d, _ in members], "size": size,
             "tag_moved": moved}
-
-
-def is_group(reg: Registry, model_digest: str) -> bool:
-    """Whether the recorded model ``model_digest`` is a graph group (its snapshot starts with
-    group.json)."""
-    from registry.models import Model
-
-    with reg.db.session() as s:
-        files = s.get(Model, model_digest)
-        listing = files.files if files is not None else []
-    return bool(listing) and listing[0].get("path") == GROUP_FILE

@@ -26,7 +26,7 @@ from farm.core.errors import (
     NoWorkerError,
     UsageError,
 )
-from farm.core.groups import GroupBundle
+from farm.core.groups import GROUP_FILE, GroupBundle
 from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.options import parse_pairs
 from farm.core.settings import Settings
@@ -385,8 +385,6 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     # Sharing and multi-SoC refusals for every front door (the HTTP service's too): a group is
     # looked up only where a target would refuse one (below v73, multi-SoC, not QNN).
     if any(t.multi_soc or t.backend != "qnn" or (t.htp_arch_number or 0) < 73 for t, _ in matrix):
-        from farm.pipeline.groups import is_group
-
         check_support(matrix, group=is_group(reg, model_digest))
     specs = [(t, v, _spec(model_digest, t, v, request.options[t])) for t, v in matrix]
     label = f"{request.name}:{request.tag}" if request.name else (display[:255] or model_digest[:19])
@@ -607,3 +605,14 @@ def watch_release(settings: Settings, release_id: int, *, wait: float,
         if sub.wait({b["build"] for b in st.builds}, wait):
             st = release_status(settings, release_id, registry=registry)
         return st
+
+
+def is_group(reg: Registry, model_digest: str) -> bool:
+    """Whether the recorded model ``model_digest`` is a graph group (its snapshot starts with
+    group.json)."""
+    from registry.models import Model
+
+    with reg.db.session() as s:
+        files = s.get(Model, model_digest)
+        listing = files.files if files is not None else []
+    return bool(listing) and listing[0].get("path") == GROUP_FILE

@@ -5,11 +5,18 @@ contracts allow, no module reaches itself. A failure prints each circle, shortes
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import grimp
+import pytest
 
 PACKAGES = ("farm", "registry", "workers")
+ROOT = Path(__file__).resolve().parents[2]
+# Each says what lives in it and what it may import (issue 25), in its docstring's first lines.
+DOCUMENTED = ("farm", "farm/core", "farm/api", "farm/cli", "farm/pipeline", "registry", "registry/store", "workers",
+              "workers/qnn", "workers/trt", "migrations", "tests", "infra/devfarm")
 
 
 def strongly_connected(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -96,3 +103,10 @@ def test_no_circle_in_farm_registry_workers() -> None:
     assert not circles, "import circles:\n" + "\n".join(
         " -> ".join(c) + f"   (component of {len(comp)}: {', '.join(comp)})"
         for c, comp in zip(circles, strongly_connected(graph), strict=True))
+
+
+@pytest.mark.parametrize("package", DOCUMENTED)
+def test_each_package_says_what_lives_there_and_what_it_may_import(package: str) -> None:
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+    first = doc.split("\n\n", 1)[0]
+    assert len(first.splitlines()) >= 3 and "import" in first.lower(), f"{package}/__init__.py: {first!r}"
