@@ -10,8 +10,8 @@ of weights, at 1.6 GiB; a 2.25 GiB external-data model at 4.9 GB). The size is t
 declared size: a model that makes its weights in the graph (ConstantOfShape, RandomNormal; the
 onnx wheel's "light" models) is predicted from the base alone.
 
-``MemoryGate`` admits compiles against a capacity (MemAvailable when the gate was made, within a
-cgroup's limit): a build waits while the predicted peaks of those running would not leave room
+``MemoryGate`` admits compiles against a capacity (MemAvailable, within a cgroup's limit, measured
+whenever none of the process's compiles runs): a build waits while the predicted peaks of those running would not leave room
 for its own, and one whose prediction exceeds the whole capacity is refused before it starts
 (``resource-limit``, with the numbers) instead of being killed by the kernel halfway through.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,19 +152,28 @@ class MemoryGate:
     the embedded pool, a worker's executor). The first build always runs if it fits the capacity
     at all; the others wait for room. ``capacity_mb`` None: no accounting (nothing known)."""
 
-    def __init__(self, capacity_mb: int | None):
+    def __init__(self, capacity_mb: int | None, measure: Callable[[], int | None] | None = None):
         self.capacity_mb = capacity_mb
         self.reserved_mb = 0
         self.running = 0
+        self._measure = measure
         self._cond = threading.Condition()
 
     @classmethod
     def for_host(cls) -> MemoryGate:
-        free = available_mb()
-        return cls(None if free is None else max(free - RESERVE_MB, 0))
+        def measure() -> int | None:
+            free = available_mb()
+            return None if free is None else max(free - RESERVE_MB, 0)
+
+        return cls(measure(), measure)
 
     def check(self, need_mb: int, what: str) -> None:
-        """Refuse a compile that would not fit this host even alone."""
+        """Refuse a compile that would not fit this host even alone. With nothing of ours
+        running, the capacity is measured again first: a long-lived worker follows the host."""
+        if self._measure is not None and self.running == 0:
+            with self._cond:
+                if self.running == 0:
+                    self.capacity_mb = self._measure()
         if self.capacity_mb is not None and need_mb > self.capacity_mb:
             raise ResourceLimitError(
                 f"{what}: the compile is predicted to peak at {need_mb} MiB and this host has {self.capacity_mb} MiB "

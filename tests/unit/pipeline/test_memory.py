@@ -183,3 +183,16 @@ def test_embed_mode_above_the_protobuf_limit_is_bad_options(settings: Settings, 
     o = report.outcomes[0]
     assert (o.state, o.error_code) == ("failed", "bad-options") and "embed_mode=0" not in (o.error_message or "")
     assert runner.compiles == 0
+
+
+def test_an_idle_gate_measures_the_host_again() -> None:
+    free = [8000]
+    gate = MemoryGate(8000, lambda: free[0])
+    free[0] = 3000  # another job took memory since the gate was made
+    with pytest.raises(ResourceLimitError, match="3000 MiB"):
+        gate.check(4000, "build 1")
+    free[0] = 9000
+    with gate.admit(4000, "build 2"):
+        free[0] = 100  # while ours runs, the accounting holds: no re-measure under our own compile
+        with gate.admit(4000, "build 3"):
+            assert gate.capacity_mb == 9000
