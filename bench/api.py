@@ -51,8 +51,10 @@ def rss_kib(pid: int, key: str = "VmRSS") -> int:
     return 0
 
 
-def load(port: int, token: str, queries: list[str], rate: float, threads: int) -> list[tuple[str, float, int]]:
-    """Open loop: request i is due at i / rate; latency counts from when it was due."""
+def load(port: int, token: str, queries: list[str], rate: float, threads: int,
+         etags: dict[str, str] | None = None) -> list[tuple[str, float, int]]:
+    """Open loop: request i is due at i / rate; latency counts from when it was due. ``etags``:
+    If-None-Match per query (a device's conditional poll)."""
     out: list[tuple[str, float, int]] = []
     lock = threading.Lock()
     start = time.perf_counter() + 0.2
@@ -70,7 +72,8 @@ def load(port: int, token: str, queries: list[str], rate: float, threads: int) -
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            conn.request("GET", queries[i], headers=headers)
+            extra = {"If-None-Match": etags[queries[i]]} if etags and queries[i] in etags else {}
+            conn.request("GET", queries[i], headers={**headers, **extra})
             resp = conn.getresponse()
             resp.read()
             took = time.perf_counter() - due
@@ -86,13 +89,39 @@ def load(port: int, token: str, queries: list[str], rate: float, threads: int) -
     return out
 
 
-def get(port: int, path: str, token: str) -> tuple[int, bytes, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+def get(port: int, path: str, token: str, headers: dict[str, str] | None = None
+        ) -> tuple[int, bytes, float, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
-    conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+    conn.request("GET", path, headers={"Authorization": f"Bearer {token}", **(headers or {})})
     resp = conn.getresponse()
     body = resp.read()
-    return resp.status, body, time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    conn.close()
+    return resp.status, body, took, {k.lower(): v for k, v in resp.getheaders()}
+
+
+def resolve_histogram(port: int, token: str) -> dict[str, float]:
+    """The service's ctxfarm_resolve_seconds (sum, count, buckets) from /metrics."""
+    _, body, _, _ = get(port, "/metrics", token)
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith("ctxfarm_resolve_seconds_"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def service_side(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Mean resolve time inside the service between two scrapes, and the share under each bucket."""
+    n = after.get("ctxfarm_resolve_seconds_count", 0) - before.get("ctxfarm_resolve_seconds_count", 0)
+    total = after.get("ctxfarm_resolve_seconds_sum", 0) - before.get("ctxfarm_resolve_seconds_sum", 0)
+    shares = {}
+    for key, value in after.items():
+        if key.startswith("ctxfarm_resolve_seconds_bucket") and n:
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            shares[f"share_le_{le}s"] = (value - before.get(key, 0)) / n
+    return {"requests": n, "mean_ms": total / n * 1e3 if n else None, **shares}
 
 
 def big_artifact(reg: Any, size_mib: int, name: str) -> str:
@@ -148,14 +177,77 @@ def big_artifact(reg: Any, size_mib: int, name: str) -> str:
     return digest
 
 
+class _Done(Exception):
+    """The measures asked for are taken: skip the rest."""
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the table; add the issue's targets (value, limit, met) and what they are measured against."""
+    r = results.get("resolve")
+    targets: list[dict[str, Any]] = []
+
+    def target(what: str, value: float | None, limit: float) -> None:
+        targets.append({"target": what, "value_ms": value, "limit_ms": limit,
+                        "met": value is not None and value == value and value <= limit})
+
+    if r and r["requests"]:
+        print(f"resolve over HTTP, {args.artifacts} artifacts, {r['requests']} first-asked requests at {args.rate:g}/s "
+              f"({args.threads} clients): done at {r['rate_done']:.0f}/s")
+        print(f"  hits   p50 {r['hit_p50_ms']:.1f} ms  p99 {r['hit_p99_ms']:.1f} ms  ({r['hits']})")
+        print(f"  misses p50 {r['miss_p50_ms']:.1f} ms  p99 {r['miss_p99_ms']:.1f} ms  ({r['misses']})")
+        print(f"  SELECT 1 p50 {r['select1_p50_ms']:.2f} ms (floor, same run); in the service: mean "
+              f"{(r['service'].get('mean_ms') or 0):.2f} ms")
+        target("resolve hits p99 <= 10 ms at the rate", r["hit_p99_ms"], 10.0)
+        target("resolve explained misses p99 <= 10 ms at the rate", r["miss_p99_ms"], 10.0)
+    c = results.get("resolve conditional")
+    if c:
+        sv = c["service"]
+        print(f"conditional polls (If-None-Match): {c['answered_304']}/{c['requests']} answered 304, client p50 "
+              f"{c['p50_ms']:.2f} ms p99 {c['p99_ms']:.2f} ms; in the service mean {(sv.get('mean_ms') or 0):.2f} ms, "
+              f"{sv.get('share_le_0.001s', 0):.0%} under 1 ms, {sv.get('share_le_0.0025s', 0):.0%} under 2.5 ms")
+        rp = results["resolve repeated (cached answer)"]
+        print(f"repeated questions (cached answer, 200): p50 {rp['p50_ms']:.2f} ms p99 {rp['p99_ms']:.2f} ms")
+        # The service's histogram has no 2 ms bucket: p50 <= 2 ms is claimed when half the polls took
+        # under 1 ms, or the mean is under 2 ms.
+        service_p50 = 1.0 if sv.get("share_le_0.001s", 0) >= 0.5 else sv.get("mean_ms")
+        target("conditional poll answered 304 in <= 2 ms p50 at the service (<=1 ms if half under the 1 ms "
+               "bucket, else the mean)", service_p50, 2.0)
+    for k, v in results.items():
+        if k.startswith("coverage "):
+            print(f"{k}: {v['median_ms']:.1f} ms ({v['bytes']} bytes)")
+    for key, what, limit in (("coverage /v1/coverage/summary", "/v1/coverage summary <= 50 ms", 50.0),
+                             ("coverage /v1/coverage/summary?tag=stable", "summary for a tag <= 50 ms", 50.0),
+                             ("coverage /v1/coverage/models?cursor=CURSOR", "one page of detail <= 100 ms", 100.0),
+                             ("coverage /coverage?cursor=CURSOR", "the /coverage page <= 150 ms", 150.0)):
+        if key in results:
+            target(what, results[key]["median_ms"], limit)
+    i = results.get("install")
+    if i:
+        print(f"install {i['mib']} MiB: {i['install_s']:.1f} s vs raw S3 GET {i['raw_get_s']:.1f} s "
+              f"-> {i['throughput_vs_raw']:.2f}x of raw throughput")
+    st = results.get("stream")
+    if st:
+        print(f"stream {st['mib']:.0f} MiB from the service: {st['seconds']:.1f} s, server RSS "
+              f"{st['rss_before_mib']:.0f} -> peak {st['rss_peak_mib']:.0f} MiB")
+    for t in targets:
+        print(f"target: {t['target']}: {t['value_ms'] if t['value_ms'] is None else round(t['value_ms'], 2)} ms "
+              f"-> {'met' if t['met'] else 'MISSED'}")
+    results.update(name="api", what="the HTTP service under load (service, PostgreSQL and clients on one box)",
+                   artifacts=args.artifacts, rate=args.rate, baseline="SELECT 1 p50 over the same PostgreSQL "
+                   "(resolve); raw S3 GET (install)", targets=targets,
+                   env={"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifacts", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--install-mib", type=int, default=1024)
-    ap.add_argument("--stream-mib", type=int, default=2048)
+    ap.add_argument("--install-mib", type=int, default=1024, help="0: skip the install measure")
+    ap.add_argument("--stream-mib", type=int, default=2048, help="0: skip the streaming RSS measure")
+    ap.add_argument("--full-coverage-max", type=int, default=100_000,
+                    help="time the whole-matrix /v1/coverage only up to this many artifacts (it grows with them)")
     ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
 
@@ -198,14 +290,22 @@ def main() -> int:
             pid = procs[-1].pid
 
             # 1. resolve, hits and explained misses, open loop at --rate (--artifacts 0: skipped).
-            rng = random.Random(1)
+            # Warm-up on other random questions: the service caches answers per question, and the
+            # measured ones must be first asked (the cost of a device's first poll after a change).
             n_models = max(1, args.artifacts // (len(socs) * 10))
             n = int(args.rate * args.seconds) if args.artifacts else 0
-            queries = [f"/v1/resolve?model=name_{rng.randrange(n_models)}:stable"
-                       f"&soc={rng.choice(socs)}&qnn={rng.choice(RUNTIMES)}&manifest=false" for _ in range(n)]
+
+            def questions(seed: int, k: int) -> list[str]:
+                rng = random.Random(seed)
+                return [f"/v1/resolve?model=name_{rng.randrange(n_models)}:stable"
+                        f"&soc={rng.choice(socs)}&qnn={rng.choice(RUNTIMES)}&manifest=false" for _ in range(k)]
+
+            queries = list(dict.fromkeys(questions(1, n)))
             if n:
-                load(port, token, queries[: min(200, n)], args.rate * 4, args.threads)  # warm-up
+                load(port, token, questions(2, min(400, n)), args.rate * 4, args.threads)  # warm-up
+            before = resolve_histogram(port, token)
             got = load(port, token, queries, args.rate, args.threads)
+            first_service = service_side(before, resolve_histogram(port, token))
             hits = [t for _, t, st in got if st == 200]
             misses = [t for _, t, st in got if st == 404]
             wall = max(1e-9, args.seconds)
@@ -222,16 +322,55 @@ def main() -> int:
                                   "miss_p50_ms": pct(misses, 50) * 1e3, "miss_p99_ms": pct(misses, 99) * 1e3,
                                   "hits": len(hits), "misses": len(misses),
                                   "other": len(got) - len(hits) - len(misses),
-                                  "select1_p50_ms": pct(floor, 50) * 1e3}
-            # 2. coverage JSON and page.
-            for path in ("/v1/coverage", "/coverage"):
+                                  "select1_p50_ms": pct(floor, 50) * 1e3, "service": first_service}
+            # 1b. The same questions again as devices poll: with If-None-Match (their ETag) -> 304,
+            # and without (a repeated question: the cached answer).
+            etags: dict[str, str] = {}
+            for q in queries[: min(len(queries), 300)]:
+                status, _body, _t, headers = get(port, q, token)
+                if status == 200:
+                    etags[q] = headers["etag"]
+            polls = [q for q in queries if q in etags]
+            if polls:
+                rounds = max(1, n // len(polls))
+                before = resolve_histogram(port, token)
+                got304 = load(port, token, polls * rounds, args.rate, args.threads, etags)
+                cond_service = service_side(before, resolve_histogram(port, token))
+                before = resolve_histogram(port, token)
+                repeat = load(port, token, polls * rounds, args.rate, args.threads)
+                rep_service = service_side(before, resolve_histogram(port, token))
+                t304 = [t for _, t, st in got304 if st == 304]
+                rep = [t for _, t, st in repeat if st == 200]
+                results["resolve conditional"] = {
+                    "requests": len(got304), "answered_304": len(t304),
+                    "p50_ms": pct(t304, 50) * 1e3, "p99_ms": pct(t304, 99) * 1e3, "service": cond_service}
+                results["resolve repeated (cached answer)"] = {
+                    "requests": len(repeat), "p50_ms": pct(rep, 50) * 1e3, "p99_ms": pct(rep, 99) * 1e3,
+                    "service": rep_service}
+            # 2. coverage: the summary, pages of the drill-down, the page; the whole matrix where small.
+            paths = ["/v1/coverage/summary", "/v1/coverage/summary?tag=stable", "/v1/coverage/summary?prefix=name_12",
+                     "/v1/coverage/models", "/v1/coverage/models?state=missing", "/coverage"]
+            _st, first_page, _t, _h = get(port, "/v1/coverage/models", token)
+            cursor = json.loads(first_page).get("next")
+            if cursor:
+                paths.append(f"/v1/coverage/models?cursor={cursor}")
+                paths.append(f"/coverage?cursor={cursor}")
+            if args.artifacts <= args.full_coverage_max:
+                paths.append("/v1/coverage")
+            for path in paths:
                 times = []
-                for _ in range(3):
-                    status, body, took = get(port, path, token)
+                for _ in range(5):
+                    status, body, took, _h = get(port, path, token)
                     assert status == 200, body[:300]
                     times.append(took)
-                results[f"coverage {path}"] = {"median_ms": pct(times, 50) * 1e3, "bytes": len(body)}
+                label = path.replace(cursor or "\0", "CURSOR")
+                results[f"coverage {label}"] = {"median_ms": pct(times, 50) * 1e3, "bytes": len(body)}
             # 4. RSS while streaming a large blob (local store: the service streams it itself).
+            if not args.stream_mib:
+                reg.close()
+                os.killpg(pid, signal.SIGTERM)
+                procs[-1].wait(30)
+                raise _Done
             big = big_artifact(reg, args.stream_mib, "stream-me")
             before = rss_kib(pid)
             peak = before
@@ -262,6 +401,8 @@ def main() -> int:
             procs[-1].wait(30)
 
             # 3. install over HTTP (presigned S3) vs raw boto3 GET of the same object.
+            if not args.install_mib:
+                raise _Done
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret")
             s3 = start_seaweedfs(tmp / "weed")
@@ -296,6 +437,8 @@ def main() -> int:
                 reg3.close()
             finally:
                 s3.stop()
+    except _Done:
+        pass
     finally:
         for p in procs:
             if p.poll() is None:
@@ -304,21 +447,8 @@ def main() -> int:
         admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
         admin.close()
 
-    r = results["resolve"]
-    print(f"resolve over HTTP, {args.artifacts} artifacts, {r['requests']} requests at {args.rate:g}/s "
-          f"({args.threads} clients): done at {r['rate_done']:.0f}/s")
-    print(f"  hits   p50 {r['hit_p50_ms']:.1f} ms  p99 {r['hit_p99_ms']:.1f} ms  ({r['hits']})")
-    print(f"  misses p50 {r['miss_p50_ms']:.1f} ms  p99 {r['miss_p99_ms']:.1f} ms  ({r['misses']})")
-    print(f"  SELECT 1 p50 {r['select1_p50_ms']:.2f} ms (floor, same run)")
-    for k in ("coverage /v1/coverage", "coverage /coverage"):
-        print(f"{k}: {results[k]['median_ms']:.0f} ms ({results[k]['bytes']} bytes)")
-    i = results["install"]
-    print(f"install {i['mib']} MiB: {i['install_s']:.1f} s vs raw S3 GET {i['raw_get_s']:.1f} s "
-          f"-> {i['throughput_vs_raw']:.2f}x of raw throughput")
-    st = results["stream"]
-    print(f"stream {st['mib']:.0f} MiB from the service: {st['seconds']:.1f} s, server RSS {st['rss_before_mib']:.0f} "
-          f"-> peak {st['rss_peak_mib']:.0f} MiB")
-    (out_dir / "api.json").write_text(json.dumps(results, indent=2))
+    report(results, args)
+    (out_dir / "api.json").write_text(json.dumps(results, indent=2, default=str))
     return 0
 
 

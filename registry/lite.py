@@ -91,6 +91,24 @@ class SessionRows:
             result.close()
 
 
+class ConnectionRows:
+    """``Rows`` on a SQLAlchemy Connection: with an autocommit connection, one round trip per
+    statement (no BEGIN / COMMIT), each statement seeing what is committed when it runs."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.dialect = conn.dialect.name
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        result = self.conn.exec_driver_sql(sql if self.dialect == "sqlite" else pyformat(sql), dict(params or {}))
+        if not result.returns_rows:
+            return []
+        try:
+            return list(result.cursor.fetchall())
+        finally:
+            result.close()
+
+
 def rows_of(source: Any) -> Rows:
     """A ``Rows`` for a SQLAlchemy session, or the ``Rows`` itself."""
     return source if hasattr(source, "rows") else SessionRows(source)

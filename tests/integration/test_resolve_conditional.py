@@ -23,9 +23,13 @@ from tests.common.index_rows import add_artifact, add_model
 Q = "/v1/resolve?model=m:stable&soc=SM8650&qnn=2.51.0&manifest=false"
 
 
-@pytest.fixture
-def svc(tmp_path) -> Iterator[dict[str, Any]]:
-    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+@pytest.fixture(params=["sqlite", "postgres"])
+def svc(request: pytest.FixtureRequest, tmp_path) -> Iterator[dict[str, Any]]:
+    env = {"FARM_HOME": str(tmp_path / "home")}
+    if request.param == "postgres":
+        # The service reads resolve over its own autocommit connections there (no ping per checkout).
+        env["FARM_DATABASE_URL"] = request.getfixturevalue("pg_url")
+    settings = Settings.from_env(env)
     reg = Registry.open(settings)
     with reg.db.session() as s:
         m = add_model(s, "m", name="m").digest
@@ -148,3 +152,19 @@ def test_none_match_parsing() -> None:
     assert etag_of("sha256:" + "a" * 64, [("k", "s")]) != etag
     assert etag_of("sha256:" + "a" * 64, [("k", "s"), ("j", "t")]) == etag_of("sha256:" + "a" * 64,
                                                                               [("j", "t"), ("k", "s")])
+
+
+def test_polls_survive_the_database_dropping_connections(svc: dict[str, Any]) -> None:
+    """PostgreSQL: the resolve connections are not pinged on checkout; one the server dropped is
+    found dead by the first statement and the request runs again on a fresh one."""
+    if svc["reg"].db.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from sqlalchemy import text
+
+    c = svc["c"]
+    etag = c.get(Q).headers["etag"]
+    with svc["reg"].db.engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    assert _poll(c, etag).status_code == 304
+    assert c.get(Q).status_code == 200

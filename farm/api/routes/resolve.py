@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import OrderedDict
 from typing import Annotated, Any
@@ -70,6 +71,43 @@ def _answers(request: Request) -> AnswerCache:
     return cache  # type: ignore[no-any-return]
 
 
+def _reader(request: Request, reg: Registry) -> Any:
+    """PostgreSQL: the service's engine of autocommit connections for resolve, without the ping
+    each checkout of the main pool sends: a poll answered from the cache is one round trip (the
+    generation read), a fresh answer one per statement. None on SQLite (local, no round trips)."""
+    reader = getattr(request.app.state, "resolve_reader", None)
+    if reader is None and reg.db.engine.dialect.name == "postgresql":
+        from sqlalchemy import create_engine
+
+        with _READER_LOCK:
+            reader = getattr(request.app.state, "resolve_reader", None)
+            if reader is None:
+                reader = request.app.state.resolve_reader = create_engine(
+                    reg.db.engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_size=8,
+                    max_overflow=8)
+    return reader
+
+
+_READER_LOCK = threading.Lock()
+
+
+def _on_reader(reader: Any, work: Any) -> Any:
+    """``work(rows)`` on a reader connection; once more on a fresh one if the first was dead (the
+    server restarted: no ping found it out)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from registry.lite import ConnectionRows
+
+    for attempt in (0, 1):
+        try:
+            with reader.connect() as conn:
+                return work(ConnectionRows(conn))
+        except DBAPIError as exc:
+            if attempt or not exc.connection_invalidated:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: str | None, gpu: str | None,
             trt: str | None, platform: str, with_manifest: bool) -> Answer:
     """The cached answer while the model's (digest, generation) holds, else a fresh one (kept)."""
@@ -81,24 +119,35 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
     base = str(request.base_url).rstrip("/")
     key = (base, model, device.backend, device.target.name, device.runtime, with_manifest)
     cache = _answers(request)
-    with reg.db.session() as s:
-        rows = SessionRows(s)
+    fail_devices = request.app.state.settings.report_fail_devices
+
+    def work(rows: Any) -> Answer | None:
         found = model_generation(rows, model)
         if found is None:
-            # Names nothing: resolve_model_ref explains the miss (bad name, unknown tag, the tags there are).
-            found = (resolve_model_ref(s, model), -1)
+            return None
         digest, generation = found
-        hit = cache.get(key, digest, generation) if generation >= 0 else None
+        hit = cache.get(key, digest, generation)
         if hit is None:
             try:
-                hit = _fresh(reg, rows, base, model, digest, generation, device, with_manifest,
-                             request.app.state.settings.report_fail_devices)
+                hit = _fresh(reg, rows, base, model, digest, generation, device, with_manifest, fail_devices)
             except E.NoMatchError as exc:
-                if generation >= 0:
-                    cache.miss(key, digest, generation, exc)
+                cache.miss(key, digest, generation, exc)
                 raise
-            if generation >= 0:
-                cache.put(key, hit)
+            cache.put(key, hit)
+        return hit
+
+    reader = _reader(request, reg)
+    if reader is not None:
+        hit = _on_reader(reader, work)
+    else:
+        with reg.db.session() as s:
+            hit = work(SessionRows(s))
+    if hit is None:
+        # Names nothing: resolve_model_ref explains the miss (bad name, unknown tag, the tags there
+        # are); should it find a model after all (it was just recorded), answer without keeping it.
+        with reg.db.session() as s:
+            digest = resolve_model_ref(s, model)
+            hit = _fresh(reg, SessionRows(s), base, model, digest, -1, device, with_manifest, fail_devices)
     hit.raise_miss()
     return hit
 
