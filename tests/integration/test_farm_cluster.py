@@ -414,6 +414,7 @@ def test_graph_group_release_on_postgres_and_s3(farm_cluster: Farm, tmp_path: Pa
             "--json"]
     out = json.loads(f.cli(*args).stdout)
     assert out["graphs"] == ["prefill", "decode"]
+    valid("submit", out)
     assert sorted((b["toolchain"], b["state"]) for b in out["builds"]) == [("2.47.0", "succeeded"),
                                                                           ("2.51.0", "succeeded")]
     time.sleep(3)  # time for the probes the reconciler would send: none may record a verdict

@@ -15,6 +15,7 @@ from tests.common.cli import farm
 from tests.common.groups import prefill_decode
 from tests.common.onnx_models import save
 from tests.common.registry_state import snapshot
+from tests.common.schemas import valid
 
 
 def _show(env: dict[str, str], artifact: str) -> dict:  # type: ignore[type-arg]
@@ -27,6 +28,7 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     out = json.loads(farm(farm_env, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}",
                           "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag", "t1", "--json").stdout)
     assert out["ok"] and out["graphs"] == ["prefill", "decode"]
+    valid("build", out)
     (b,) = out["builds"]
     assert b["state"] == "built" and b["nodes_ep"] == 2 and b["nodes_cpu"] == 0
 
