@@ -125,7 +125,7 @@ def journeys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Journeys]:
     pytest.importorskip("fastapi", reason="the service needs the [service] extra")
     pytest.importorskip("onnxruntime_qnn", reason="the journeys compile with the [qnn] extra")
     readme = blocks(ROOT / "README.md")
-    assert list(readme) == ["model", "serve", "pipeline", "device", "ops"], list(readme)
+    assert list(readme) == ["path", "model", "serve", "pipeline", "device", "ops", "embedded"], list(readme)
     j = Journeys(tmp_path_factory.mktemp("readme"))
     try:
         model = j.run(readme["model"])
@@ -137,7 +137,7 @@ def journeys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Journeys]:
         assert len(printed) == 2, serve.out
         j.tokens = {"submit": printed[0], "read": printed[1]}
         j.wait_for_service()
-        for name in ("pipeline", "device", "ops"):
+        for name in ("pipeline", "device", "ops", "embedded"):
             j.run(readme[name])
         # The CI page's script, as a CI job runs it: plain sh, the URL and a submit token in its environment.
         j.run(blocks(ROOT / "docs" / "ci.md")["ci"], "model.onnx", "ci-net", "stable", shell=("sh",),
@@ -212,3 +212,27 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert "cached" in proc.stdout + proc.stderr  # the second build
     assert re.search(r"light_resnet50 on qnn:SM8650: compile [\d.]+ s vs load of the fetched context", proc.stdout)
     assert "Traceback" not in proc.stderr
+
+
+def test_embedded_commands_answer_from_the_index_and_fetch(journeys: Journeys) -> None:
+    ran = ok(journeys.ran["embedded"])
+    assert "SM8650" in ran.out and "SM8750" in ran.out  # farm targets
+    assert "cached" in ran.out + ran.err  # the pipeline built these: nothing compiles again
+    assert (journeys.dir / "fetched" / "model_ctx.onnx").exists()
+
+
+def test_farm_on_the_path_as_written(tmp_path: Path) -> None:
+    """The README's PATH block, in the checkout as the README means it: `farm --version` prints what
+    its comment says."""
+    block = blocks(ROOT / "README.md")["path"]
+    if not (ROOT / ".venv" / "bin" / "activate").exists():
+        pytest.skip("no .venv in this checkout: the quick start or infra/test.sh makes it")
+    script = tmp_path / "path.sh"
+    script.write_text(block.code)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # a shell where farm is not on the PATH yet
+    proc = subprocess.run(["bash", "-e", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    expected = next(line for line in block.code.splitlines() if line.startswith("farm --version")).split("# ", 1)[1]
+    assert proc.stdout.strip() == expected.strip()
