@@ -11,7 +11,7 @@ from typing import Any
 
 from farm.cli import table
 from farm.cli.progress import ReleaseProgress
-from farm.cli.remote import add_server_arguments
+from farm.cli.remote import add_server_arguments, answer_of
 from farm.core.settings import Settings
 from farm.core.text import strip_ansi
 
@@ -77,7 +77,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if not args.model:
         from farm.core.errors import UsageError
 
-        raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
+        raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)",
+                         hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     return _submit(args, settings)
 
 
@@ -151,21 +152,24 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
         if not args.model:
             from farm.core.errors import UsageError
 
-            raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)", hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
+            raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)",
+                             hint="farm submit MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
         _check_model_path(Path(args.model))
     if name == "status":
         if args.build is not None:
             info = client.json("GET", f"/v1/builds/{args.build}")
-            log = info.pop("log", None)
-            _show_build(info, log if args.log else None, args.json)
+            with answer_of("status"):
+                log = info.pop("log", None)
+                _show_build(info, log if args.log else None, args.json)
             return 0
         if args.release is None:
             from farm.core.errors import UsageError
 
             raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
         st = client.json("GET", f"/v1/releases/{args.release}")
-        doc = release_json(st["release"], st["model"], st["builds"])
-        _show_release(doc, args.json)
+        with answer_of("status"):
+            doc = release_json(st["release"], st["model"], st["builds"])
+            _show_release(doc, args.json)
         return 0 if doc["ok"] or not doc["done"] else 1
     model = send_model(client, Path(args.model), args, settings)
     if moved := model.get("tag_moved"):

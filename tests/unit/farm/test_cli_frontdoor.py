@@ -148,3 +148,17 @@ def test_a_malformed_answer_to_a_read_command_is_server_error(argv, module, doc,
     err = capsys.readouterr().err
     assert err.startswith("error[server-error]") and "Traceback" not in err, err
     assert not (tmp_path / "index.db").exists()
+
+
+@pytest.mark.parametrize("argv,doc", [
+    (["status", "7"], {"release": 7, "builds": [{"build": 1}]}),
+    (["status", "7"], ["not", "a", "release"]),
+    (["status", "--build", "7"], {"build": "x", "state": None}),
+    (["status", "--build", "7"], ["nope"]),
+])
+def test_a_malformed_status_answer_is_server_error(argv, doc, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FARM_HOME", str(tmp_path))
+    monkeypatch.setattr("farm.client.Client", lambda server, token: StubService(doc))
+    assert main([*argv, "--server", "http://farm.invalid"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error[server-error]") and "Traceback" not in err, err
