@@ -78,7 +78,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if not args.model:
         from farm.core.errors import UsageError
 
-        raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)", hint="farm build MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
+        raise UsageError("the following arguments are required: model (or --graph NAME=PATH ...)",
+                         hint="farm build MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     models: list[str] = list(args.model)
     several = len(models) > 1
     if several and (args.name or args.tag or args.force_tag):
