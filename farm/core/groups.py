@@ -145,7 +145,9 @@ class GroupBundle:
 
     @property
     def size(self) -> int:
-        return len(self.descriptor) + sum(m.bundle.size for m in self.members)
+        """Bytes of its distinct files: graphs sharing a data file (the same digest) count it
+        once, as the store holds it once and the compile reads one set of weights."""
+        return len(self.descriptor) + sum({f["digest"]: int(f["size"]) for f in self.files_json()[1:]}.values())
 
     @property
     def stem(self) -> str:
