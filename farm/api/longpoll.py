@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ MAX_WAITERS = 256  # long polls waiting at once, in all
 MAX_WAITERS_PER_TOKEN = 32  # ... and per token: one client can't take every slot
 READERS = 4  # threads that read SQL for waiters (short calls), apart from the shared pool
 FALLBACK_POLL_S = 5.0  # a waiter reads again at least this often: an event can be lost
+FEED_IDLE_S = 30.0  # the feed thread (and its broker connection) ends after this long with no waiter
 
 
 @dataclass(eq=False)
@@ -44,7 +46,8 @@ class _Ticket:
 
 class BuildFeed:
     """One thread that turns build events into wake-ups of the waiting coroutines (on
-    whichever event loop each waits). Started by the first waiter, stopped by ``close``."""
+    whichever event loop each waits). Started by the first waiter; it ends after
+    ``FEED_IDLE_S`` with none, or on ``close``."""
 
     def __init__(self, broker_url: str | None):
         self.broker_url = broker_url
@@ -69,13 +72,22 @@ class BuildFeed:
     def _run(self) -> None:
         from farm.pipeline.events import Subscription
 
+        idle_since = time.monotonic()
         try:
             with Subscription(self.broker_url) as sub:
                 while not self._stop.is_set():
                     if sub.wait(None, 1.0):
                         self._wake()
+                    with self._lock:
+                        if self._tickets:
+                            idle_since = time.monotonic()
+                        elif time.monotonic() - idle_since > FEED_IDLE_S:
+                            self._thread = None  # nobody waits: the next waiter starts a new feed
+                            return
         except Exception:  # the fallback poll still answers every waiter
             log.exception("build event feed stopped")
+        with self._lock:
+            self._thread = None
 
     def _wake(self) -> None:
         with self._lock:
