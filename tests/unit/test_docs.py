@@ -138,3 +138,22 @@ def test_every_setting_is_documented() -> None:
     names = set(re.findall(r"\"(FARM_[A-Z0-9_]+)\"", (ROOT / "farm" / "core" / "settings.py").read_text()))
     page = (ROOT / "docs" / "settings.md").read_text()
     assert names and sorted(n for n in names if f"`{n}`" not in page) == []
+
+
+def test_every_readme_snippet_is_one_a_test_runs() -> None:
+    """A command block of the README is the quick start (tests/integration/test_readme.py runs it),
+    or marked `<!-- tested: NAME -->` (the same module runs it as written); its one Python block is
+    the device's (tests/integration/test_cli_terminal.py runs it)."""
+    text = README.read_text()
+    fences = [m for m in re.finditer(r"^```(\w*)\n", text, re.M)]
+    opening = fences[0::2]  # fences alternate: opening, closing
+    shell = [m for m in opening if m.group(1) == "sh"]
+    assert "./infra/quickstart.sh" in text[shell[0].end():]
+    untested = []
+    for m in shell[1:]:
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        if not before.startswith("<!-- tested: "):
+            untested.append(text[m.end():m.end() + 60])
+    assert untested == []
+    python = [m for m in opening if m.group(1) == "python"]
+    assert len(python) == 1 and text.rfind("### Load it on the device", 0, python[0].start()) != -1
