@@ -23,10 +23,11 @@ GIB = 1024 * MIB
 def test_defaults_are_the_measured_facts() -> None:
     m = fit([])
     assert m.samples == 0
-    # bench/memory.py (QNN 2.51.0): MatMul chains of 256 MiB and 1 GiB peaked at 761 and 2392 MiB;
-    # vgg19 (548 MiB of weights) at 1573 MiB; a 2.25 GiB model at 4.9 GB (4673 MiB).
-    for model_mb, peak_mb in ((256, 761), (1024, 2392), (548, 1573), (2304, 4673)):
-        assert abs(m.predict_mb(model_mb * MIB) - peak_mb) / peak_mb < 0.15, model_mb
+    # bench/memory.py (QNN 2.51.0): MatMul chains of 64 MiB to 2 GiB; vgg19 (548 MiB of weights);
+    # a 2.25 GiB model at 4.9 GB (4673 MiB). The target: within 25 % of each.
+    for model_mb, peak_mb in ((64, 302), (256, 761), (512, 1613), (1024, 2392), (2048, 4440), (548, 1573),
+                              (2304, 4673)):
+        assert abs(m.predict_mb(model_mb * MIB) - peak_mb) / peak_mb < 0.25, model_mb
 
 
 def test_fit_follows_the_recorded_peaks_and_shrugs_off_one_odd_build() -> None:
@@ -159,11 +160,11 @@ def test_the_executor_records_the_peak_and_the_prediction(settings: Settings, tm
 
 def test_the_executor_refuses_before_compiling(settings: Settings, tmp_path: Path, runner: InstantRunner,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(MemoryGate, "for_host", classmethod(lambda cls: cls(200)))  # a host with 200 MiB free
+    monkeypatch.setattr(MemoryGate, "for_host", classmethod(lambda cls: cls(150)))  # a host with 150 MiB free
     report = plan.build(settings, save(matmul_add(seed=4), tmp_path / "m.onnx"), ["qnn:SM8650"])
     o = report.outcomes[0]
     assert (o.state, o.error_code) == ("failed", "resource-limit")
-    assert "predicted to peak at" in (o.error_message or "") and "200 MiB" in (o.error_message or "")
+    assert "predicted to peak at" in (o.error_message or "") and "150 MiB" in (o.error_message or "")
     assert runner.compiles == 0
 
 
