@@ -234,7 +234,7 @@ def shell_commands(homes: dict[str, dict[str, str]], model: Path, farm_script: P
             submit = ["submit", *build_cmd.argv[2:]]
             out.append(Command(f"{kind}: cached `farm submit` ({len(TARGETS)} targets)",
                                [str(farm_script), *submit], {**build_cmd.env, "FARM_HEARTBEAT_SECONDS": "3600"},
-                               " succeeded ", len(TARGETS)))
+                               " cached ", len(TARGETS)))  # every build answered from the index
         if tree is None and kind == "SQLite":
             out.append(Command("SQLite: `python -m farm.cli resolve`", [py, "-m", "farm.cli", *resolve_cmd.argv[1:]],
                                resolve_cmd.env, resolve_cmd.expect))

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+# Fields that say how a run was made on one machine, not what it measured (argv holds local paths).
+NOISE = frozenset({"argv", "pid"})
 MAX_ROWS = 24  # a list of more rows than this (one per build, per request) is summarised, not listed
 
 
@@ -41,6 +43,10 @@ def _series(values: list[Any]) -> str:
             f"min {_num(min(values))}, max {_num(max(values))}")
 
 
+def _measured(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in NOISE}
+
+
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool) or (
         isinstance(value, list) and all(isinstance(v, str | int | float | bool) for v in value))
@@ -48,6 +54,7 @@ def _scalar(value: Any) -> bool:
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     columns: list[str] = []
+    rows = [_measured(row) for row in rows]
     for row in rows:
         columns += [k for k, v in row.items() if _scalar(v) and k not in columns]
     if not columns:
@@ -78,6 +85,7 @@ def _walk(title: str, data: Any, level: int, out: list[str]) -> None:
     nested under a family's rows stay in the JSON (the page says so)."""
     heading = "#" * min(level, 6)
     if isinstance(data, dict):
+        data = _measured(data)
         scalars = {k: v for k, v in data.items() if _scalar(v)}
         nested = {k: v for k, v in data.items() if not _scalar(v)}
         if title:
