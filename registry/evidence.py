@@ -88,7 +88,8 @@ def view(row: AccuracyResult) -> dict[str, Any]:
 
     return {"runtime": f"{row.runtime_backend}:{row.runtime_version}", "inputs": row.inputs, "status": row.status,
             "min_psnr_db": row.min_psnr_db, "worst_output": row.worst_output, "detail": row.detail,
-            "outputs": list(row.outputs or []), "run_seconds": row.run_seconds, "recorded_at": iso(row.recorded_at)}
+            "outputs": list(row.outputs or []), "run_seconds": row.run_seconds,
+            "reference_seconds": row.reference_seconds, "recorded_at": iso(row.recorded_at)}
 
 
 def of_artifacts(s: Session, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
@@ -134,3 +135,88 @@ def gate(view_: dict[str, Any] | None, min_psnr: float, artifact: str) -> FarmEr
         f"output {o.get('name')!r}: {figures} on {view_['runtime']}, below --min-psnr {min_psnr:g}",
         hint=f"artifact {short} is built and published; the HTP runs float models in fp16: check the model for "
              "values beyond fp16's range (65,504) or lower --min-psnr")
+
+
+# ---- the submitter's sample inputs (an .npz) -------------------------------------------------------
+
+MAX_SAMPLE_BYTES = 64 * 1024 * 1024  # the upload, and the arrays it expands to (each counted)
+ONNX_TO_NUMPY = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 5: "int16", 3: "int8",
+                 2: "uint8", 4: "uint16", 9: "bool"}
+
+
+def model_inputs(model_path: Any) -> list[tuple[str, str | None, list[int | str | None]]]:
+    """(name, numpy dtype, dims) of a model's graph inputs (initializers left out); a dim is an
+    int, a symbolic name or None. The graph only: external data is not read."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    out: list[tuple[str, str | None, list[int | str | None]]] = []
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        t = inp.type.tensor_type
+        dims: list[int | str | None] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                        for d in t.shape.dim]
+        out.append((inp.name, ONNX_TO_NUMPY.get(t.elem_type), dims))
+    return out
+
+
+def check_samples(npz_path: Any, model_path: Any, *, max_bytes: int = MAX_SAMPLE_BYTES) -> list[dict[str, Any]]:
+    """Validate an uploaded ``.npz`` against the model's inputs, as any upload: bounded size (the
+    file and every array it expands to), ``allow_pickle=False``, one array per input with its
+    name, dtype, rank and fixed dims, nothing else. Returns the arrays' (name, dtype, shape)."""
+    import zipfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from farm.core.errors import TooLargeError, UsageError
+
+    path = Path(npz_path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TooLargeError(f"the sample inputs are {size} bytes, over {max_bytes}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UsageError(f"the sample inputs are not an .npz (numpy.savez) file: {exc}",
+                         hint="np.savez('inputs.npz', **{input_name: array})") from None
+    if sum(m.file_size for m in members) > max_bytes:
+        raise TooLargeError(f"the sample arrays expand to over {max_bytes} bytes")
+    names = [m.filename for m in members]
+    if any(not n.endswith(".npy") or "/" in n or "\\" in n for n in names):
+        raise UsageError(f"the .npz holds members that are not plain arrays: {names[:5]}")
+    wanted = model_inputs(model_path)
+    got_names = sorted(n.removesuffix(".npy") for n in names)
+    if got_names != sorted(w[0] for w in wanted):
+        raise UsageError(f"the sample arrays {got_names[:20]} are not the model's inputs "
+                         f"{sorted(w[0] for w in wanted)[:20]}", hint="one array per model input, named as it")
+    out = []
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            for name, dtype, dims in wanted:
+                arr = z[name]
+                if dtype is None or arr.dtype != np.dtype(dtype):
+                    raise UsageError(f"sample {name!r} is {arr.dtype}, the model's input is {dtype}")
+                if arr.ndim != len(dims) or any(isinstance(d, int) and d > 0 and d != n
+                                                for d, n in zip(dims, arr.shape, strict=True)):
+                    raise UsageError(f"sample {name!r} has shape {list(arr.shape)}, the model's input is "
+                                     f"{[d if d else '?' for d in dims]}")
+                out.append({"name": name, "dtype": str(arr.dtype), "shape": list(arr.shape)})
+    except (ValueError, OSError, EOFError) as exc:  # pickled objects, truncated arrays
+        raise UsageError(f"the sample inputs could not be read as plain arrays: {str(exc)[:200]}") from None
+    return out
+
+
+def record_samples(s: Session, model_digest: str, digest: str, size: int, inputs: list[dict[str, Any]]) -> None:
+    """The model's sample inputs (one set per model: a new upload replaces it)."""
+    from registry.models import ModelSample
+
+    row = s.get(ModelSample, model_digest)
+    if row is None:
+        s.add(ModelSample(model_digest=model_digest, digest=digest, size=size, inputs=inputs))
+    else:
+        row.digest, row.size, row.inputs = digest, size, inputs
+    s.flush()

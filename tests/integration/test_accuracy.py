@@ -105,3 +105,61 @@ def test_release_gate_over_http(tmp_path: Path) -> None:
         bad = client.post("/v1/releases", json={"model": "plain:v1", "targets": ["qnn:SM8650"], "min_psnr": -1},
                           headers=auth)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "usage"
+
+
+def test_sample_inputs_upload_is_validated_and_used(tmp_path: Path) -> None:
+    """POST /v1/models/{digest}/samples: an .npz checked against the model's inputs like any
+    upload (hostile ones refused with codes, nothing recorded); a check then feeds it and records
+    its digest as the inputs."""
+    import io
+
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from farm.pipeline.accuracy import evaluate
+    from farm.pipeline.plan import build
+    from registry.index import find_artifact
+    from registry.tokens import create_token
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+    (o,) = build(settings, matmul_model(tmp_path / "m.onnx"), ["qnn:SM8650"]).outcomes
+    reg = Registry.open(settings)
+    with reg.db.session() as s:
+        tok = create_token(s, "ci", "submit")
+        read = create_token(s, "dev", "read")
+        art = find_artifact(s, o.artifact)
+        model, artifact_id = art.model_digest, art.id
+
+    def npz(**arrays: object) -> bytes:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # type: ignore[arg-type]
+        return buf.getvalue()
+
+    x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32)
+    hostile = [
+        (npz(x=x.astype(np.float64)), 400, "usage"),
+        (npz(x=x.reshape(64, 1)), 400, "usage"),
+        (npz(y=x), 400, "usage"),
+        (npz(x=x, extra=x), 400, "usage"),
+        (npz(x=np.array([{"a": 1}], dtype=object)), 400, "usage"),
+        (b"not a zip", 400, "usage"),
+        (b"\0" * (64 * 1024 * 1024 + 1), 413, "too-large"),
+    ]
+    with TestClient(create_app(settings, reg)) as client:
+        url = f"/v1/models/{model}/samples"
+        for body, status, code in hostile:
+            r = client.post(url, content=body, headers={"Authorization": f"Bearer {tok}"})
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+        assert client.post(url, content=npz(x=x), headers={"Authorization": f"Bearer {read}"}).status_code == 403
+        r = client.post(f"/v1/models/sha256:{'0' * 64}/samples", content=npz(x=x),
+                        headers={"Authorization": f"Bearer {tok}"})
+        assert r.status_code == 404
+        r = client.post(url, content=npz(x=x), headers={"Authorization": f"Bearer {tok}"})
+        assert r.status_code == 200, r.text
+        sample = r.json()["samples"]
+        assert r.json()["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 64]}]
+    view = evaluate(settings, reg, artifact_id)
+    reg.close()
+    assert view is not None and view["status"] == "ok" and view["inputs"] == sample
+    assert 60 < view["min_psnr_db"] < 100

@@ -96,8 +96,11 @@ def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict
 
 def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
                    memory_mb: int = 0, seed: int = DEFAULT_SEED, dims: dict[str, int] | None = None,
-                   sample: Path | None = None) -> dict[str, Any]:
-    """Run the comparison in a child within ``budget`` seconds. Always returns a record:
+                   sample: Path | None = None, warm_host: bool = True) -> dict[str, Any]:
+    """Run the comparison in a child within ``budget`` seconds: a job forked from a warm host
+    (``workers.host``: onnxruntime imported and the QNN EP registered once per process, as for
+    compiles: a fresh child spends about half a second on that), or a fresh child. Always
+    returns a record:
     ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``."""
     from workers.qnn.runner import provider_options
     from workers.runner import run_child
@@ -107,7 +110,14 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
                "sample": str(sample.resolve()) if sample else None}
     start = time.perf_counter()
     try:
-        result, _wall, _log = run_child(MODULE, "accuracy", request, work_dir, timeout=budget, memory_mb=memory_mb)
+        if warm_host:
+            from workers.host import pool_for
+
+            result, _wall, _log, _t = pool_for(MODULE).run("accuracy", request, work_dir, timeout=budget,
+                                                           memory_mb=memory_mb)
+        else:
+            result, _wall, _log = run_child(MODULE, "accuracy", request, work_dir, timeout=budget,
+                                            memory_mb=memory_mb)
     except (ResourceLimitError, CompileTimeoutError) as exc:
         if isinstance(exc, CompileTimeoutError) or "within" in exc.message or "time limit" in exc.message:
             return {"status": "skipped", "detail": f"skipped: over {budget:g} s", "outputs": []}

@@ -58,12 +58,15 @@ def accuracy(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from workers.childproc import run_one
+    """``accuracy REQUEST RESULT`` (a fresh child) or ``host`` (a warm host its jobs fork from:
+    ``workers.qnn.child.preload`` imports onnxruntime and registers the QNN EP once)."""
+    from workers.childproc import run_commands
+    from workers.qnn.child import preload
 
-    if len(argv) != 4 or argv[1] != "accuracy":
-        print(f"usage: python -m {MODULE} accuracy REQUEST.json RESULT.json", file=sys.stderr)
+    if not (len(argv) == 4 and argv[1] == "accuracy" or len(argv) == 2 and argv[1] == "host"):
+        print(f"usage: python -m {MODULE} accuracy REQUEST.json RESULT.json | host", file=sys.stderr)
         return 2
-    return run_one(argv[1], argv[2], argv[3], {"accuracy": accuracy})
+    return run_commands(argv, {"accuracy": accuracy}, preload=preload)
 
 
 if __name__ == "__main__":

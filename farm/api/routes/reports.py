@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from farm.api.deps import RegistryDep, SettingsDep, admin, read
+from farm.api.deps import RegistryDep, SettingsDep, admin, read, submit
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -322,3 +322,54 @@ def revoke_token_reports(reg: RegistryDep, token: Annotated[str, Query(min_lengt
 
     with reg.db.session() as s:
         return {"revoked": revoke(s, token_name=token)}
+
+
+@router.post("/v1/models/{digest}/samples", dependencies=[submit], tags=["submit"])
+async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[str, Any]:
+    """The submitter's sample inputs for a model's accuracy checks (docs/evidence.md): an ``.npz``
+    (``numpy.savez``) with one array per model input, checked against the model (names, dtypes,
+    ranks, fixed dims; ``allow_pickle=False``; at most 64 MiB, expanded too). Replaces any
+    earlier set; checks run from then on record the samples' digest as their inputs."""
+    import tempfile
+    from pathlib import Path
+
+    from starlette.concurrency import run_in_threadpool
+
+    from farm.core.keys import is_digest
+    from registry.evidence import MAX_SAMPLE_BYTES
+
+    if not is_digest(digest):
+        raise E.UsageError(f"{digest[:80]!r} is not a model digest")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_SAMPLE_BYTES):
+        raise E.TooLargeError(f"sample inputs are at most {MAX_SAMPLE_BYTES} bytes")
+    with tempfile.TemporaryDirectory(prefix="ctxfarm-samples-") as tmp:
+        path = Path(tmp) / "samples.npz"  # fixed name: never one from outside
+        size = 0
+        with open(path, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_SAMPLE_BYTES:
+                    raise E.TooLargeError(f"sample inputs are at most {MAX_SAMPLE_BYTES} bytes")
+                f.write(chunk)
+        return await run_in_threadpool(store_samples, reg, digest, path, Path(tmp))  # type: ignore[no-any-return]
+
+
+def store_samples(reg: Any, model_digest: str, path: Any, work: Any) -> dict[str, Any]:
+    """Check ``path`` against the stored model, store it as a blob, record it for the model."""
+    from registry.evidence import check_samples, record_samples
+    from registry.models import Model
+    from registry.store.base import download, put_file
+
+    with reg.db.session() as s:
+        model = s.get(Model, model_digest)
+        if model is None or not model.files:
+            raise E.NotFoundError(f"no model {model_digest}", hint="upload it first (POST /v1/models)")
+        onnx_file = dict(model.files[0])
+    graph = work / "model.onnx"  # the graph only: external data is not needed to read the inputs
+    download(reg.store, onnx_file["digest"], graph, size=int(onnx_file["size"]))
+    inputs = check_samples(path, graph)
+    info = put_file(reg.store, path)
+    with reg.db.session() as s:
+        record_samples(s, model_digest, info.digest, info.size, inputs)
+    return {"model": model_digest, "samples": info.digest, "size": info.size, "inputs": inputs}
