@@ -264,6 +264,14 @@ def api() -> str:
     return "\n".join(out)
 
 
+def readme() -> str:
+    """The README from its first paragraph to its journeys (what, why, the picture, the quick start),
+    so the site's home page and the README cannot tell two stories; links to docs/ made relative."""
+    text = (ROOT / "README.md").read_text()
+    body = text.split("\n", 1)[1].split("\n## Journeys", 1)[0].strip("\n")
+    return body.replace("](docs/", "](") + "\n"
+
+
 def perf() -> str:
     """The current performance figures, from bench/out/*.json (``docs/gen/perf.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -274,7 +282,7 @@ def perf() -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "cli": cli, "errors": errors, "error-tree": error_tree, "api": api, "states": states, "layers": layers,
-    "perf": perf,
+    "perf": perf, "readme": readme,
 }
 
 
