@@ -102,6 +102,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                         retry_failed=args.retry_failed) for m, listen in zip(models, listeners, strict=True)]
         todo = [i for i, r in enumerate(found) if r is None]
         if todo:
+            prestart_hosts(args.target, len(todo))
             from farm.pipeline.plan import build_many
 
             # The rest in one pool of parallel compiles, every (model, target) build together.
@@ -153,6 +154,24 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                       file=sys.stderr)
     print(f"{sum(len(r.outcomes) for r in reports)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def prestart_hosts(targets: list[str], models: int) -> None:
+    """Spawn this call's QNN compile hosts before importing the pipeline: a host's interpreter
+    start and SDK import (~0.2-0.4 s, a fixed cost of every `farm build` call) then run on the
+    other core beside this process's SQLAlchemy import, index and model hashing. Each compile
+    still runs in a job forked from a host (a crashing QNN library takes down the job only).
+    A host no build takes is stopped at exit; one that cannot start says why at the first compile."""
+    qnn = [t for t in targets if t.strip().lower().startswith("qnn:")]
+    if not qnn:
+        return
+    import os
+
+    from workers.host import pool_for
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # workers.qnn.runner.CHILD, named here so the CLI does not import the runner (and its catalog) first.
+    pool_for("workers.qnn.child").prestart(min(cpus, models * len(qnn)))
 
 
 def _check_accuracy(settings: Settings, reports: list[Any], min_psnr: float | None) -> None:

@@ -295,3 +295,30 @@ def test_farm_prefault_mb_0_forks_each_job_when_it_comes(tmp_path: Path) -> None
         assert standbys(host_pid) == []
     finally:
         pool.close()
+
+
+def test_prestarted_hosts_serve_the_first_jobs(tmp_path: Path) -> None:
+    """``prestart`` spawns without waiting; the first jobs take those hosts (no start of their
+    own), and a host no job took is killed with the pool."""
+    pool = HostPool(FAKE)
+    try:
+        pool.prestart(2)
+        pool.prestart(2)  # already starting: nothing more
+        starting = [h.pid for h in pool._starting]
+        assert len(starting) == 2 and pool.started == 0
+        result = run(pool, tmp_path, "a", action="ok")
+        assert result["ppid"] == starting[0] and pool.started == 1
+        assert result["preloaded_in"] == [starting[0]]
+    finally:
+        pool.close()
+    assert wait_for(lambda: not alive(starting[1]), 5)
+
+
+def test_a_prestarted_host_that_cannot_start_says_why_at_the_first_job(tmp_path: Path) -> None:
+    pool = HostPool(FAKE, env={"FAKE_CHILD_PRELOAD_FAILS": "1"})
+    try:
+        pool.prestart(1)
+        with pytest.raises(ToolchainError, match="no SDK in this environment"):
+            run(pool, tmp_path, "a", action="ok")
+    finally:
+        pool.close()
