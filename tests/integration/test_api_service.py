@@ -118,6 +118,48 @@ def test_archive_bombs_of_every_format_are_refused_and_leave_nothing(svc: dict[s
     assert list((svc["settings"].home / "uploads").iterdir()) == []
 
 
+def test_unpacking_stops_when_the_client_hangs_up(svc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real socket: the whole upload arrives, the client hangs up while it is unpacked; the
+    unpacking is told (its ``cancelled`` is set) and nothing is kept."""
+    import threading
+
+    import uvicorn
+
+    from farm.api import uploads
+
+    reached, told = threading.Event(), threading.Event()
+    real = uploads.unpack
+
+    def watched(upload: Path, kind: str, dest: Path, *, max_bytes: int, cancelled: Any = None) -> Path:
+        reached.set()
+        if cancelled is not None and cancelled.wait(30):
+            told.set()
+        return real(upload, kind, dest, max_bytes=max_bytes, cancelled=cancelled)
+
+    monkeypatch.setattr(uploads, "unpack", watched)
+    port = free_port()
+    # lifespan off: this second server must not shut the module's app (its runner) down when it stops
+    server = uvicorn.Server(uvicorn.Config(svc["app"], host="127.0.0.1", port=port, log_level="error",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert _until(lambda: server.started, 10)
+        before = snapshot(svc["settings"])
+        body = gzip.compress(_tar_bomb(1000))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Type: application/gzip\r\n"
+                         + f"Authorization: Bearer {svc['tokens']['submit']}\r\nContent-Length: {len(body)}\r\n\r\n"
+                         .encode() + body)
+            assert reached.wait(30)
+        assert told.wait(30), "the unpacking never heard that the client left"
+        assert _until(lambda: list((svc["settings"].home / "uploads").iterdir()) == [], 10)
+        assert snapshot(svc["settings"]) == before
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_embedded_service_builds_an_unbuilt_model(svc: dict[str, Any], tmp_path: Path) -> None:
     """No FARM_BROKER_URL: POST /v1/releases builds in-process (was 500 bad-config)."""
     c, submit, read = svc["client"], svc["tokens"]["submit"], svc["tokens"]["read"]
