@@ -79,6 +79,10 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
         node = onnx.load(str(dev / ctx)).graph.node[0]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["ep_cache_context"] == b"g0_ctx_qnn.bin" and attrs["main_context"] == 1
+    # load-check on this machine says why it can't tell, instead of blaming the file.
+    checked = farm(farm_env, "load-check", str(dev / "g1_ctx.onnx"), "-t", "qnn:SM8650", check=False)
+    assert checked.returncode != 0 and "Traceback" not in checked.stderr
+    assert "simulator cannot load weight-shared contexts" in checked.stderr and "no verdict on the device" in checked.stderr
 
 
 def test_group_refusals_write_nothing(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 from farm.core.errors import ToolchainError
 
 SHARED_UNVERIFIED = ("the x86_64 simulator cannot load weight-shared contexts "
-                     "(QNN_COMMON_ERROR_NOT_SUPPORTED, measured on QNN 2.47.0, 2.49.40 and 2.51.0)")
+                     "(measured: QNN_COMMON_ERROR_NOT_SUPPORTED on QNN 2.47.0, 2.49.40 and 2.51.0, "
+                     "or the load process dies with SIGSEGV)")
 MULTI_SOC_UNVERIFIED = ("the x86_64 simulator cannot load multi-SoC contexts "
                         "(QNN_CONTEXT_ERROR_CREATE_FROM_BINARY, measured on QNN 2.51.0)")
 

@@ -120,6 +120,17 @@ def context_facts(ctx: ContextModel) -> dict[str, Any]:
     return facts
 
 
+def _simulator_cannot_load(context: dict[str, Any], ctx: ContextModel) -> str | None:
+    """Why the x86_64 simulator refuses this context whatever its state (measured), or None: a
+    multi-SoC binary (several SoCs), or a weight-shared one (its binary is not its own:
+    g1_ctx.onnx -> g0_ctx_qnn.bin)."""
+    if len(context.get("soc_models") or []) > 1 or "," in (context.get("soc") or ""):
+        return description.MULTI_SOC_UNVERIFIED
+    if re.fullmatch(r"g\d{1,2}_ctx\.onnx", ctx.path.name) and ctx.files:  # a graph group's fixed stems
+        return description.SHARED_UNVERIFIED
+    return None
+
+
 def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
     from farm.core.groups import model_io
 
@@ -355,7 +366,12 @@ class QnnRunner:
             loaded = self.load_check(ctx_model, target, timeout=timeout)
         except FarmError as exc:
             exc.details = {**report, **({"log": exc.details["log"][-8000:]} if "log" in exc.details else {})}
-            if isinstance(exc, ToolchainError):
+            unloadable = _simulator_cannot_load(context, ctx) if runtime["simulator"] else None
+            if isinstance(exc, ToolchainError | RuntimeCrashedError) and unloadable:
+                exc.message = f"{exc.message} -- {unloadable}"
+                exc.hint = ("no verdict on the device: this runtime is the x86_64 simulator; load-check it on a "
+                            f"device with {target.name} (its description was checked when it was built: farm show)")
+            elif isinstance(exc, ToolchainError):
                 checked = ", ".join(f"{k} {v}" for k, v in (("SoC", built_for), ("SDK", built)) if v)
                 exc.hint = (f"the message is the QNN SDK's own; the file's {checked} matched this runtime, so the "
                             "context itself was refused: fetch it again (farm fetch verifies digests) or rebuild it"
