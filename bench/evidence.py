@@ -51,11 +51,11 @@ def seeded(path: Path, name: str, seed: int) -> Path:
     rng = np.random.default_rng(seed)
     for i, init in enumerate(model.graph.initializer):
         arr = numpy_helper.to_array(init)
-        if arr.dtype == np.float32 and arr.size > 1:
-            # Scaled by fan-in, so activations stay in range through the depth (N(0, 0.1)
-            # everywhere overflowed fp16 in resnet50 and shufflenet: PSNR 0).
-            fan_in = int(np.prod(arr.shape[1:])) if arr.ndim >= 2 else 0
-            std = float(np.sqrt(1.0 / fan_in)) if fan_in else 0.01
+        if arr.dtype == np.float32 and arr.ndim >= 2:
+            # Weights only, scaled by fan-in so activations stay in range through the depth;
+            # biases and BatchNormalization statistics keep their values (a random, negative
+            # variance made NaN outputs: PSNR 0).
+            std = float(np.sqrt(1.0 / int(np.prod(arr.shape[1:]))))
             model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
                 (rng.standard_normal(arr.shape) * std).astype(np.float32), init.name))
     onnx.save(model, str(path))

@@ -65,14 +65,15 @@ def _device(args: argparse.Namespace) -> Any:
 
 def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
     from registry.index import resolve_model_ref
-    from registry.resolve import resolve
+    from registry.resolve import FAIL_DEVICES, resolve
 
     if not args.model:
         raise UsageError("which model? give --model NAME:TAG (or a digest)")
     device = _device(args)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, args.model)
-        artifact, verdict = resolve(s, digest, device, model_label=args.model)
+        artifact, verdict = resolve(s, digest, device, model_label=args.model,
+                                    fail_devices=getattr(args, "fail_devices", FAIL_DEVICES))
         s.expunge_all()
     return artifact, verdict, digest
 
@@ -96,7 +97,8 @@ def _resolve_lite(settings: Settings, args: argparse.Namespace) -> bool:
         digest = model_ref_hit(index, args.model)
         if digest is None:
             return False
-        artifact, verdict = resolve(index, digest, device, model_label=args.model)
+        artifact, verdict = resolve(index, digest, device, model_label=args.model,
+                                    fail_devices=settings.report_fail_devices)
     info = _resolved_info(artifact, verdict)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -115,6 +117,7 @@ def _resolved_info(artifact: Any, verdict: Any) -> dict[str, Any]:
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    args.fail_devices = settings.report_fail_devices  # resolve skips what this many devices saw fail
     if name == "load-check":
         return _load_check(args)
     if name == "resolve" and getattr(args, "server", None):
