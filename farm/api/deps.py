@@ -119,8 +119,8 @@ def bearer_token(request: Request, creds: HTTPAuthorizationCredentials | None) -
                                   hint="send it as a header: Authorization: Bearer <token>")
     if creds is not None:
         return creds.credentials.strip() or None
-    header = request.headers.get("authorization")
-    if header and header.strip():
+    header = (request.headers.get("authorization") or "").strip()
+    if header and header.lower() != "bearer":
         raise E.UnauthorizedError("the Authorization header must use the Bearer scheme",
                                   hint="send Authorization: Bearer <token>")
     return None
