@@ -57,6 +57,7 @@ STABLE_CODES = {
     "SharingUnsupportedError": "sharing-unsupported",
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
+    "LocalOnlyError": "local-only",
 }
 
 
@@ -110,7 +111,7 @@ def test_every_code_has_a_meaning_and_the_table_lists_each_once():
 
 def test_usage_like_errors_exit_2():
     """Bad arguments (a bad flag, version, SoC, option, digest, name) exit 2; no-match 3."""
-    for code in ("usage", "bad-name", "unknown-target", "bad-options", "too-large"):
+    for code in ("usage", "bad-name", "unknown-target", "bad-options", "too-large", "local-only"):
         assert errors.error_for_code(code, "x").exit_code == 2, code
     assert errors.error_for_code("no-match", "x").exit_code == 3
 
