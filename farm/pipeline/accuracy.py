@@ -120,6 +120,12 @@ def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]
     from farm.pipeline.bundles import download_bundle
     from workers.backends import check_accuracy
 
+    socs = art.target.split("+")
+    if len(socs) > 1:
+        # A multi-SoC context: the simulator refuses it for each of its SoCs (measured:
+        # QNN_CONTEXT_ERROR_CREATE_FROM_BINARY); only devices can say.
+        return {"status": "unverified", "outputs": [],
+                "detail": f"a multi-SoC context ({', '.join(socs)}): no runtime here can load it; devices verify it"}
     target = load_catalog().get(art.target, backend=art.backend)
     with tempfile.TemporaryDirectory(prefix="ctxfarm-accuracy-") as tmp:
         root = Path(tmp)
@@ -134,6 +140,9 @@ def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]
                 download(reg.store, sample_digest, sample)
         except FarmError as exc:
             return {"status": "unverified", "outputs": [], "detail": f"{exc.code}: {exc.message[:1000]}"}
+        except (KeyError, IndexError, TypeError, ValueError) as exc:  # a bundle laid out otherwise (a group)
+            return {"status": "unverified", "outputs": [],
+                    "detail": f"the model or artifact could not be laid out for a check: {type(exc).__name__}: {exc}"}
         (root / "work").mkdir()
         return check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
                               memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample)
