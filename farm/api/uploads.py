@@ -203,9 +203,39 @@ def _untar(upload: Path, dest: Path, budget: Budget) -> None:
         raise InvalidModelError(f"not a readable tar archive: {_reason(exc)}") from None
 
 
+MAX_ZIP_DIRECTORY = 8 * 1024 * 1024  # a central directory of MAX_MEMBERS entries with long names fits
+
+
+def _zip_directory(upload: Path) -> None:
+    """Refuse a zip whose central directory is too big *before* zipfile parses it into objects
+    (a few hundred bytes of memory per 46-byte entry). Read from the end-of-directory records."""
+    import struct
+
+    size = upload.stat().st_size
+    with open(upload, "rb") as f:
+        f.seek(max(0, size - (65535 + 22 + 20)))
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < 22:
+            return  # not a zip: zipfile says so
+        entries, cd_size = struct.unpack("<HI", tail[at + 10:at + 16])
+        if (entries == 0xFFFF or cd_size == 0xFFFFFFFF) and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+            (zip64_at,) = struct.unpack("<Q", tail[at - 12:at - 4])  # the locator: PK\6\7, disk, offset
+            if zip64_at + 56 <= size:
+                f.seek(zip64_at)
+                record = f.read(56)
+                if record[:4] == b"PK\x06\x06":
+                    entries, cd_size = struct.unpack("<QQ", record[32:48])
+    if entries > MAX_MEMBERS:
+        raise InvalidModelError(f"the archive has more than {MAX_MEMBERS} members")
+    if cd_size > MAX_ZIP_DIRECTORY:
+        raise InvalidModelError(f"the archive's directory is {cd_size} bytes (over {MAX_ZIP_DIRECTORY})")
+
+
 def _unzip(upload: Path, dest: Path, budget: Budget) -> None:
     names = _Names()
     try:
+        _zip_directory(upload)
         with zipfile.ZipFile(upload) as zf:
             infos = zf.infolist()  # the central directory: its size is the upload's
             if len(infos) > MAX_MEMBERS:

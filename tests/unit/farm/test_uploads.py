@@ -9,6 +9,7 @@ import bz2
 import gzip
 import io
 import lzma
+import struct
 import tarfile
 import threading
 import zipfile
@@ -229,3 +230,35 @@ def test_names_that_collide_are_refused_before_writing(tmp_path: Path, names: li
             tar.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(InvalidModelError, match="twice, or as both"):
         _unpack(tmp_path, raw.getvalue(), "application/x-tar")
+
+
+def _zip_of_empty_members(n: int, *, zip64: bool) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(n):
+            zf.writestr(f"{i}.bin", b"")
+    data = buf.getvalue()
+    if not zip64:
+        return data
+    # The same directory behind a zip64 end record (what a zip of 65535+ entries has).
+    at = data.rfind(b"PK\x05\x06")
+    cd_size, cd_offset = struct.unpack("<II", data[at + 12:at + 20])
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n, cd_size, cd_offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, at, 1)
+    eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return data[:at] + record + locator + eocd
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_a_zip_directory_of_too_many_entries_is_refused_before_it_is_parsed(
+        tmp_path: Path, zip64: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uploads, "MAX_MEMBERS", 100)
+    under = tmp_path / "under.zip"
+    under.write_bytes(_zip_of_empty_members(100, zip64=zip64))
+    uploads._zip_directory(under)  # its end records read right: within the cap
+    assert zipfile.ZipFile(under).namelist()[-1] == "99.bin"
+    parsed: list[int] = []
+    monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", lambda self: parsed.append(1))
+    with pytest.raises(InvalidModelError, match="more than 100 members"):
+        _unpack(tmp_path, _zip_of_empty_members(101, zip64=zip64), "application/zip")
+    assert not parsed, "zipfile never built the directory's objects"
