@@ -37,7 +37,7 @@ def record_group(reg: Registry, graphs: list[tuple[str, str]], *, name: str | No
             members.append((graph, digest, [dict(f) for f in m.files]))
     desc, digest, listing = group_listing(members)
     put_bytes(reg.store, desc, expected=listing[0]["digest"])
-    size = sum({f["digest"]: int(f["size"]) for f in listing}.values())  # distinct files, as GroupBundle.size
+    size = sum(int(f["size"]) for f in listing)  # as GroupBundle.size: each graph's bundle in full
     with reg.db.session() as s:
         moved = record_snapshot(s, digest, listing[0]["digest"], size, [{**f, "stored": True} for f in listing],
                                 name, tag, "+".join(g for g, _, _ in members), force_tag=force_tag)
