@@ -119,3 +119,27 @@ def test_upload_sessions_refuse_what_is_not_theirs(service: dict[str, Any]) -> N
     reader = Client(service["url"], None)
     with pytest.raises(UnauthorizedError):
         reader.json("POST", "/v1/uploads")
+
+
+def test_one_writer_per_session_and_a_bounded_number_of_sessions(service: dict[str, Any], settings: Settings,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    from farm.api.routes import upload_sessions
+    from farm.core.errors import RateLimitedError
+
+    client = Client(service["url"], service["token"])
+    session = client.json("POST", "/v1/uploads")["upload"]
+    d = settings.home / "uploads" / f"session-{session}"
+    with open(d / "lock", "a") as held:  # another request is writing this session
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(UsageError, match="another request"):
+            with client._request("PATCH", f"/v1/uploads/{session}", body=b"x" * 10,
+                                 headers={"Upload-Offset": "0", "Content-Type": "application/octet-stream"}):
+                pass
+    assert client.json("GET", f"/v1/uploads/{session}")["offset"] == 0  # nothing of the refused piece
+    monkeypatch.setattr(upload_sessions, "MAX_SESSIONS", 3)
+    client.json("POST", "/v1/uploads")
+    client.json("POST", "/v1/uploads")
+    with pytest.raises(RateLimitedError):
+        client.json("POST", "/v1/uploads")

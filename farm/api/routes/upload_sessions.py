@@ -8,16 +8,20 @@ connection, as an OCI registry's blob upload does (``POST``, ``PATCH``…, then 
 
 A session is a directory ``FARM_HOME/uploads/session-ID`` whose name is the server's own random
 hex id (never the client's), checked by shape before any path is made. A PATCH at another offset
-is refused (``usage``, naming the offset to resume from); the total is capped at
+is refused (``usage``, naming the offset to resume from), so is a second request on a session
+while one writes it; at most ``MAX_SESSIONS`` are open (``rate-limited``); the total is capped at
 FARM_MAX_UPLOAD_MB; sessions untouched for ``SESSION_TTL_S`` are removed when a new one starts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import re
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +39,7 @@ router = APIRouter(tags=["submit"])
 
 SESSION_RE = re.compile(r"[0-9a-f]{32}")
 SESSION_TTL_S = 24 * 3600.0
+MAX_SESSIONS = 64  # open at once, per service: each may hold up to FARM_MAX_UPLOAD_MB on disk
 
 
 def _limit(request: Request) -> int:
@@ -57,6 +62,18 @@ def _session(settings: Settings, upload: str) -> Path:
     return d
 
 
+@contextmanager
+def _exclusive(d: Path) -> Iterator[None]:
+    """One request at a time on a session: two appends at the same offset would interleave."""
+    with open(d / "lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise E.UsageError(f"upload {d.name.removeprefix('session-')} is being written by another request",
+                               hint="one piece at a time: wait for it, then GET the offset") from None
+        yield
+
+
 def _sweep(root: Path) -> None:
     cutoff = time.time() - SESSION_TTL_S
     for d in root.glob("session-*"):
@@ -71,6 +88,9 @@ def _sweep(root: Path) -> None:
 def start_upload(settings: SettingsDep) -> dict[str, Any]:
     root = _root(settings)
     _sweep(root)
+    if len(list(root.glob("session-*"))) >= MAX_SESSIONS:
+        raise E.RateLimitedError(f"{MAX_SESSIONS} upload sessions are open on this service",
+                                 hint="complete or let expire the open ones (a day untouched), then start again")
     upload = secrets.token_hex(16)
     d = root / f"session-{upload}"
     d.mkdir()
@@ -89,13 +109,18 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep,
     """Append the body at ``Upload-Offset`` (which must be what the session holds)."""
     limit = _limit(request)
     try:
-        data = _session(settings, upload) / "data"
+        d = _session(settings, upload)
+        with _exclusive(d):
+            return await _append(request, settings, upload, d / "data", upload_offset, limit)
     except E.FarmError:
         await drain(request, limit)
         raise
+
+
+async def _append(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
+                  limit: int) -> dict[str, Any]:
     have = data.stat().st_size
     if upload_offset != have:
-        await drain(request, limit)
         raise E.UsageError(f"upload {upload} holds {have} bytes, the piece starts at {upload_offset}",
                            hint=f"GET /v1/uploads/{upload} says where to go on from")
     size = have
@@ -127,8 +152,9 @@ async def complete_upload(upload: str, request: Request, settings: SettingsDep, 
 
     name_, tag_ = plan.check_name_tag(name, tag)
     d = _session(settings, upload)
-    try:
-        return await run_in_threadpool(_accept_upload, settings, reg, d / "data", bundle_type, d / "bundle",
-                                       _limit(request), name_, tag_, force_tag)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    with _exclusive(d):
+        try:
+            return await run_in_threadpool(_accept_upload, settings, reg, d / "data", bundle_type, d / "bundle",
+                                           _limit(request), name_, tag_, force_tag)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
