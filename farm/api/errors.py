@@ -49,6 +49,12 @@ def server_roots(settings: Any) -> tuple[str, ...]:
 
     roots = {str(settings.home), str(Path(settings.home).resolve()), tempfile.gettempdir(), sys.prefix,
              str(Path(__file__).resolve().parents[2])}
+    # A local store or SQLite index may live outside the home: their directories too.
+    for url, scheme in ((settings.store_url, "file://"), (settings.database_url, "sqlite:///")):
+        if isinstance(url, str) and url.startswith(scheme):
+            where = Path(url[len(scheme):].split("?", 1)[0])
+            if where.is_absolute():
+                roots.add(str(where.parent if scheme == "sqlite:///" else where))
     return tuple(r for r in roots if len(r) > 1)
 
 
