@@ -586,3 +586,29 @@ def test_submit_wait_shows_each_build_change_and_json_is_typed(farm_cluster: Far
     assert rc == 0, plain
     assert "\x1b[" in out and "ELAPSED" in plain and "ATTEMPTS" in plain, plain
     assert re.search(r"qnn:SM8650\s+2\.51\.0\s+succeeded\s+1\s+\d+\.\d s", plain), plain
+
+
+def test_cancel_a_running_and_a_queued_build(farm_cluster: Farm) -> None:
+    """farm cancel on a release (issue 22): the worker's running compile is killed within its
+    lease renewal, the queued build's message is dropped when the worker takes it, the worker
+    goes on to the next build, and submitting again queues the cancelled builds again."""
+    f = farm_cluster
+    a = f.start_worker("2.51.0")  # one compile at a time: one build runs, the other waits
+    out = json.loads(f.cli("submit", str(light("vgg19")), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--sdk", "2.51.0",
+                           "--json").stdout)
+    (child,) = wait_for(lambda: compile_children(a.pid), 60)
+    cancelled_at = time.monotonic()
+    answer = json.loads(f.cli("cancel", str(out["release"]), "--json").stdout)
+    assert sorted(r["was"] for r in answer["builds"]) == ["queued", "running"]
+    assert [r["now"] for r in answer["builds"]] == ["cancelled", "cancelled"]
+    assert wait_for(lambda: not alive(child), 10), "the compile outlived its cancel"
+    stopped = time.monotonic() - cancelled_at
+    assert stopped <= 2 + 3, f"the running compile took {stopped:.1f} s to stop"  # lease 6 s: renewals every 2 s
+    rows = f.builds()
+    assert [(r["state"], r["code"]) for r in rows] == [("failed", "cancelled")] * 2
+    # The worker is free: the next build runs; the cancelled ones stay cancelled meanwhile.
+    f.cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--wait", "--timeout", "120")
+    assert [(r["state"], r["code"]) for r in f.builds()[:2]] == [("failed", "cancelled")] * 2
+    again = json.loads(f.cli("submit", str(light("vgg19")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--json").stdout)
+    assert again["builds"][0]["state"] in ("queued", "running")  # a cancel is not a verdict
+    assert a.poll() is None
