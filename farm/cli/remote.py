@@ -1,8 +1,8 @@
 """Which side answers a command: this machine's index, or the service (``--server``/``FARM_SERVER``).
 
-Read commands (ls, show, workers, coverage, status) take ``--server`` and default to
-``FARM_SERVER``: in a pipeline shell that points at a farm they ask the farm, never an empty index
-of their own. A command that needs the index itself (db, registry, keys sign, tag, token) refuses
+Read commands (ls, show, workers, coverage, status, tag --history) take ``--server`` and default
+to ``FARM_SERVER``: in a pipeline shell that points at a farm they ask the farm, never an empty
+index of their own. A command that needs the index itself (db, registry, keys sign, token) refuses
 with ``local-only`` where this shell has a service but no index, instead of creating an empty
 SQLite index and answering from it.
 """

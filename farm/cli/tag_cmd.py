@@ -21,12 +21,14 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--force", "-f", action="store_true", help="move the tag if it points at another model")
         p.add_argument("--history", action="store_true", help="print every change of the tag, oldest first")
     p.add_argument("--json", action="store_true")
+    from farm.cli.remote import add_server_arguments
+
+    add_server_arguments(p)
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.core.errors import UsageError
     from farm.core.names import split_ref
-    from registry.index import Registry, delete_tag, set_tag, tag_source, tag_view
 
     tag_name, tag = split_ref(args.ref)
     if name == "tag" and not args.history and not args.source:
@@ -34,7 +36,10 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                          hint="or farm tag --history NAME:TAG")
     if name == "tag" and args.history and args.source:
         raise UsageError("--history takes only NAME:TAG")
+    if args.server:
+        return _print(name, args, _remote(name, args, tag_name, tag))
     from farm.cli.remote import require_local_index
+    from registry.index import Registry, delete_tag, set_tag, tag_source, tag_view
 
     require_local_index(name, settings)
     reg = Registry.open(settings)
@@ -53,6 +58,36 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                        "moved": move.moved, "changed": move.changed, "artifact": artifact}
     finally:
         reg.close()
+    return _print(name, args, out)
+
+
+def _remote(name: str, args: argparse.Namespace, tag_name: str, tag: str) -> dict[str, Any]:
+    """The same documents through ``/v1/tags/NAME/TAG`` (an admin token)."""
+    from urllib.parse import quote
+
+    from farm.cli.remote import answer_of, client
+
+    api = client(args)
+    path = f"/v1/tags/{quote(tag_name, safe='/')}/{quote(tag, safe='')}"
+    if name == "untag":
+        got = api.json("DELETE", path)
+        with answer_of("untag"):
+            return {"ref": f"{tag_name}:{tag}", "name": tag_name, "tag": tag, "deleted": True,
+                    "digest": got["digest"]}
+    if args.history:
+        out = api.json("GET", path)
+    else:
+        out = api.json("PUT", path, {"digest": args.source, "force": bool(args.force)})
+    with answer_of("tag"):
+        if not isinstance(out, dict):
+            raise TypeError("not an object")
+        for key in ("ref", "digest", "history") + (() if args.history else ("moved", "changed", "previous")):
+            out[key]  # noqa: B018 - KeyError is the check
+        out.pop("tag_moved", None)
+    return out
+
+
+def _print(name: str, args: argparse.Namespace, out: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

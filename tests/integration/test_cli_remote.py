@@ -45,10 +45,12 @@ def farm_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         reg.close()
     read = token(settings, "remote-read", "read")
     submit = token(settings, "remote-submit", "submit")
+    admin = token(settings, "remote-admin", "admin")
     port = free_port()
     proc = serve(host_env, port, home / "serve.log")
     try:
-        yield {"host_env": host_env, "server": f"http://127.0.0.1:{port}", "read": read, "submit": submit, "outcome": o,
+        yield {"host_env": host_env, "server": f"http://127.0.0.1:{port}", "read": read, "submit": submit, "admin": admin,
+               "outcome": o,
                "home": home}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -115,7 +117,7 @@ def test_remote_reads_import_no_database_or_store(pipeline_env: dict[str, str]) 
 
 
 def test_a_command_with_no_remote_form_says_so(pipeline_env: dict[str, str]) -> None:
-    for args in (["registry", "verify"], ["db", "current"], ["tag", "sq:x", "sq:stable"],
+    for args in (["registry", "verify"], ["db", "current"], ["keys", "sign", "abcdef"],
                  ["token", "create", "dev", "--scope", "read"]):
         proc = farm(pipeline_env, *args, "--json", check=False)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
@@ -177,3 +179,24 @@ def test_hostile_reads_get_a_coded_error(farm_service: dict[str, Any], path: str
     if code is not None:
         assert err["code"] == code, err
     assert str(farm_service["home"]) not in json.dumps(err)  # no server path in an answer
+
+
+def test_tags_through_the_service(farm_service: dict[str, Any], pipeline_env: dict[str, str]) -> None:
+    host = farm_service["host_env"]
+    o = farm_service["outcome"]
+    env = {**pipeline_env, "FARM_TOKEN": farm_service["admin"]}
+    short = o.artifact.removeprefix("sha256:")[:12]
+    tagged = valid("tag", _json(env, "tag", "sq:remote", short))
+    assert (tagged["ref"], tagged["changed"], tagged["moved"]) == ("sq:remote", True, False)
+    assert tagged["artifact"] == o.artifact and tagged["digest"] == _json(host, "show", short)["model"]
+    again = _json(env, "tag", "sq:remote", short)
+    assert (again["changed"], again["moved"]) == (False, False)
+    assert "already points at" in farm(env, "tag", "sq:remote", short).stdout
+    history = valid("tag", _json(env, "tag", "--history", "sq:remote"))
+    assert history == _json(host, "tag", "--history", "sq:remote")
+    gone = valid("untag", _json(env, "untag", "sq:remote"))
+    assert gone["deleted"] and gone["digest"] == tagged["digest"]
+    assert _json(host, "tag", "--history", "sq:remote")["digest"] is None
+    # A read token cannot move tags: 403, said as forbidden.
+    proc = farm(pipeline_env, "tag", "sq:other", short, "--json", check=False)
+    assert json.loads(proc.stdout)["error"]["code"] == "forbidden"

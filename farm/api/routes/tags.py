@@ -35,9 +35,11 @@ def put_tag(name: str, tag: str, body: TagIn, reg: RegistryDep) -> dict[str, Any
     check_name(name)
     check_tag(tag)
     with reg.db.session() as s:
-        digest, _artifact = tag_source(s, body.digest)
+        digest, artifact = tag_source(s, body.digest)
         move = set_tag(s, name, tag, digest, force=body.force)
-        return {**tag_view(s, name, tag), "tag_moved": move.as_move()}
+        # What `farm tag --json` prints (schema tag.json), and tag_moved.
+        return {**tag_view(s, name, tag), "previous": move.previous if move.moved else None, "moved": move.moved,
+                "changed": move.changed, "artifact": artifact, "tag_moved": move.as_move()}
 
 
 @router.delete("/v1/tags/{name:path}/{tag}", dependencies=[admin])
