@@ -72,10 +72,10 @@ KEY = ("artifact_id", "token_id", "device_id", "runtime_backend", "runtime_versi
 
 def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
     """Insert or replace many reports in one statement; their row ids, in order. Reports of one
-    key within the batch collapse to the last one (``count`` adds up)."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    from registry.models import DeviceReport
+    key within the batch collapse to the last one (``count`` adds up). Plain SQL on the session's
+    connection (the same text on PostgreSQL and SQLite): the ORM's bulk path cost more CPU than
+    the database did (1.4 ms a report in batches of 8, measured)."""
+    from registry.lite import pyformat
 
     now = datetime.now(UTC)
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -88,14 +88,29 @@ def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[
         values["count"] = rows[key]["count"] + 1 if key in rows else 1
         rows[key] = values
     dialect = s.get_bind().dialect.name
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(DeviceReport).values(list(rows.values()))
-    update: dict[str, Any] = {k: ins.excluded[k] for k in (*FIELDS, "received_at")}
-    update["count"] = DeviceReport.count + ins.excluded["count"]
-    update["revoked_at"] = None
-    stmt = ins.on_conflict_do_update(index_elements=list(KEY), set_=update).returning(
-        DeviceReport.id, *(getattr(DeviceReport, k) for k in KEY))
-    ids = {tuple(r[1:]): int(r[0]) for r in s.execute(stmt)}
+    params: dict[str, Any] = {}
+    groups = []
+    for i, row in enumerate(rows.values()):
+        names = []
+        for c in _COLUMNS:
+            v = row[c]
+            if dialect == "sqlite" and isinstance(v, datetime):
+                v = v.astimezone(UTC).replace(tzinfo=None).isoformat(" ")  # as SQLAlchemy stores them
+            params[f"p{i}_{c}"] = v
+            names.append(f":p{i}_{c}")
+        groups.append("(" + ", ".join(names) + ")")
+    sql = (f"INSERT INTO device_reports ({', '.join(_COLUMNS)}) VALUES {', '.join(groups)}"
+           f" ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+           + ", ".join(f"{c} = excluded.{c}" for c in (*FIELDS, "received_at"))
+           + ", count = device_reports.count + excluded.count, revoked_at = NULL"
+           f" RETURNING id, {', '.join(KEY)}")
+    if dialect == "postgresql":
+        sql = pyformat(sql)
+    ids = {tuple(r[1:]): int(r[0]) for r in s.connection().exec_driver_sql(sql, params).fetchall()}
     return [ids[k] for k in keys]
+
+
+_COLUMNS = (*FIELDS, "artifact_id", "token_id", "received_at", "revoked_at", "count")
 
 
 class ReportWriter:

@@ -70,7 +70,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     app.include_router(cancel.router)  # issue 22: farm cancel
     app.include_router(upload_sessions.router)  # issue 22: resumable uploads
-    app.include_router(reports.router)  # issue 23: device reports
+    reports.include(app)  # issue 23: device reports (its hot POST route first)
     from farm.api.routes import groups
 
     app.include_router(groups.router)  # issue 22: graph groups

