@@ -147,6 +147,8 @@ async def drain(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return  # too much to read for nothing: answer now
+    if request.headers.get("expect", "").lower() == "100-continue":
+        return  # the client waits for our word before it sends: the answer is that word (curl)
     seen = 0
     try:
         async for chunk in request.stream():

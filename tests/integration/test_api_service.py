@@ -400,3 +400,32 @@ def test_a_refused_token_on_a_big_upload_is_answered_not_reset(live: dict[str, A
         with pytest.raises(error):
             Client(live["url"], tok).upload(model, name="big")
     assert snapshot(live["settings"]) == before
+
+
+def _answer_to_headers_only(live: dict[str, Any], headers: str) -> bytes:
+    """Send only the head of an upload that asks ``Expect: 100-continue``; what comes back."""
+    with socket.create_connection(("127.0.0.1", live["port"]), timeout=10) as sock:
+        sock.sendall(headers.encode())
+        data = b""
+        while True:
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            if sep and length and len(body) >= int(length.group(1)):
+                return data
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+
+@pytest.mark.parametrize("who,size,status", [("r1", 6 << 20, 403), ("nobody", 6 << 20, 401), ("sub", 65 << 20, 413)])
+def test_an_upload_that_expects_100_continue_is_refused_before_its_body(live: dict[str, Any], who: str, size: int,
+                                                                        status: int) -> None:
+    """curl's way: the client waits for the service's word before it sends a large body; a
+    refusal (the token, or the declared size over FARM_MAX_UPLOAD_MB) is that word."""
+    tok = live["tokens"].get(who, "cfk_nobody")
+    answer = _answer_to_headers_only(live, f"POST /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
+                                           f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n"
+                                           "Expect: 100-continue\r\n\r\n")
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+    assert b'"error"' in answer

@@ -37,6 +37,11 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
     The token is checked before the body is read; archives are bounded while they unpack
     (``farm.api.uploads``), and the work stops when the client goes away."""
     limit = _upload_limit(request)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        # Refused on its declared size, before a byte is read (a client that sent
+        # Expect: 100-continue never sends the body at all).
+        raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB ({declared} bytes declared)")
     try:
         name_, tag_ = plan.check_name_tag(name, tag)
     except E.FarmError:
@@ -52,8 +57,7 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
                 if size > limit:
                     raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
                 f.write(chunk)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) != size:
+        if declared.isdigit() and int(declared) != size:
             raise E.InvalidModelError(f"the upload was cut short ({size} of {declared} bytes)")
         gone = threading.Event()
         watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
