@@ -217,7 +217,20 @@ def test_devices_install_load_report_and_change_resolve(live: dict[str, Any], tm
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["outcome"] == "fails" and got["runtime"] == "qnn:2.47.0"
+    # From a shell: farm report (a crash seen on a third device of 2.51.0).
+    env = {**base, "FARM_SERVER": svc["url"], "FARM_REPORT_TOKEN": t["report"], "FARM_HOME": str(tmp_path / "sh")}
+    proc = subprocess.run([sys.executable, "-m", "farm.cli", "report", "--artifact", svc["artifact"], "--soc",
+                           "snapdragon-8-gen-3", "--qnn", "2.51.0", "--outcome", "crashed", "--error", "SIGSEGV in HTP",
+                           "--device-id", "shell-1", "--onnxruntime", "1.31.1", "--json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["soc"] == "SM8650"
+    bad = subprocess.run([sys.executable, "-m", "farm.cli", "report", "--artifact", "sha256:" + "0" * 64, "--soc",
+                          "SM8650", "--qnn", "2.51.0", "--outcome", "loads"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "error[not-found]" in bad.stderr and "Traceback" not in bad.stderr
     status, agg = call(svc, "GET", f"/v1/reports?artifact={svc['artifact']}", t["read"])
     by_runtime = {e["runtime"]: e for e in agg["devices"]}
     assert by_runtime["qnn:2.51.0"]["loads"] == 2 and by_runtime["qnn:2.47.0"]["fails"] == 1
+    assert by_runtime["qnn:2.51.0"]["crashed"] == 1
     assert "QNN" in (by_runtime["qnn:2.47.0"]["last_error"] or "")
