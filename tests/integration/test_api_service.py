@@ -429,3 +429,17 @@ def test_an_upload_that_expects_100_continue_is_refused_before_its_body(live: di
                                            "Expect: 100-continue\r\n\r\n")
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
     assert b'"error"' in answer
+
+
+def test_blob_conditional_gets_compare_weakly_and_star_needs_the_blob(svc: dict[str, Any]) -> None:
+    c, read = svc["client"], svc["tokens"]["read"]
+    res = c.get("/v1/resolve?model=sq:stable&soc=SM8650&qnn=2.51.0", headers=auth(read)).json()
+    digest = res["files"][0]["digest"]
+    url = f"/v1/blobs/{digest}"
+    for header, status in ((f'"{digest}"', 304), (f'W/"{digest}"', 304), (f'"x", W/"{digest}"', 304), ("*", 304),
+                           ('"sha256:other"', 200)):
+        r = c.get(url, headers={**auth(read), "If-None-Match": header})
+        assert r.status_code == status, (header, r.status_code)
+        assert r.headers["etag"] == f'"{digest}"'
+    missing = c.get("/v1/blobs/sha256:" + "1" * 64, headers={**auth(read), "If-None-Match": "*"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "blob-not-found"

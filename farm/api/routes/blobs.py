@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
+from farm.api.answers import none_match
 from farm.api.deps import MetricsDep, RegistryDep, read
 from farm.core import errors as E
 from farm.core.keys import is_digest
@@ -25,10 +26,15 @@ def get_blob(digest: str, reg: RegistryDep, metrics: MetricsDep,
     if not is_digest(digest):
         raise E.UsageError(f"{digest[:80]!r} is not a sha256 digest")
     etag = f'"{digest}"'
-    if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
+    # Weak comparison (RFC 9110 13.1.2), as resolve: W/"d" matches "d"; "*" matches a blob that
+    # exists, so it is answered after the stat (a missing blob stays 404).
+    star = bool(if_none_match) and "*" in [t.strip() for t in (if_none_match or "").split(",")]
+    if not star and none_match(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
     presign = getattr(reg.store, "presign", None)
     info = reg.store.stat(digest)
+    if star:
+        return Response(status_code=304, headers={"ETag": etag})
     # A blob the store holds compressed (one part at most: S3BlobStore) goes straight from S3
     # only to a client that takes that Content-Encoding, whole; any other gets it decoded here.
     if presign is not None and (info.encoding is None
