@@ -20,7 +20,7 @@ STATUS = {
     "digest-mismatch": 502, "storage-error": 503, "resource-limit": 400, "toolchain-error": 502, "worker-lost": 503,
     "timeout": 504, "interrupted": 503, "install-conflict": 409, "lease-lost": 409, "missing-extra": 501,
     "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
-    "accuracy-below-threshold": 422, "accuracy-unverified": 422,
+    "accuracy-below-threshold": 422, "accuracy-unverified": 422, "cancelled": 409,
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the
