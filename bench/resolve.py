@@ -334,18 +334,18 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
             timed("device query, new session per query", lambda: fresh_session(ref, device))  # noqa: B023
 
         # Coverage: the summary (counters; a scope aggregates its cells) and pages of the drill-down.
-        first = models_page(s, limit=50)
+        first = models_page(s)
         cursor = first.next_cursor
         for _ in range(8):
-            cursor = models_page(s, limit=50, cursor=cursor).next_cursor
+            cursor = models_page(s, cursor=cursor).next_cursor
         views = {
             "coverage summary (whole farm)": lambda: summary(s),
             "coverage summary (prefix name_12)": lambda: summary(s, Scope(prefix="name_12")),
             "coverage summary (tag stable: every model)": lambda: summary(s, Scope(tag="stable")),
-            "coverage page 1 (50 models)": lambda: models_page(s, limit=50),
-            "coverage page 10 (cursor)": lambda: models_page(s, limit=50, cursor=cursor),
-            "coverage page, state missing": lambda: models_page(s, limit=50, state="missing"),
-            "coverage page, failed on SM8650 (none)": lambda: models_page(s, limit=50, state="failed",
+            "coverage page 1 (20 models)": lambda: models_page(s),
+            "coverage page 10 (cursor)": lambda: models_page(s, cursor=cursor),
+            "coverage page, state missing": lambda: models_page(s, state="missing"),
+            "coverage page, failed on SM8650 (none)": lambda: models_page(s, state="failed",
                                                                          target=f"qnn:{socs[0]}"),
         }
         cov_plans: dict[str, list[dict[str, Any]]] = {}

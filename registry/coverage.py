@@ -270,9 +270,10 @@ def _subset(sc: Scope, alias: str, params: dict[str, Any]) -> str:
         out.append(f" AND {alias}.model_digest IN (SELECT model_digest FROM tags WHERE tag = :s_tag)")
     if sc.prefix is not None:
         params["s_like"] = _like(sc.prefix)
-        out.append(f" AND ({alias}.model_digest IN (SELECT model_digest FROM tags WHERE name LIKE :s_like"
-                   f" ESCAPE '\\') OR {alias}.model_digest IN (SELECT digest FROM models"
-                   f" WHERE first_name LIKE :s_like ESCAPE '\\'))")
+        # One IN over a UNION (each side by its index: tags (name, tag), models (first_name,
+        # digest)): an OR of two INs made PostgreSQL scan every cell (3.6 s at 1M).
+        out.append(f" AND {alias}.model_digest IN (SELECT model_digest FROM tags WHERE name LIKE :s_like"
+                   f" ESCAPE '\\' UNION SELECT digest FROM models WHERE first_name LIKE :s_like ESCAPE '\\')")
     if sc.digests is not None:
         if not sc.digests:
             out.append(" AND 1 = 0")
@@ -508,7 +509,8 @@ def models_page(session: Any, sc: Scope | None = None, *, target: str | None = N
     after = ""
     if cursor:
         params["k_name"], params["k_digest"] = decode_cursor(cursor)
-        after = " AND (m.first_name > :k_name OR (m.first_name = :k_name AND m.digest > :k_digest))"
+        # A row comparison: the index (first_name, digest) starts at the cursor (an OR filtered from the first row).
+        after = " AND (m.first_name, m.digest) > (:k_name, :k_digest)"
     found = rows.rows(f"SELECT m.digest, m.first_name FROM models m WHERE {exists}{after}"
                       " ORDER BY m.first_name, m.digest LIMIT :limit", params)
     more = len(found) > limit
