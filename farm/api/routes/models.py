@@ -6,11 +6,11 @@ import asyncio
 import shutil
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from starlette.concurrency import run_in_threadpool
 
 from farm.api.deps import RegistryDep, SettingsDep, drain, submit, submit_before_body
 from farm.api.schemas import ModelOut
@@ -20,6 +20,9 @@ from farm.pipeline import plan
 from registry.index import Registry
 
 router = APIRouter(tags=["submit"])
+# Unpacking, hashing and storing an upload is CPU and disk work of up to FARM_MAX_UPLOAD_MB: it
+# runs on threads of its own, so uploads queue behind each other, never in front of resolve.
+UNPACKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="unpack")
 
 
 def _upload_limit(request: Request) -> int:
@@ -62,9 +65,9 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
         gone = threading.Event()
         watcher = asyncio.ensure_future(_watch_disconnect(request, gone))
         try:
-            return await run_in_threadpool(_accept_upload, settings, reg, raw,
-                                           request.headers.get("content-type", ""), work / "bundle", limit, name_,
-                                           tag_, force_tag, gone)
+            return await asyncio.get_running_loop().run_in_executor(
+                UNPACKERS, _accept_upload, settings, reg, raw, request.headers.get("content-type", ""),
+                work / "bundle", limit, name_, tag_, force_tag, gone)
         finally:
             watcher.cancel()
     finally:
