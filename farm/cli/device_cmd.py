@@ -99,7 +99,10 @@ def _resolve_lite(settings: Settings, args: argparse.Namespace) -> bool:
             return False
         artifact, verdict = resolve(index, digest, device, model_label=args.model,
                                     fail_devices=settings.report_fail_devices)
-    info = _resolved_info(artifact, verdict)
+        from registry.reports import accuracy_brief
+
+        accuracy = accuracy_brief(index, artifact.id)
+    info = {**_resolved_info(artifact, verdict), "accuracy": accuracy}
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -144,6 +147,11 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         if name == "resolve":
             artifact, verdict, _ = _resolve(reg, args)
             info = _resolved_info(artifact, verdict)
+            from registry.lite import SessionRows
+            from registry.reports import accuracy_brief
+
+            with reg.db.session() as s:
+                info["accuracy"] = accuracy_brief(SessionRows(s), artifact.id)
             if args.presign:
                 presign = getattr(reg.store, "presign", None)
                 if presign is None:
@@ -248,6 +256,11 @@ def _print_resolved(info: dict[str, Any]) -> None:
     runtime = {"qnn": "QNN", "trt": "TensorRT"}.get(info.get("backend", ""), "")
     print(f"{info['artifact'][7:19]}  {info.get('backend', '')}:{info['target']}  {runtime} {info['toolchain']}")
     print(f"  {_picked_text(info)}")
+    acc = info.get("accuracy")
+    if isinstance(acc, dict):  # the local index's (the service's answer has none)
+        figure = f"{acc.get('min_psnr_db')} dB (worst output {acc.get('worst_output')!r})" \
+            if acc.get("status") == "ok" else str(acc.get("status"))
+        print(f"  accuracy vs CPU on {acc.get('runtime')}: {figure}")
     for f in info["files"]:
         url = f"  {f['url']}" + (f" ({f['encoding']})" if f.get("encoding") else "") if f.get("url") else ""
         print(f"  {f['name']}  {human_size(f['size'])}  {f['digest']}{url}")

@@ -52,6 +52,12 @@ def test_min_psnr_gate_on_the_simulator(settings: Settings, farm_env: dict[str, 
     assert _accuracy_rows(settings) == before and len(before) == 2
     ls = json.loads(farm(farm_env, "ls", "--json").stdout)
     assert len(ls) == 2
+    # farm resolve (the fast path on the local index) says what the check found.
+    res = json.loads(farm(farm_env, "resolve", "--model", doc["models"][1]["model"], "--soc", "SM8650", "--qnn",
+                          "2.51.0", "--json").stdout)
+    assert res["accuracy"]["status"] == "ok" and res["accuracy"]["worst_output"] == "y"
+    text = farm(farm_env, "resolve", "--model", doc["models"][0]["model"], "--soc", "SM8650", "--qnn", "2.51.0").stdout
+    assert "accuracy vs CPU on qnn:2.51.0" in text
 
 
 def test_over_budget_is_skipped_and_unverified(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
