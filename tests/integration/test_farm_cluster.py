@@ -612,3 +612,38 @@ def test_cancel_a_running_and_a_queued_build(farm_cluster: Farm) -> None:
     again = json.loads(f.cli("submit", str(light("vgg19")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--json").stdout)
     assert again["builds"][0]["state"] in ("queued", "running")  # a cancel is not a verdict
     assert a.poll() is None
+
+
+def test_accuracy_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> None:
+    """--min-psnr on a cluster release (issue 23): the worker publishes, then checks the context on
+    the simulator in a follow-up task on its probe queue; the release waits for it and answers
+    accuracy-below-threshold for the overflowing model, naming the output. A gated re-submission
+    of the built model runs no compile and no second check."""
+    from tests.common.accuracy_models import matmul_model
+
+    f = farm_cluster
+    f.start_worker("2.51.0")
+    out = {}
+    for name, overflow in (("plain", False), ("overflow", True)):
+        model = str(matmul_model(tmp_path / f"{name}.onnx", overflow=overflow))
+        proc = f.cli("submit", model, "-t", "qnn:SM8650", "--sdk", "2.51.0", "--min-psnr", "30", "--wait",
+                     "--timeout", "180", "--json", check=False)
+        out[name] = (proc.returncode, valid("submit", proc.stdout)["builds"][0], proc.stderr)
+    rc, b, _ = out["plain"]
+    assert rc == 0 and b["state"] == "succeeded", out["plain"]
+    rc, b, err = out["overflow"]
+    assert rc == 1 and (b["state"], b["error_code"]) == ("failed", "accuracy-below-threshold"), out["overflow"]
+    assert "output 'y'" in b["error_message"] and b["artifact"]
+    again = f.cli("submit", str(tmp_path / "overflow.onnx"), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--min-psnr",
+                  "5", "--wait", "--timeout", "60", "--json")
+    assert valid("submit", again.stdout)["builds"][0]["state"] == "succeeded"
+    assert [r["attempts"] for r in f.builds()] == [1, 1]
+    from sqlalchemy import text
+
+    reg = f.db()
+    try:
+        with reg.db.session() as s:
+            assert s.execute(text("SELECT count(*) FROM accuracy_results")).scalar() == 2
+    finally:
+        reg.close()
+
