@@ -296,7 +296,12 @@ class Client:
             except (FarmError, AttributeError):
                 session = None
         if session is None or offset > total:
-            answer = self.json("POST", "/v1/uploads")
+            from farm.core.errors import NotFoundError
+
+            try:
+                answer = self.json("POST", "/v1/uploads")
+            except NotFoundError:  # a service without upload sessions: one request, not resumable
+                return self.upload_bundle(members, name=name, tag=tag, force_tag=force_tag)
             session, offset = _session_id(answer.get("upload") if isinstance(answer, dict) else None), 0
             if on_session is not None:
                 on_session(session)
