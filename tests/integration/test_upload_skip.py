@@ -143,3 +143,21 @@ def test_one_writer_per_session_and_a_bounded_number_of_sessions(service: dict[s
     client.json("POST", "/v1/uploads")
     with pytest.raises(RateLimitedError):
         client.json("POST", "/v1/uploads")
+
+
+def test_a_service_without_upload_sessions_gets_one_upload(service: dict[str, Any], settings: Settings,
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.core.errors import NotFoundError
+
+    model = save_external(matmul_add(seed=14, size=32), tmp_path / "m" / "model.onnx")
+    client = Client(service["url"], service["token"])
+    real = client.json
+
+    def older(method: str, path: str, *a: Any, **kw: Any) -> Any:
+        if path == "/v1/uploads":
+            raise NotFoundError("no route")  # what a service before upload sessions answers
+        return real(method, path, *a, **kw)
+
+    monkeypatch.setattr(client, "json", older)
+    got = send_model(client, model, args(), settings)
+    assert len(got["files"]) == 2 and service["counting"].hits[("POST", "/v1/models")] == 1
