@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import resource
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -38,6 +39,7 @@ from tests.common.service import token
 GIB = 2**30
 HIDDEN, LAYERS, TAIL = 4096, 4, 1  # 8 x 256 MiB + 64 MiB = 2.06 GiB of fp32 weights
 NEEDS_MB = 6 * 1024
+NEEDS_DISK = 15 * GIB  # the model, the upload and its unpacking, the store, the job, the install
 
 
 def maxrss_mb() -> float:
@@ -48,6 +50,9 @@ def test_a_model_over_2_gib_through_every_path(s3_url: str, tmp_path: Path, farm
     free = memory.available_mb() or 0
     if free < NEEDS_MB:
         pytest.skip(f"needs {NEEDS_MB} MiB of free memory for the compile, this machine has {free} MiB now")
+    disk = shutil.disk_usage(tmp_path).free
+    if disk < NEEDS_DISK:
+        pytest.skip(f"needs {NEEDS_DISK >> 30} GiB of free disk under {tmp_path}, there are {disk >> 30} GiB")
     assert weight_bytes(hidden=HIDDEN, layers=LAYERS, tail=TAIL) > 2 * GIB
     model = matmul_chain(tmp_path / "llm" / "model.onnx", hidden=HIDDEN, layers=LAYERS, tail=TAIL, seed=2)
     settings = Settings.from_env({"FARM_HOME": str(tmp_path / "farm"), "FARM_STORE_URL": s3_url,
