@@ -541,6 +541,29 @@ def _newest_case(newest: dict[str, str], params: dict[str, Any]) -> str:
     return f"CASE c.backend{''.join(parts)} ELSE '' END"
 
 
+def _evidence(rows: Rows, placeholders: str, params: dict[str, Any], filtered: bool,
+              index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+    """Issue 23 on each cell (docs/evidence.md): ``devices`` (distinct devices that reported it
+    loads, not revoked) and ``accuracy_min_psnr_db`` (the lowest PSNR a check against the CPU
+    reference found among its active artifacts; None when none was checked or none ran)."""
+    where = (f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
+             + (" AND a.backend = :f_backend AND a.target = :f_target" if filtered else ""))
+    group = " GROUP BY a.model_digest, a.backend, a.target, a.toolchain"
+    for cell in index.values():
+        cell["devices"], cell["accuracy_min_psnr_db"] = 0, None
+    for m, b, t, tc, n in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, count(*) FROM artifacts a"
+            " JOIN device_reports r ON r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL"
+            + where + group, params):
+        if (cell := index.get((m, b, t, tc))) is not None:
+            cell["devices"] = int(n)
+    for m, b, t, tc, psnr in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, min(r.min_psnr_db) FROM artifacts a"
+            " JOIN accuracy_results r ON r.artifact_id = a.id AND r.status = 'ok'" + where + group, params):
+        if (cell := index.get((m, b, t, tc))) is not None and psnr is not None:
+            cell["accuracy_min_psnr_db"] = round(float(psnr), 3)
+
+
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
                  newest: dict[str, str]) -> list[ModelCoverage]:
     from farm.core.times import iso
@@ -596,6 +619,7 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
         for ev in sorted(evs.values(), key=lambda e: (e["runtime_backend"], parse_version(e["runtime"]))):
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
+    _evidence(rows, placeholders, params, be is not None, index)
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

@@ -108,6 +108,9 @@ def test_release_gate_over_http(tmp_path: Path) -> None:
         assert not answers["overflow"]["ok"] and b["state"] == "failed"
         assert b["error_code"] == "accuracy-below-threshold" and "output 'y'" in b["error_message"]
         assert b["artifact"], "published whatever the gate says"
+        page = client.get("/v1/coverage/models?model=overflow:v1&model=plain:v1", headers=auth).json()
+        figures = {m["name"]: m["cells"][0]["accuracy_min_psnr_db"] for m in page["models"]}
+        assert figures["overflow"] < 15 < 60 < figures["plain"], page
         bad = client.post("/v1/releases", json={"model": "plain:v1", "targets": ["qnn:SM8650"], "min_psnr": -1},
                           headers=auth)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "usage"

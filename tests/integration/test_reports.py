@@ -203,6 +203,9 @@ def test_devices_install_load_report_and_change_resolve(live: dict[str, Any], tm
     assert {o["report"]["outcome"] for o in outs} == {"loads"}
     status, answer = resolve(svc)
     assert status == 200 and answer["source"] == "device" and "loaded on 2 device(s)" in answer["reason"]
+    status, page = call(svc, "GET", "/v1/coverage/models?model=mm:stable", t["read"])
+    (cell,) = [c for m in page["models"] for c in m["cells"]]
+    assert status == 200 and cell["devices"] == 2 and cell["device_verified"]
 
     old = root / ".venvs" / "qnn-2.47.0" / "bin" / "python"
     if not old.exists():
