@@ -15,6 +15,7 @@ FARM_MAX_UPLOAD_MB; sessions untouched for ``SESSION_TTL_S`` are removed when a 
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import re
 import secrets
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from starlette.concurrency import run_in_threadpool
 
 from farm.api.deps import RegistryDep, SettingsDep, drain, submit, submit_before_body
 from farm.api.schemas import ModelOut
@@ -148,13 +148,15 @@ async def complete_upload(upload: str, request: Request, settings: SettingsDep, 
                           bundle_type: Annotated[str, Query(max_length=64)] = "application/x-tar") -> ModelOut:
     """The session's bytes as one ``POST /v1/models`` body of type ``bundle_type``; the session
     is gone afterwards, whatever the answer."""
-    from farm.api.routes.models import _accept_upload
+    from farm.api.routes.models import UNPACKERS, _accept_upload
 
     name_, tag_ = plan.check_name_tag(name, tag)
     d = _session(settings, upload)
     with _exclusive(d):
         try:
-            return await run_in_threadpool(_accept_upload, settings, reg, d / "data", bundle_type, d / "bundle",
-                                           _limit(request), name_, tag_, force_tag)
+            # On the uploads' own threads, as POST /v1/models: never in front of resolve.
+            return await asyncio.get_running_loop().run_in_executor(
+                UNPACKERS, _accept_upload, settings, reg, d / "data", bundle_type, d / "bundle", _limit(request),
+                name_, tag_, force_tag)
         finally:
             shutil.rmtree(d, ignore_errors=True)
