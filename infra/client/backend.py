@@ -23,6 +23,7 @@ ROOT = HERE.parents[1]
 MODULES = [
     "farm/__init__.py",
     "farm/client.py",
+    "farm/client_report.py",  # device reports (issue 23): report() for apps that load artifacts themselves
     "farm/core/__init__.py",
     "farm/core/errors.py",
     "farm/core/keys.py",
