@@ -54,8 +54,10 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
                    help="the group's graphs from a JSON or TOML file: {\"graphs\": [{\"name\": N, \"path\": P}, ...]}")
 
 
-def group_of(args: argparse.Namespace) -> Any:
-    """The inspected GroupBundle asked for with --graph/--group-file, or None."""
+def group_of(args: argparse.Namespace, settings: Settings | None = None) -> Any:
+    """The inspected GroupBundle asked for with --graph/--group-file, or None. With
+    ``settings``: a group the index records is recognized by its files' remembered digests
+    (farm.pipeline.groups.load_group), not read again."""
     if not args.graph and not args.group_file:
         return None
     from farm.core.errors import UsageError
@@ -66,13 +68,17 @@ def group_of(args: argparse.Namespace) -> Any:
         raise UsageError("give the models either as paths or as --graph NAME=PATH, not both",
                          hint="farm build --graph prefill=prefill.onnx --graph decode=decode.onnx -t qnn:SM8650")
     members = parse_graph_args(args.graph) + (read_group_file(args.group_file) if args.group_file else [])
+    if settings is not None:
+        from farm.pipeline.groups import load_group
+
+        return load_group(settings, members, display=getattr(args, "name", None))
     return inspect_group(members, display=getattr(args, "name", None))
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.cached import answer
 
-    group = group_of(args)
+    group = group_of(args, settings)
     if group is not None:
         return run_group(group, args, settings)
     if not args.model:

@@ -181,3 +181,27 @@ def test_parts_get_binaries_of_their_own(farm_env: dict[str, str], tmp_path: Pat
         ("part2.prefill", ["g2_ctx_qnn.bin"]), ("part2.decode", ["g2_ctx_qnn.bin"])]
     assert info["description"]["check"].startswith("ok")
     assert sorted(info["description"]["binaries"]) == ["g0_ctx_qnn.bin", "g2_ctx_qnn.bin"]
+
+
+def test_an_unchanged_group_is_recognised_without_reading_its_weights(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.pipeline.groups import load_group
+
+    prefill, decode = prefill_decode(tmp_path / "m", external=True)
+    members = [("prefill", str(prefill)), ("decode", str(decode))]
+    out = json.loads(farm(farm_env, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}",
+                          "-t", "qnn:SM8650", "--json").stdout)
+
+    def no_reading(*_a: object) -> None:
+        raise AssertionError("a remembered file was read again")
+
+    with monkeypatch.context() as m:
+        m.setattr("farm.core.digests.sha256_file", no_reading)
+        m.setattr("farm.core.groups.inspect_model", no_reading)
+        again = load_group(settings, members)
+    assert again.digest == out["model"]
+    assert [e["digest"] for e, _ in again.sources()] == [f["digest"] for f in again.files_json()]
+    # Other weights of the same size: the stat changed, the files are read, another group.
+    data = prefill.parent / "weights.data"
+    data.write_bytes(bytes(reversed(data.read_bytes())))
+    assert load_group(settings, members).digest != out["model"]
