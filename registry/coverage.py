@@ -541,8 +541,8 @@ def _newest_case(newest: dict[str, str], params: dict[str, Any]) -> str:
     return f"CASE c.backend{''.join(parts)} ELSE '' END"
 
 
-def _evidence(rows: Rows, placeholders: str, params: dict[str, Any], filtered: bool,
-              index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filtered: bool,
+                     index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
     """Issue 23 on each cell (docs/evidence.md): ``devices`` (distinct devices that reported it
     loads, not revoked) and ``accuracy_min_psnr_db`` (the lowest PSNR a check against the CPU
     reference found among its active artifacts; None when none was checked or none ran)."""
@@ -619,7 +619,7 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
         for ev in sorted(evs.values(), key=lambda e: (e["runtime_backend"], parse_version(e["runtime"]))):
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
-    _evidence(rows, placeholders, params, be is not None, index)
+    _device_evidence(rows, placeholders, params, be is not None, index)
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:
