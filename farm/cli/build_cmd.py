@@ -40,6 +40,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                         "a gate on the answer: the artifact is built and kept either way (docs/evidence.md)")
     p.add_argument("--accuracy", action="store_true",
                    help="run that accuracy check and show its figures, without a gate")
+    p.add_argument("--samples", metavar="NPZ",
+                   help="the model's own sample inputs for the accuracy check: an .npz (numpy.savez) with one array "
+                        "per model input, checked against the model before anything is built (one model only; "
+                        "implies --accuracy)")
     p.add_argument("--retry-failed", action="store_true",
                    help="compile again builds that failed (by default failures are answered from the index)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -88,6 +92,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                          hint="farm build MODEL.onnx -t qnn:SM8650, or --graph NAME=PATH ...")
     models: list[str] = list(args.model)
     several = len(models) > 1
+    samples = _samples(args, models)  # refused before anything is built
     if several and (args.name or args.tag or args.force_tag):
         from farm.core.errors import UsageError
 
@@ -118,8 +123,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
             for i, r in zip(todo, built, strict=True):
                 found[i] = r
     reports = [r for r in found if r is not None]
-    if args.min_psnr is not None or args.accuracy:
-        _check_accuracy(settings, reports, args.min_psnr)
+    if args.min_psnr is not None or args.accuracy or samples is not None:
+        _check_accuracy(settings, reports, args.min_psnr, samples)
     for report in reports:
         if report.tag_moved:
             print(f"moved {report.tag_moved['tag']}: {report.tag_moved['from']} -> {report.tag_moved['to']}",
@@ -148,7 +153,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 "accuracy": _accuracy_cell(o.accuracy),
             })
     columns = ["target", "toolchain", "state", "artifact", "compile_s", "ctx_size", "placement"]
-    if args.min_psnr is not None or args.accuracy:
+    if args.min_psnr is not None or args.accuracy or samples is not None:
         columns.append("accuracy")
     table(rows, ["model", *columns] if several else columns)
     for label, report in zip(labels, reports, strict=True):
@@ -180,14 +185,38 @@ def prestart_hosts(targets: list[str], models: int) -> None:
     pool_for("workers.qnn.child").prestart(min(cpus, models * len(qnn)))
 
 
-def _check_accuracy(settings: Settings, reports: list[Any], min_psnr: float | None) -> None:
-    """--min-psnr / --accuracy: the simulator check after the builds (farm.pipeline.accuracy)."""
+def _samples(args: argparse.Namespace, models: list[str]) -> tuple[Path, list[dict[str, Any]]] | None:
+    """--samples: the .npz and its arrays, checked against the one model given."""
+    if not getattr(args, "samples", None):
+        return None
+    from farm.core.errors import UsageError
+    from registry.evidence import check_samples
+
+    if len(models) != 1:
+        raise UsageError("--samples are one model's inputs: give one model")
+    path = Path(args.samples)
+    if not path.is_file():
+        raise UsageError(f"--samples {args.samples!r} is not a file")
+    return path, check_samples(path, Path(models[0]))
+
+
+def _check_accuracy(settings: Settings, reports: list[Any], min_psnr: float | None,
+                    samples: tuple[Path, list[dict[str, Any]]] | None = None) -> None:
+    """--min-psnr / --accuracy / --samples: the simulator check after the builds
+    (farm.pipeline.accuracy), fed the model's samples when given (stored beside it)."""
     from farm.pipeline.accuracy import check_min_psnr, gate_outcomes
     from registry.index import Registry
 
     min_psnr = check_min_psnr(min_psnr)
     reg = Registry.open(settings)
     try:
+        if samples is not None:
+            from registry.evidence import record_samples
+            from registry.store.base import put_file
+
+            info = put_file(reg.store, samples[0])
+            with reg.db.session() as s:
+                record_samples(s, reports[0].model_digest, info.digest, info.size, samples[1])
         for report in reports:
             gate_outcomes(settings, reg, report.outcomes, min_psnr)
     finally:

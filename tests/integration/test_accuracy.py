@@ -172,3 +172,22 @@ def test_sample_inputs_upload_is_validated_and_used(tmp_path: Path) -> None:
     reg.close()
     assert view is not None and view["status"] == "ok" and view["inputs"] == sample
     assert 60 < view["min_psnr_db"] < 100
+
+
+def test_build_with_samples(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    """farm build --samples: checked against the model before anything is built (a bad one is a
+    usage error and nothing is compiled), then fed to the check, whose inputs are its digest."""
+    import numpy as np
+
+    model = matmul_model(tmp_path / "m.onnx", seed=3)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros((1, 64), np.float64))
+    proc = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--samples", str(bad), check=False)
+    assert proc.returncode == 2 and "error[usage]" in proc.stderr and "float64" in proc.stderr
+    assert json.loads(farm(farm_env, "ls", "--json").stdout) == []
+    good = tmp_path / "good.npz"
+    np.savez(good, x=np.random.default_rng(9).standard_normal((1, 64)).astype(np.float32))
+    (b,) = json.loads(farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--samples", str(good),
+                           "--json").stdout)["builds"]
+    assert b["accuracy"]["status"] == "ok" and b["accuracy"]["inputs"].startswith("sha256:")
+    assert 60 < b["accuracy"]["min_psnr_db"] < 100
