@@ -41,6 +41,9 @@ class Verdict:
     source: str  # rule | probe | device (reports from devices: registry.reports)
     reason: str
     recorded_at: datetime | None = None
+    # Why no runtime here can load it (weight-shared group, multi-SoC binary): served by the
+    # rule, never claimed to load (the answer's ``unverified``).
+    unverified: str | None = None
 
     def explain(self) -> str:
         """``picked by probe: loaded under QNN 2.51.0 on 2026-11-22 07:07 UTC``"""
@@ -64,7 +67,7 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
                            f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
         return Verdict(True, "rule", f"multi-SoC build for {', '.join(covers)} covers {device.target.name}, "
                                      f"built with QNN {artifact.toolchain} <= runtime {device.runtime} "
-                                     "(unverified here: the x86_64 simulator cannot load multi-SoC contexts)")
+                                     f"(unverified here: {UNVERIFIED_MULTI_SOC})", unverified=UNVERIFIED_MULTI_SOC)
     if artifact.target != device.target.name:
         built = _qnn_target(artifact.target)
         if (built.htp_arch_number or 0) > (device.target.htp_arch_number or 0):
@@ -75,9 +78,15 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
     # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups).
-    shared = (" (a weight-shared graph group: unverified here, the x86_64 simulator cannot load it)"
-              if getattr(artifact, "ctx_model", "") == "g0_ctx.onnx" else "")
-    return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}{shared}")
+    if getattr(artifact, "ctx_model", "") == "g0_ctx.onnx":
+        return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime} "
+                                     f"(a weight-shared graph group, unverified here: {UNVERIFIED_SHARED})",
+                       unverified=UNVERIFIED_SHARED)
+    return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
+
+
+UNVERIFIED_SHARED = "the x86_64 simulator cannot load weight-shared contexts"
+UNVERIFIED_MULTI_SOC = "the x86_64 simulator cannot load multi-SoC contexts"
 
 
 @lru_cache(maxsize=256)
@@ -254,4 +263,5 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
     ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null)."""
     return {"artifact": artifact.digest, "backend": artifact.backend, "target": artifact.target,
             "toolchain": artifact.toolchain, "verdict": "loads" if v.loads else "fails", "source": v.source,
-            "reason": v.reason, "probed_at": iso(v.recorded_at)}
+            "reason": v.reason, "probed_at": iso(v.recorded_at),
+            **({"unverified": v.unverified} if v.unverified else {})}

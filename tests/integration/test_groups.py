@@ -71,7 +71,8 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     # A device gets the whole group, atomically, under the manifest's names.
     res = json.loads(farm(farm_env, "resolve", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0",
                           "--json").stdout)
-    assert res["artifact"] == b["artifact"]
+    assert res["artifact"] == b["artifact"] and "weight-shared" in res["unverified"]
+    valid("resolve", res)
     dev = tmp_path / "device"
     farm(farm_env, "fetch", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0", "--out", str(dev))
     assert sorted(p.name for p in dev.iterdir()) == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx"]
@@ -131,7 +132,7 @@ def test_multi_soc_build_serves_each_soc_and_a_per_soc_build_wins(
     for soc in ("SM8650", "SM8750"):
         res = json.loads(farm(farm_env, "resolve", "--model", "ms", "--soc", soc, "--qnn", "2.51.0",
                               "--json").stdout)
-        assert res["artifact"] == b["artifact"] and "multi-SoC build" in res["reason"]
+        assert res["artifact"] == b["artifact"] and "multi-SoC build" in res["reason"] and res["unverified"]
     miss = farm(farm_env, "resolve", "--model", "ms", "--soc", "SM8550", "--qnn", "2.51.0", check=False)
     assert miss.returncode == 3 and "error[no-match]" in miss.stderr
     # A per-SoC build of the same model comes first for its SoC (compiled for it, verifiable here).
