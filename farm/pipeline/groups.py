@@ -73,7 +73,7 @@ def load_group(settings: Any, members: list[tuple[str, str]], *, display: str | 
 
     check_members(members)
     memo = Path(settings.home) / "cache" / "digests.json"
-    local = []
+    local: list[tuple[str, Path, Any]] = []
     for name, path in members:
         try:
             local.append((name, Path(path), local_bundle(Path(path), memo)))
@@ -95,14 +95,14 @@ def load_group(settings: Any, members: list[tuple[str, str]], *, display: str | 
     digest, listing = recorded[0]
     by_path = {f["path"]: f for f in listing}
     group_members = []
-    for i, (name, path, lb) in enumerate(local):
+    for i, (name, onnx_path, lb) in enumerate(local):
         head = by_path.get(member_onnx(i))
         prefix = f"{member_dir(i)}/"
         ext = tuple(BundleFile(f["path"][len(prefix):], f["digest"], int(f["size"])) for f in listing
                     if f["path"].startswith(prefix) and f["path"] != member_onnx(i))
         if head is None or sorted(e.path for e in ext) != sorted(rel for rel, _ in lb.members[1:]):
             return inspect_group(members, display=display)
-        group_members.append(GroupMember(name, ModelBundle(path=path.absolute(), digest=lb.digest,
+        group_members.append(GroupMember(name, ModelBundle(path=onnx_path.absolute(), digest=lb.digest,
                                                            onnx=BundleFile("", head["digest"], int(head["size"])),
                                                            external=ext)))
     tmp = Path(tempfile.mkdtemp(prefix="ctxfarm-group-"))
