@@ -64,6 +64,7 @@ class Candidate:
     probe: Probe | None = None
     status: str = "active"
     files: list[FileRow] = field(default_factory=list)
+    signatures: list[tuple[str, str]] = field(default_factory=list)  # (public key, signature), oldest first
 
     @property
     def short_id(self) -> str:
@@ -100,6 +101,24 @@ def artifact_files(rows: Rows, artifact_id: int) -> list[FileRow]:
     return [FileRow(*r) for r in rows.rows(
         "SELECT name, role, digest, size, media_type FROM artifact_files WHERE artifact_id = :id ORDER BY name",
         {"id": artifact_id})]
+
+
+def files_and_signatures(rows: Rows, artifact_id: int, artifact_digest: str
+                         ) -> tuple[list[FileRow], list[tuple[str, str]]]:
+    """An artifact's files and its signatures (oldest first) in one round trip: what a resolve
+    hit reads of its winner."""
+    files: list[FileRow] = []
+    sigs: list[tuple[str, str]] = []
+    for kind, _order, name, role, digest, size, media_type, key, sig in rows.rows(
+            "SELECT 0, 0, name, role, digest, size, media_type, NULL, NULL FROM artifact_files"
+            " WHERE artifact_id = :id"
+            " UNION ALL SELECT 1, id, NULL, NULL, NULL, NULL, NULL, public_key, signature FROM signatures"
+            " WHERE artifact_digest = :digest ORDER BY 1, 2, 3", {"id": artifact_id, "digest": artifact_digest}):
+        if kind == 0:
+            files.append(FileRow(name, role, digest, size, media_type))
+        else:
+            sigs.append((key, sig))
+    return files, sigs
 
 
 def signatures(rows: Rows, artifact_digest: str) -> list[tuple[str, str]]:

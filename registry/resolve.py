@@ -22,7 +22,7 @@ from farm.core.keys import options_digest, parse_version
 from farm.core.options import normalize
 from farm.core.times import human, iso
 from registry.lite import Rows, rows_of
-from registry.reads import Candidate, artifact_files
+from registry.reads import Candidate, files_and_signatures
 from registry.reads import candidates as _candidates
 
 if TYPE_CHECKING:
@@ -241,7 +241,8 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
 
 
 def _with_files(rows: Rows, choice: tuple[Candidate, Verdict]) -> tuple[Candidate, Verdict]:
-    choice[0].files = artifact_files(rows, choice[0].id)
+    # The winner's files and signatures in one round trip (the service answers with both).
+    choice[0].files, choice[0].signatures = files_and_signatures(rows, choice[0].id, choice[0].digest)
     return choice
 
 

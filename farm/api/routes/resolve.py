@@ -154,15 +154,14 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
 
 def _fresh(reg: Registry, rows: Any, base: str, model: str, digest: str, generation: int, device: Any,
            with_manifest: bool, fail_devices: int) -> Answer:
-    from registry.reads import signatures
     from registry.resolve import describe
     from registry.resolve import resolve as resolve_artifact
 
-    # Plain SQL, no ORM objects (registry.reads): candidates, device reports, the winner's files, signatures.
+    # Plain SQL, no ORM objects (registry.reads): candidates, device reports, the winner's files and signatures.
     artifact, verdict = resolve_artifact(rows, digest, device, model_label=model, fail_devices=fail_devices)
     files = [{"name": f.name, "digest": f.digest, "size": f.size, "url": f"{base}/v1/blobs/{f.digest}"}
              for f in artifact.files if f.role in ("ctx-model", "context")]
-    sigs = signatures(rows, artifact.digest)
+    sigs = artifact.signatures
     manifest_size = next((f.size for f in artifact.files if f.role == "manifest"), 0)
     body = {**describe(artifact, verdict), "model": digest, "ctx_model": artifact.ctx_model,
             "manifest": _manifest(reg, artifact.digest) if with_manifest else None,
