@@ -235,6 +235,14 @@ def run_group(group: Any, args: argparse.Namespace, settings: Settings) -> int:
     """A graph group: one build per target, every graph compiled together."""
     from farm.pipeline.plan import build
 
+    if getattr(args, "min_psnr", None) is not None or getattr(args, "accuracy", False) or getattr(args, "samples", None):
+        from farm.core.errors import AccuracyUnverifiedError
+
+        # Refused before anything is built: the check runs the context on the simulator.
+        raise AccuracyUnverifiedError(
+            "--min-psnr/--accuracy/--samples can't check a weight-shared graph group here: the x86_64 simulator "
+            "cannot load weight-shared contexts", hint="drop them for a group; only a device can verify it")
+
     options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
     start = time.perf_counter()
     with BuildProgress(live=False if args.json else None) as progress:

@@ -106,6 +106,8 @@ def test_group_refusals_write_nothing(settings: Settings, farm_env: dict[str, st
          2, "sharing-unsupported", "multi-SoC"),
         (["--graph", "prefill", "--graph", f"decode={decode}", "-t", "qnn:SM8650"], 2, "bad-group", "NAME=PATH"),
         ([str(prefill), "--graph", f"decode={decode}", "-t", "qnn:SM8650"], 2, "usage", "not both"),
+        (["--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650", "--min-psnr", "30"],
+         1, "accuracy-unverified", "weight-shared"),
     ]
     for args, rc, code, words in cases:
         proc = farm(farm_env, "build", *args, check=False)
