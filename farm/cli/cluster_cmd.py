@@ -85,11 +85,18 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     """``farm submit --graph NAME=PATH ...``: a graph group as one release (farm.core.groups)."""
     from farm.cli.build_cmd import group_of
+    from farm.core.errors import AccuracyUnverifiedError, UsageError
     from farm.pipeline.plan import submit_release, wait_release
 
+    if getattr(args, "matrix", None):
+        raise UsageError("--matrix is not read for a graph group", hint="give its targets with -t and --sdk")
+    if getattr(args, "min_psnr", None) is not None:
+        raise AccuracyUnverifiedError("--min-psnr can't check a weight-shared graph group here: the x86_64 "
+                                      "simulator cannot load weight-shared contexts",
+                                      hint="drop it for a group; only a device can verify it")
     if getattr(args, "server", None):
         return _submit_group_remote(args, settings)
-    group = group_of(args)
+    group = group_of(args, settings)
     st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
                         tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
                         force_tag=args.force_tag, require_full_offload=args.require_full_offload)
