@@ -263,6 +263,7 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
     """The answer as JSON: which artifact, and what picked it (``source`` rule or probe, the
     ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null)."""
     return {"artifact": artifact.digest, "backend": artifact.backend, "target": artifact.target,
-            "toolchain": artifact.toolchain, "verdict": "loads" if v.loads else "fails", "source": v.source,
+            "toolchain": artifact.toolchain,
+            "verdict": ("unverified" if v.unverified else "loads") if v.loads else "fails", "source": v.source,
             "reason": v.reason, "probed_at": iso(v.recorded_at),
             **({"unverified": v.unverified} if v.unverified else {})}

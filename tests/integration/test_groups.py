@@ -72,6 +72,7 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     res = json.loads(farm(farm_env, "resolve", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0",
                           "--json").stdout)
     assert res["artifact"] == b["artifact"] and "weight-shared" in res["unverified"]
+    assert res["verdict"] == "unverified"  # served by the rule, never claimed to load
     valid("resolve", res)
     dev = tmp_path / "device"
     farm(farm_env, "fetch", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0", "--out", str(dev))
