@@ -41,6 +41,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        reader = getattr(app.state, "resolve_reader", None)  # resolve's own connections (routes/resolve.py)
+        if reader is not None:
+            reader.dispose()
         app.state.longpolls.close()
         if runner is not None:
             runner.shutdown()
