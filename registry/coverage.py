@@ -555,13 +555,13 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
             "SELECT a.model_digest, a.backend, a.target, a.toolchain, count(*) FROM artifacts a"
             " JOIN device_reports r ON r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL"
             + where + group, params):
-        if (cell := index.get((m, b, t, tc))) is not None:
-            cell["devices"] = int(n)
+        if (reported := index.get((m, b, t, tc))) is not None:
+            reported["devices"] = int(n)
     for m, b, t, tc, psnr in rows.rows(
             "SELECT a.model_digest, a.backend, a.target, a.toolchain, min(r.min_psnr_db) FROM artifacts a"
             " JOIN accuracy_results r ON r.artifact_id = a.id AND r.status = 'ok'" + where + group, params):
-        if (cell := index.get((m, b, t, tc))) is not None and psnr is not None:
-            cell["accuracy_min_psnr_db"] = round(float(psnr), 3)
+        if (measured := index.get((m, b, t, tc))) is not None and psnr is not None:
+            measured["accuracy_min_psnr_db"] = round(float(psnr), 3)
 
 
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
@@ -670,8 +670,9 @@ def recomputed_matches(session: Any) -> list[str]:
         " GROUP BY b.model_digest, b.backend, b.target, b.toolchain) r")}
     diffs = [f"cell {k}: kept {kept.get(k)} recomputed {fresh.get(k)}"
              for k in sorted(set(kept) | set(fresh)) if kept.get(k) != fresh.get(k)]
-    scopes = [("", "", {})] + [(f"tag:{t}", " JOIN tags t ON t.model_digest = c.model_digest AND t.tag = :tag",
-                                {"tag": t}) for (t,) in rows.rows("SELECT DISTINCT tag FROM tags")]
+    tag_join = " JOIN tags t ON t.model_digest = c.model_digest AND t.tag = :tag"
+    scopes: list[tuple[str, str, dict[str, Any]]] = [("", "", {})] + [
+        (f"tag:{t}", tag_join, {"tag": t}) for (t,) in rows.rows("SELECT DISTINCT tag FROM tags")]
     kept_scopes = {r[0] for r in rows.rows("SELECT DISTINCT scope FROM coverage_deltas")}
     for scope, join, params in scopes:
         kept_scopes.discard(scope)
