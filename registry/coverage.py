@@ -1,6 +1,15 @@
-"""Coverage for ops: model digests (with their tags) x targets x toolchain versions, and the
-probe evidence per cell. Two grouped SQL queries (builds, verdicts) and one for the tags; the
-matrix is folded in Python.
+"""Coverage for ops, two ways.
+
+The summary and the drill-down (``summary``, ``models_page``; issue 24) read the tables that the
+triggers of migration 0008 keep (``registry.coverage_sql``): SoC x SDK counts for the farm, a tag
+or a name prefix, and models paged by name with a keyset cursor. They answer in milliseconds at a
+million artifacts; `farm coverage --summary/--missing`, GET /v1/coverage/summary|models and the
+/coverage page use them.
+
+The whole matrix (``coverage``: model digests with their tags x targets x toolchain versions and
+the probe evidence per cell) is folded in Python from two grouped SQL queries over every build:
+`farm coverage` without flags and GET /v1/coverage, for a filtered set of models; its cost grows
+with the builds.
 
 A model is its digest: a digest with three tags is one row with three tags, and a tag moved to
 another digest leaves the old digest's row in place (its artifacts still exist)."""
