@@ -424,7 +424,7 @@ def rebuild(session: Any) -> None:
     rows = rows_of(session)
     if rows.dialect == "postgresql":
         rows.rows("LOCK TABLE coverage_cells, coverage_deltas IN EXCLUSIVE MODE")
-    for statement in statements():
+    for statement in statements(rows.dialect):
         rows.rows(statement)
 
 
@@ -556,21 +556,32 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
     loads, not revoked) and ``accuracy_min_psnr_db`` (the lowest PSNR a check against the CPU
     reference found among its active artifacts; None when none was checked or none ran)."""
     where = (f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
-             + (" AND a.backend = :f_backend AND a.target = :f_target" if filtered else ""))
+             + (" AND a.backend = :f_backend AND (a.target = :f_target OR a.target LIKE :f_multi)" if filtered else ""))
     group = " GROUP BY a.model_digest, a.backend, a.target, a.toolchain"
     for cell in index.values():
         cell["devices"], cell["accuracy_min_psnr_db"] = 0, None
-    for m, b, t, tc, n in rows.rows(
-            "SELECT a.model_digest, a.backend, a.target, a.toolchain, count(*) FROM artifacts a"
+    # A multi-SoC artifact's report counts for the SoC of the device that sent it.
+    for m, b, t, tc, soc, n in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, r.soc, count(*) FROM artifacts a"
             " JOIN device_reports r ON r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL"
-            + where + group, params):
-        if (reported := index.get((m, b, t, tc))) is not None:
-            reported["devices"] = int(n)
+            + where + group + ", r.soc", params):
+        cell_target = t if "+" not in t or b != "qnn" else soc
+        if cell_target in socs(b, t) and (reported := index.get((m, b, cell_target, tc))) is not None:
+            reported["devices"] += int(n)
     for m, b, t, tc, psnr in rows.rows(
             "SELECT a.model_digest, a.backend, a.target, a.toolchain, min(r.min_psnr_db) FROM artifacts a"
             " JOIN accuracy_results r ON r.artifact_id = a.id AND r.status = 'ok'" + where + group, params):
-        if (measured := index.get((m, b, t, tc))) is not None and psnr is not None:
-            measured["accuracy_min_psnr_db"] = round(float(psnr), 3)
+        for soc in socs(b, t):
+            if (measured := index.get((m, b, soc, tc))) is not None and psnr is not None:
+                low = round(float(psnr), 3)
+                have = measured["accuracy_min_psnr_db"]
+                measured["accuracy_min_psnr_db"] = low if have is None else min(have, low)
+
+
+def socs(backend: str, target: str) -> list[str]:
+    """The cell targets a build's target counts in: each SoC of a multi-SoC QNN target
+    (``SM8650+SM8750``), else the target itself (as ``registry.coverage_sql.covered``)."""
+    return list(dict.fromkeys(target.split("+"))) if backend == "qnn" else [target]
 
 
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
@@ -579,10 +590,12 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
 
     digests = [d for d, _ in found]
     placeholders, params = in_params("d", digests)
+    params["f_multi"] = "%+%"  # a parameter: the PostgreSQL drivers' pyformat takes a literal % as a placeholder
     cond = ""
     if be is not None:
         params.update(f_backend=be, f_target=tg)
-        cond = " AND backend = :f_backend AND target = :f_target"
+        # Also the multi-SoC targets (they count in each SoC's cell); the rows fan out below.
+        cond = " AND backend = :f_backend AND (target = :f_target OR target LIKE :f_multi)"
     cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
     wanted: dict[str, set[tuple[str, str]]] = defaultdict(set)
     good: set[tuple[str, str, str, str]] = set()
@@ -597,30 +610,42 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             continue
         cell = {"target": f"{b}:{t}", "toolchain": tc, "state": state, "builds": int(builds), "codes": [],
                 "probe_verified": state == "built" and int(probe) > 0,
-                "device_verified": state == "built" and int(device) > 0, "verdicts": []}
+                "device_verified": state == "built" and int(device) > 0, "verdicts": [], "via": []}
         cells[m].append(cell)
         index[(m, b, t, tc)] = cell
     for m, b, t, tc, code in rows.rows(
             "SELECT DISTINCT model_digest, backend, target, toolchain, error_code FROM builds"
             f" WHERE model_digest IN ({placeholders}) AND state = 'failed' AND error_code IS NOT NULL{cond}",
             params):
-        failed_cell = index.get((m, b, t, tc))
-        if failed_cell is not None:
-            failed_cell["codes"] = sorted({*failed_cell["codes"], code})
+        for soc in socs(b, t):
+            failed_cell = index.get((m, b, soc, tc))
+            if failed_cell is not None:
+                failed_cell["codes"] = sorted({*failed_cell["codes"], code})
+    # ``via``: the multi-SoC builds (published, not broken) a cell counts as built.
+    for m, b, t, tc in rows.rows(
+            "SELECT DISTINCT b.model_digest, b.backend, b.target, b.toolchain FROM builds b"
+            " JOIN artifacts a ON a.build_id = b.id AND a.status = 'active'"
+            f" WHERE b.model_digest IN ({placeholders}) AND b.state = 'succeeded' AND b.backend = 'qnn'"
+            " AND b.target LIKE :f_multi", params):
+        for soc in socs(b, t):
+            if (covered_cell := index.get((m, b, soc, tc))) is not None:
+                covered_cell["via"] = sorted({*covered_cell["via"], f"{b}:{t}"})
     verdicts: dict[tuple[str, str, str, str], dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
     for m, b, t, tc, rb, rv, verdict, n, last in rows.rows(
             "SELECT a.model_digest, a.backend, a.target, a.toolchain, v.runtime_backend, v.runtime_version,"
             " v.verdict, count(*), max(v.recorded_at) FROM artifacts a JOIN compat_verdicts v ON v.artifact_id = a.id"
             f" WHERE a.model_digest IN ({placeholders}) AND v.source = 'probe' AND a.status = 'active'"
-            + (" AND a.backend = :f_backend AND a.target = :f_target" if be is not None else "")
+            + (" AND a.backend = :f_backend AND (a.target = :f_target OR a.target LIKE :f_multi)"
+               if be is not None else "")
             + " GROUP BY a.model_digest, a.backend, a.target, a.toolchain, v.runtime_backend, v.runtime_version,"
               " v.verdict", params):
-        ev = verdicts[(m, b, t, tc)].setdefault((rb, rv), {"runtime_backend": rb, "runtime": rv, "loads": 0,
-                                                            "fails": 0, "last_probed_at": None})
-        ev["loads" if verdict == "loads" else "fails"] += int(n)
-        when = iso(as_aware(last))
-        if when and (ev["last_probed_at"] is None or when > ev["last_probed_at"]):
-            ev["last_probed_at"] = when
+        for soc in socs(b, t):
+            ev = verdicts[(m, b, soc, tc)].setdefault((rb, rv), {"runtime_backend": rb, "runtime": rv, "loads": 0,
+                                                                  "fails": 0, "last_probed_at": None})
+            ev["loads" if verdict == "loads" else "fails"] += int(n)
+            when = iso(as_aware(last))
+            if when and (ev["last_probed_at"] is None or when > ev["last_probed_at"]):
+                ev["last_probed_at"] = when
     for key, evs in verdicts.items():
         probed = index.get(key)
         if probed is None:
@@ -664,19 +689,13 @@ def _tags(rows: Rows, digests: list[str]) -> dict[str, list[str]]:
 def recomputed_matches(session: Any) -> list[str]:
     """Differences between the kept cells and summary and a recompute from the builds (empty when
     they agree): the check the tests run after every kind of change, and an ops self-test."""
-    from registry.coverage_sql import CELL_COLUMNS, _contribution
+    from registry.coverage_sql import CELL_COLUMNS, _contribution, cells_recompute
 
     rows = rows_of(session)
     key_cols = "model_digest, backend, target, toolchain"
     kept = {tuple(r[:4]): tuple(r[4:]) for r in rows.rows(
         f"SELECT {key_cols}, {', '.join(CELL_COLUMNS)} FROM coverage_cells")}
-    from registry.coverage_sql import _CELL_COUNTS, _STATE
-
-    fresh = {tuple(r[:4]): tuple(r[4:]) for r in rows.rows(
-        f"SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE}, "
-        f"{', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM (SELECT b.model_digest, b.backend, b.target,"
-        f" b.toolchain, {_CELL_COUNTS} FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
-        " GROUP BY b.model_digest, b.backend, b.target, b.toolchain) r")}
+    fresh = {tuple(r[:4]): tuple(r[4:]) for r in rows.rows(cells_recompute(rows.dialect))}
     diffs = [f"cell {k}: kept {kept.get(k)} recomputed {fresh.get(k)}"
              for k in sorted(set(kept) | set(fresh)) if kept.get(k) != fresh.get(k)]
     tag_join = " JOIN tags t ON t.model_digest = c.model_digest AND t.tag = :tag"

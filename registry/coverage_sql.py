@@ -18,6 +18,11 @@ One touch of a cell (model, backend, target, toolchain):
 
 A cell's state: built (a succeeded build whose artifact is not broken), else building (queued or
 running), else broken, else failed: the order ``registry.coverage`` has always shown.
+
+A multi-SoC QNN build (target ``SM8650+SM8750``, issue 22; migration 0009) has no cell of its own:
+it counts in the cell of each SoC it names, beside that SoC's own builds, and a change of it
+touches each of those cells. A device report on it verifies only the cell of the SoC the device
+has (the other SoCs were not loaded).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from __future__ import annotations
 # (backend, target) (a delta row carries it on the toolchain whose touch changed it).
 COUNTERS = ("cells", "built", "building", "broken", "failed", "probe_verified", "device_verified", "wanted")
 
-# Per cell, from its builds (``b``) and their artifacts (``a``): device-verified when a device
-# reported (registry.reports, not revoked) that it loaded the artifact.
-_CELL_COUNTS = """
+# Per cell, from its builds (``b``) and their artifacts (``a``); ``t`` is the cell's target (a
+# SoC; ``b.target`` may be a multi-SoC target naming it): device-verified when a device of that
+# SoC reported (registry.reports, not revoked) that it loaded the artifact.
+def cell_counts(t: str) -> str:
+    return f"""
 count(*) AS builds,
 coalesce(sum(CASE WHEN b.state = 'succeeded' AND coalesce(a.status, 'active') = 'active' THEN 1 ELSE 0 END), 0)
   AS succeeded,
@@ -41,8 +48,31 @@ coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS 
   SELECT 1 FROM compat_verdicts v WHERE v.artifact_id = a.id AND v.source = 'probe' AND v.verdict = 'loads')
   THEN 1 ELSE 0 END), 0) AS probe_verified,
 coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS (
-  SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL)
+  SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL
+  AND (b.target = {t} OR r.soc = {t}))
   THEN 1 ELSE 0 END), 0) AS device_verified"""
+
+
+def covers(t: str, dialect: str) -> str:
+    """SQL: build ``b`` counts in the cell of target ``t``: its own target, or a multi-SoC QNN
+    target that names ``t`` between its '+'s (a substring test, no pattern characters)."""
+    find = "strpos" if dialect == "postgresql" else "instr"
+    return (f"(b.target = {t} OR (b.backend = 'qnn' AND {find}('+' || b.target || '+', '+' || {t} || '+') > 0"
+            f" AND {find}(b.target, '+') > 0))")
+
+
+def covered(be: str, t: str, dialect: str) -> tuple[str, str]:
+    """A FROM item that lists the cell targets a build or artifact (backend ``be``, target ``t``)
+    counts in, and its column: the SoCs of a multi-SoC QNN target, else the target itself."""
+    if dialect == "postgresql":
+        return (f"unnest(CASE WHEN {be} = 'qnn' THEN string_to_array({t}, '+')"
+                f" ELSE ARRAY[{t}::text] END) AS s(target)", "s.target")
+    # SQLite: split through JSON (json_each is a table-valued function, allowed in triggers where
+    # a recursive WITH is not); quotes and backslashes escaped first so any target parses.
+    escaped = f"replace(replace({t}, '\\', '\\\\'), '\"', '\\\"')"
+    return (f"json_each(CASE WHEN {be} = 'qnn' THEN '[\"' || replace({escaped}, '+', '\",\"') || '\"]'"
+            f" ELSE json_array({t}) END) AS s", "s.value")
+
 
 _STATE = ("CASE WHEN r.succeeded > 0 THEN 'built' WHEN r.building > 0 THEN 'building'"
           " WHEN r.broken > 0 THEN 'broken' ELSE 'failed' END")
@@ -93,11 +123,13 @@ def tag_statements(m: str, tag: str, sign: int) -> list[str]:
     ]
 
 
-def touch_statements(m: str, be: str, tg: str, tc: str) -> list[str]:
-    """The statements of one touch, the key given as SQL expressions (parameters, NEW.x)."""
+def touch_statements(m: str, be: str, tg: str, tc: str, dialect: str) -> list[str]:
+    """The statements of one touch, the key given as SQL expressions (parameters, NEW.x); ``tg``
+    is a cell's target (a SoC, never a multi-SoC target)."""
     key = f"model_digest = {m} AND backend = {be} AND target = {tg} AND toolchain = {tc}"
-    recompute = (f"SELECT {_CELL_COUNTS} FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
-                 f" WHERE b.model_digest = {m} AND b.backend = {be} AND b.target = {tg} AND b.toolchain = {tc}")
+    # By the index (model_digest, backend, target) on its first two columns: a model's builds.
+    recompute = (f"SELECT {cell_counts(tg)} FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
+                 f" WHERE b.model_digest = {m} AND b.backend = {be} AND {covers(tg, dialect)} AND b.toolchain = {tc}")
     new_cell = f"SELECT {_STATE} AS state, r.* FROM ({recompute}) r WHERE r.builds > 0"
     pair = f"model_digest = {m} AND backend = {be} AND target = {tg}"
     wanted_new = (f"CASE WHEN n.cells > 0 OR EXISTS (SELECT 1 FROM coverage_cells WHERE {pair}"
@@ -121,19 +153,26 @@ def touch_statements(m: str, be: str, tg: str, tc: str) -> list[str]:
     return [delta, f"DELETE FROM coverage_cells WHERE {key}", replace]
 
 
-def rebuild() -> list[str]:
-    """Recompute every cell and the summary from the builds (the migration, the bench's bulk
+def cells_recompute(dialect: str) -> str:
+    """Every cell recomputed from the builds: (model_digest, backend, target, toolchain, state,
+    counts...), a multi-SoC build in each of its SoCs' cells."""
+    item, col = covered("b.backend", "b.target", dialect)
+    recompute = (f"SELECT b.model_digest, b.backend, {col} AS target, b.toolchain, {cell_counts(col)}"
+                 f" FROM builds b CROSS JOIN {item} LEFT JOIN artifacts a ON a.build_id = b.id"
+                 f" GROUP BY b.model_digest, b.backend, {col}, b.toolchain")
+    return (f"SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE},"
+            f" {', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM ({recompute}) r")
+
+
+def rebuild(dialect: str) -> list[str]:
+    """Recompute every cell and the summary from the builds (the migrations, the bench's bulk
     load, and the tests' oracle: incremental must equal this)."""
-    recompute = (f"SELECT b.model_digest, b.backend, b.target, b.toolchain, {_CELL_COUNTS}"
-                 " FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id"
-                 " GROUP BY b.model_digest, b.backend, b.target, b.toolchain")
     zeros = ", ".join("0" for _ in COUNTERS[1:-1])
     return [
         "DELETE FROM coverage_cells",
         "DELETE FROM coverage_deltas",
         f"INSERT INTO coverage_cells (model_digest, backend, target, toolchain, {', '.join(CELL_COLUMNS)})"
-        f" SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE},"
-        f" {', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM ({recompute}) r",
+        f" {cells_recompute(dialect)}",
         f"INSERT INTO coverage_deltas (scope, backend, target, toolchain, {', '.join(COUNTERS)})"
         f" SELECT '', c.backend, c.target, c.toolchain, {_contribution('c')}, 0 FROM coverage_cells c"
         " GROUP BY c.backend, c.target, c.toolchain",
@@ -156,7 +195,8 @@ _MODEL_TAGS = "SELECT DISTINCT model_digest, tag FROM tags"
 
 # ---- PostgreSQL ---------------------------------------------------------------------------------
 
-_PG_FUNCTIONS = ("coverage_touch(varchar, varchar, varchar, varchar)", "model_generation_bump(varchar)",
+_PG_FUNCTIONS = ("coverage_touch(varchar, varchar, varchar, varchar)",
+                 "coverage_touch_build(varchar, varchar, varchar, varchar)", "model_generation_bump(varchar)",
                  "coverage_builds_trigger()", "coverage_artifacts_trigger()", "coverage_verdicts_trigger()",
                  "coverage_tags_trigger()",
                  "coverage_signatures_trigger()")
@@ -172,7 +212,8 @@ _STATE_CLASS_CHANGED = ("OLD.state IS DISTINCT FROM NEW.state"
 
 
 def _pg_install() -> list[str]:
-    body = ";\n  ".join(touch_statements("p_model", "p_backend", "p_target", "p_toolchain"))
+    body = ";\n  ".join(touch_statements("p_model", "p_backend", "p_target", "p_toolchain", "postgresql"))
+    item, col = covered("p_backend", "p_target", "postgresql")
     return [
         f"""CREATE FUNCTION coverage_touch(p_model varchar, p_backend varchar, p_target varchar,
                                           p_toolchain varchar) RETURNS void LANGUAGE plpgsql AS $$
@@ -185,6 +226,17 @@ BEGIN
   PERFORM pg_advisory_xact_lock_shared(hashtext('ctxfarm.coverage.model'), hashtext(p_model));
   PERFORM pg_advisory_xact_lock(hashtext('ctxfarm.coverage'), hashtext(p_model || '/' || p_backend || '/' || p_target));
   {body};
+END $$""",
+        # A build's or artifact's target: each SoC's cell, in name order (two transactions touching
+        # cells of one model take the locks in the same order).
+        f"""CREATE FUNCTION coverage_touch_build(p_model varchar, p_backend varchar, p_target varchar,
+                                                p_toolchain varchar) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  t varchar;
+BEGIN
+  FOR t IN SELECT DISTINCT {col} FROM {item} ORDER BY 1 LOOP
+    PERFORM coverage_touch(p_model, p_backend, t, p_toolchain);
+  END LOOP;
 END $$""",
         f"""CREATE FUNCTION coverage_tags_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -212,19 +264,19 @@ END $$""",
         """CREATE FUNCTION coverage_builds_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
-    PERFORM coverage_touch(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
+    PERFORM coverage_touch_build(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
   ELSE
-    PERFORM coverage_touch(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
+    PERFORM coverage_touch_build(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
   END IF;
   RETURN NULL;
 END $$""",
         """CREATE FUNCTION coverage_artifacts_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'DELETE' THEN
-    PERFORM coverage_touch(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
+    PERFORM coverage_touch_build(OLD.model_digest, OLD.backend, OLD.target, OLD.toolchain);
     PERFORM model_generation_bump(OLD.model_digest);
   ELSE
-    PERFORM coverage_touch(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
+    PERFORM coverage_touch_build(NEW.model_digest, NEW.backend, NEW.target, NEW.toolchain);
     PERFORM model_generation_bump(NEW.model_digest);
   END IF;
   RETURN NULL;
@@ -238,7 +290,7 @@ BEGIN
   ELSE
     aid := NEW.artifact_id;
   END IF;
-  PERFORM coverage_touch(a.model_digest, a.backend, a.target, a.toolchain) FROM artifacts a WHERE a.id = aid;
+  PERFORM coverage_touch_build(a.model_digest, a.backend, a.target, a.toolchain) FROM artifacts a WHERE a.id = aid;
   PERFORM model_generation_bump(a.model_digest) FROM artifacts a WHERE a.id = aid;
   RETURN NULL;
 END $$""",
@@ -286,23 +338,24 @@ _SQLITE_TRIGGERS = ("coverage_builds_insert", "coverage_builds_delete", "coverag
                     "coverage_reports_insert", "coverage_reports_update", "coverage_reports_delete",
                     "coverage_signatures_insert", "coverage_signatures_delete",
                     "coverage_tags_insert", "coverage_tags_delete", "coverage_tags_update",
-                    "coverage_touches_do", "model_generation_bumps_do")
-_SQLITE_VIEWS = ("coverage_touches", "model_generation_bumps")
+                    "coverage_touches_do", "coverage_build_touches_do", "model_generation_bumps_do")
+_SQLITE_VIEWS = ("coverage_touches", "coverage_build_touches", "model_generation_bumps")
 
 
 def _sqlite_install() -> list[str]:
-    touch = ";\n  ".join(touch_statements("NEW.model_digest", "NEW.backend", "NEW.target", "NEW.toolchain"))
+    touch = ";\n  ".join(touch_statements("NEW.model_digest", "NEW.backend", "NEW.target", "NEW.toolchain", "sqlite"))
+    item, col = covered("NEW.backend", "NEW.target", "sqlite")
     state_changed = _STATE_CLASS_CHANGED.replace("IS DISTINCT FROM", "IS NOT")
 
     def calls(row: str, *, bump: bool) -> str:
-        out = (f"INSERT INTO coverage_touches (model_digest, backend, target, toolchain)"
+        out = (f"INSERT INTO coverage_build_touches (model_digest, backend, target, toolchain)"
                f" VALUES ({row}.model_digest, {row}.backend, {row}.target, {row}.toolchain);")
         if bump:
             out += f" INSERT INTO model_generation_bumps (model_digest) VALUES ({row}.model_digest);"
         return out
 
     def via_artifact(row: str) -> str:
-        return ("INSERT INTO coverage_touches (model_digest, backend, target, toolchain)"
+        return ("INSERT INTO coverage_build_touches (model_digest, backend, target, toolchain)"
                 f" SELECT model_digest, backend, target, toolchain FROM artifacts WHERE id = {row}.artifact_id;"
                 " INSERT INTO model_generation_bumps (model_digest)"
                 f" SELECT model_digest FROM artifacts WHERE id = {row}.artifact_id;")
@@ -318,7 +371,13 @@ def _sqlite_install() -> list[str]:
         # Views that select nothing: inserting into one runs its INSTEAD OF trigger, a procedure call.
         "CREATE VIEW coverage_touches AS SELECT '' AS model_digest, '' AS backend, '' AS target,"
         " '' AS toolchain WHERE 0",
+        "CREATE VIEW coverage_build_touches AS SELECT '' AS model_digest, '' AS backend, '' AS target,"
+        " '' AS toolchain WHERE 0",
         "CREATE VIEW model_generation_bumps AS SELECT '' AS model_digest WHERE 0",
+        # A build's or artifact's target: one touch per SoC cell it counts in.
+        "CREATE TRIGGER coverage_build_touches_do INSTEAD OF INSERT ON coverage_build_touches BEGIN"
+        f" INSERT INTO coverage_touches (model_digest, backend, target, toolchain)"
+        f" SELECT DISTINCT NEW.model_digest, NEW.backend, {col}, NEW.toolchain FROM {item}; END",
         f"CREATE TRIGGER coverage_touches_do INSTEAD OF INSERT ON coverage_touches BEGIN\n  {touch};\nEND",
         "CREATE TRIGGER model_generation_bumps_do INSTEAD OF INSERT ON model_generation_bumps"
         " WHEN NEW.model_digest IS NOT NULL BEGIN"

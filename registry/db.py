@@ -125,7 +125,7 @@ def database_error(exc: BaseException, url: str = "") -> FarmError:
     return DatabaseError(f"index database error{where}: {text_}")
 
 
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", SCHEMA_HEAD)
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", SCHEMA_HEAD)
 
 
 def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:

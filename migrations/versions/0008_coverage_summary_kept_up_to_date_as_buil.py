@@ -78,7 +78,7 @@ def upgrade() -> None:
     for statement in coverage_sql.install(bind.dialect.name):
         op.execute(statement)
     # Existing rows: the cells and the summary recomputed once, in this transaction.
-    for statement in coverage_sql.rebuild():
+    for statement in coverage_sql.rebuild(bind.dialect.name):
         op.execute(statement)
 
 

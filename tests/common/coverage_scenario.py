@@ -15,7 +15,7 @@ from farm.pipeline import states
 from registry import reports
 from registry.coverage import Scope, compact, models_page, recomputed_matches, summary
 from registry.index import record_verdict, set_tag
-from registry.models import ApiToken, Artifact, ArtifactFile, Build, CompatVerdict
+from registry.models import ApiToken, Artifact, ArtifactFile, Build, CompatVerdict, CoverageCell
 from tests.common.index_rows import add_artifact, add_model, spec
 
 Sessions = Callable[[], AbstractContextManager[Session]]
@@ -193,3 +193,88 @@ def run_tag_moves(sessions: Sessions, digests: dict[str, Any]) -> None:
     with sessions() as s:
         compact(s)
         _check(s, "compact")
+
+
+MULTI = "SM8650+SM8750"
+
+
+def run_multi_soc(sessions: Sessions) -> str:
+    """A model built only as one multi-SoC binary (SM8650+SM8750): queued, published, verified by
+    a device of one SoC, beside a failed SM8650 build of its own, marked broken, deleted; each
+    covered SoC's cell counts it (no cell of its own), checked against a recompute at each step.
+    Returns the model's digest with the multi-SoC artifact published again."""
+    with sessions() as s:
+        d = add_model(s, "d", name="delta").digest
+        set_tag(s, "delta", "stable", d)
+        build_id, _ = states.enqueue(s, spec(d, target=MULTI, toolchain="2.51.0"), None)
+        _check(s, "multi-SoC queued")
+        assert _cells(s, d) == {("SM8650", "2.51.0"): "building", ("SM8750", "2.51.0"): "building"}
+        claim = states.claim(s, build_id, owner="t", lease_seconds=60, max_attempts=3)
+        assert claim.lease is not None
+        assert states.fail(s, claim.lease, "compile-timeout", "slow", None)
+        _check(s, "multi-SoC failed")
+        assert set(_cells(s, d).values()) == {"failed"}
+    with sessions() as s:
+        s.execute(delete(Build).where(Build.id == build_id))
+        art = add_artifact(s, d, target=MULTI, toolchain="2.51.0")
+        _check(s, "multi-SoC published")
+        assert _cells(s, d) == {("SM8650", "2.51.0"): "built", ("SM8750", "2.51.0"): "built"}
+        _fail(s, d, "SM8650", "2.51.0")
+        _check(s, "a failed per-SoC build beside it")
+        assert _cells(s, d)[("SM8650", "2.51.0")] == "built"
+    with sessions() as s:
+        token = ApiToken(name="phone-d", scope="read", token_hash="1" * 64)
+        s.add(token)
+        s.flush()
+        reports.record(s, art.id, token.id, {
+            "device_id": "d9", "device_model": "phone", "soc": "SM8650", "os": "android 15",
+            "runtime_backend": "qnn", "runtime_version": "2.51.0", "ort_version": "1.23.0", "outcome": "loads"})
+        _check(s, "device report on the multi-SoC artifact")
+        verified = {t for t, n in s.execute(select(CoverageCell.target, CoverageCell.device_verified)
+                                            .where(CoverageCell.model_digest == d)) if n}
+        assert verified == {"SM8650"}  # the SM8750 half was not loaded by anyone
+    with sessions() as s:
+        s.execute(update(Artifact).where(Artifact.id == art.id).values(status="broken"))
+        _check(s, "multi-SoC marked broken")
+        assert _cells(s, d) == {("SM8650", "2.51.0"): "broken", ("SM8750", "2.51.0"): "broken"}
+    with sessions() as s:
+        gone = s.get(Artifact, art.id)
+        assert gone is not None
+        build = gone.build_id
+        s.execute(delete(ArtifactFile).where(ArtifactFile.artifact_id == art.id))
+        s.execute(delete(Artifact).where(Artifact.id == art.id))
+        s.execute(delete(Build).where(Build.id == build))
+        _check(s, "multi-SoC deleted")
+        assert _cells(s, d) == {("SM8650", "2.51.0"): "failed"}
+    with sessions() as s:
+        add_artifact(s, d, target=MULTI, toolchain="2.51.0")
+        _check(s, "multi-SoC published again")
+        assert not any("+" in r.target for r in summary(s, compact_over=None).rows)
+    return d
+
+
+def _cells(s: Session, digest: str) -> dict[tuple[str, str], str]:
+    return {(t, tc): st for t, tc, st in s.execute(
+        select(CoverageCell.target, CoverageCell.toolchain, CoverageCell.state)
+        .where(CoverageCell.model_digest == digest))}
+
+
+def check_multi_soc_reads(sessions: Sessions, d: str) -> None:
+    """After ``run_multi_soc``: the summary, the drill-down and --missing's query count the
+    multi-SoC build in both SoCs' cells, named in ``via``."""
+    with sessions() as s:
+        for sc in (None, Scope(tag="stable"), Scope(prefix="del")):
+            rows = {(r.target, r.toolchain): r for r in summary(s, sc, compact_over=None).rows}
+            assert all("+" not in t for t, _ in rows), rows
+            for soc in ("SM8650", "SM8750"):
+                assert rows[(soc, "2.51.0")].built >= 1 and rows[(soc, "2.51.0")].missing == 0
+        page = models_page(s, Scope(prefix="delta"))
+        [model] = page.models
+        assert model.missing == []
+        cells = {c["target"]: c for c in model.cells}
+        assert set(cells) == {"qnn:SM8650", "qnn:SM8750"}
+        assert all(c["state"] == "built" and c["via"] == [f"qnn:{MULTI}"] for c in cells.values())
+        missing = models_page(s, Scope(prefix="delta"), state="missing")
+        assert missing.models == []
+        sm8650 = models_page(s, Scope(prefix="delta"), target="qnn:SM8650")
+        assert [c["via"] for c in sm8650.models[0].cells] == [[f"qnn:{MULTI}"]]

@@ -22,6 +22,14 @@ def test_incremental_equals_recomputed_on_postgres(pg_url):
         db.dispose()
 
 
+def test_multi_soc_build_counts_in_each_socs_cell_on_postgres(pg_url):
+    db = Database(pg_url)
+    try:
+        coverage_scenario.check_multi_soc_reads(db.session, coverage_scenario.run_multi_soc(db.session))
+    finally:
+        db.dispose()
+
+
 def test_concurrent_touches_of_one_model_target_count_it_once(pg_url):
     """Two writers add the first cells of (model, SM8650) on two SDKs at once: each sees no cell
     of the other's; the lock on (model, backend, target) makes the second count after the first."""

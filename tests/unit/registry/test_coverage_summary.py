@@ -16,6 +16,13 @@ def test_incremental_equals_recomputed_after_every_change(db):
     coverage_scenario.check_reads(db.session, digests)
 
 
+def test_multi_soc_build_counts_in_each_socs_cell(db):
+    coverage_scenario.check_multi_soc_reads(db.session, coverage_scenario.run_multi_soc(db.session))
+    with db.session() as s:
+        rebuild(s)
+        assert recomputed_matches(s) == []
+
+
 def test_tag_scopes_follow_tag_moves(db):
     coverage_scenario.run_tag_moves(db.session, coverage_scenario.run(db.session))
 
