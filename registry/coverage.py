@@ -52,6 +52,7 @@ class Cell:
     verified: bool = False  # a probe loaded a built artifact of this cell
     # (runtime backend, runtime version) -> what probes of this cell's artifacts said
     evidence: dict[tuple[str, str], Evidence] = field(default_factory=dict)
+    via: list[str] = field(default_factory=list)  # multi-SoC targets (qnn:A+B) built into this SoC's cell
 
     def label(self) -> str:
         if self.state == "failed":
@@ -60,6 +61,12 @@ class Cell:
 
 
 _RANK = {"built": 4, "building": 3, "broken": 2, "failed": 1}
+
+
+def socs(backend: str, target: str) -> list[str]:
+    """The cell targets a build's target counts in: each SoC of a multi-SoC QNN target
+    (``SM8650+SM8750``), else the target itself (as ``registry.coverage_sql.covered``)."""
+    return list(dict.fromkeys(target.split("+"))) if backend == "qnn" else [target]
 
 
 @dataclass
@@ -108,6 +115,7 @@ class Coverage:
             "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
+                       "via": sorted(set(c.via)),
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -156,16 +164,21 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
         cell_state = {"succeeded": "built", "queued": "building", "running": "building"}.get(state, "failed")
         if cell_state == "built" and status == "broken":
             cell_state = "broken"
-        key = (model, f"{be}:{target}", toolchain)
-        cell = cells.get(key)
-        if cell is None or _RANK[cell_state] > _RANK[cell.state]:
-            prev = cell
-            cell = Cell(cell_state, builds=prev.builds if prev else 0, codes=prev.codes if prev else [])
-            cells[key] = cell
-        cell.builds += n
-        cell.verified = cell.verified or (cell_state == "built" and bool(verified))
-        if state == "failed" and code:
-            cell.codes.append(code)
+        # A multi-SoC build (qnn SM8650+SM8750) counts in each SoC's cell.
+        for soc in socs(be, target):
+            key = (model, f"{be}:{soc}", toolchain)
+            cell = cells.get(key)
+            if cell is None or _RANK[cell_state] > _RANK[cell.state]:
+                prev = cell
+                cell = Cell(cell_state, builds=prev.builds if prev else 0, codes=prev.codes if prev else [],
+                            via=prev.via if prev else [])
+                cells[key] = cell
+            cell.builds += n
+            cell.verified = cell.verified or (cell_state == "built" and bool(verified))
+            if state == "failed" and code:
+                cell.codes.append(code)
+            if cell_state == "built" and soc != target:
+                cell.via.append(f"{be}:{target}")
     runtimes = _evidence(session, cells, backend, digests)
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
@@ -192,17 +205,18 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
         q = q.where(Artifact.model_digest.in_(digests))
     runtimes: dict[str, set[str]] = defaultdict(set)
     for model, be, target, toolchain, rb, rv, verdict, n, last in session.execute(q):
-        cell = cells.get((model, f"{be}:{target}", toolchain))
-        if cell is None:
-            continue
-        runtimes[rb].add(rv)
-        ev = cell.evidence.setdefault((rb, rv), Evidence())
-        if verdict == "loads":
-            ev.loads += n
-        else:
-            ev.fails += n
-        if last is not None and (ev.last is None or last > ev.last):
-            ev.last = last
+        for soc in socs(be, target):
+            cell = cells.get((model, f"{be}:{soc}", toolchain))
+            if cell is None:
+                continue
+            runtimes[rb].add(rv)
+            ev = cell.evidence.setdefault((rb, rv), Evidence())
+            if verdict == "loads":
+                ev.loads += n
+            else:
+                ev.fails += n
+            if last is not None and (ev.last is None or last > ev.last):
+                ev.last = last
     return {b: sorted(v, key=parse_version) for b, v in runtimes.items()}
 
 
@@ -576,12 +590,6 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
                 low = round(float(psnr), 3)
                 have = measured["accuracy_min_psnr_db"]
                 measured["accuracy_min_psnr_db"] = low if have is None else min(have, low)
-
-
-def socs(backend: str, target: str) -> list[str]:
-    """The cell targets a build's target counts in: each SoC of a multi-SoC QNN target
-    (``SM8650+SM8750``), else the target itself (as ``registry.coverage_sql.covered``)."""
-    return list(dict.fromkeys(target.split("+"))) if backend == "qnn" else [target]
 
 
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,

@@ -169,6 +169,8 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                     label += " \u2713probe"
                 if c and c.get("device_verified"):
                     label += " \u2713device"
+                if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
+                    label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
                 verdicts = "".join(
                     f"<div class='v'>{e(RUNTIME_NAMES.get(p['runtime_backend'], p['runtime_backend']))} "
                     f"{e(p['runtime'])} {e(p['verdict'])}"

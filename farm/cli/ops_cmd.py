@@ -159,7 +159,9 @@ def _print_missing_pages(page_of: Any, args: argparse.Namespace) -> int:
     if args.target:
         from farm.core.catalog import parse_target
 
-        targets = sorted({parse_target(t).ref for t in args.target})
+        # A wanted multi-SoC target (qnn:SM8650+SM8750) wants each of its SoCs' cells.
+        refs = [parse_target(t).ref.partition(":") for t in args.target]
+        targets = sorted({f"{b}:{soc}" for b, _, name in refs for soc in (name.split("+") if b == "qnn" else [name])})
     rows: list[dict[str, Any]] = []
     newest: dict[str, str] = {}
     cursor = None

@@ -106,3 +106,50 @@ def test_cli_summary_and_missing_are_the_service_rows(client: TestClient) -> Non
     out = farm("--missing", "--json", "--tag", "dev", "-t", "qnn:SM8650", "-t", "qnn:SM8750")
     # gamma: queued on SM8650 (building is not missing), built on SM8750.
     assert (out.returncode, json.loads(out.stdout)) == (0, []), out.stderr
+
+
+def test_multi_soc_build_is_each_socs_cell_everywhere(tmp_path) -> None:
+    """A model built only as one SM8650+SM8750 binary: `farm coverage --missing` lists neither SoC,
+    the whole matrix, /v1/coverage/models and the page show it in both SoCs' cells (via), never as
+    a target of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home")})
+    reg = Registry.open(settings)
+    digest = coverage_scenario.run_multi_soc(reg.db.session)
+    with reg.db.session() as s:
+        token = create_token(s, "reader", "read")
+    reg.close()
+    env = {**os.environ, "FARM_HOME": str(tmp_path / "home")}
+    env.pop("FARM_SERVER", None)
+    env.pop("FARM_DATABASE_URL", None)
+
+    def farm(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "farm.cli", "coverage", *argv], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    for wanted in ([], ["-t", "qnn:SM8650"], ["-t", "qnn:SM8650+SM8750"]):
+        out = farm("--missing", "--json", *wanted)
+        assert (out.returncode, json.loads(out.stdout or "null")) == (0, []), (wanted, out.stdout, out.stderr)
+    out = farm("--missing", "--json", "-t", "qnn:SM8550")
+    assert out.returncode == 1 and [r["target"] for r in json.loads(out.stdout)] == ["qnn:SM8550"], out.stdout
+    out = farm("--json")
+    assert out.returncode == 0, out.stderr
+    cells = {c["target"]: c for c in json.loads(out.stdout)["cells"] if c["model"] == digest}
+    assert set(cells) == {"qnn:SM8650", "qnn:SM8750"}
+    assert all(c["state"] == "built" and c["via"] == ["qnn:SM8650+SM8750"] for c in cells.values())
+    with TestClient(create_app(settings)) as c:
+        c.headers["Authorization"] = f"Bearer {token}"
+        matrix = c.get("/v1/coverage").json()
+        assert {x["target"] for x in matrix["cells"]} == {"qnn:SM8650", "qnn:SM8750"}
+        [model] = c.get("/v1/coverage/models").json()["models"]
+        assert {x["target"]: x["via"] for x in model["cells"]} == {"qnn:SM8650": ["qnn:SM8650+SM8750"],
+                                                                   "qnn:SM8750": ["qnn:SM8650+SM8750"]}
+        rows = c.get("/v1/coverage/summary").json()["rows"]
+        assert sorted((r["target"], r["built"], r["missing"]) for r in rows) == [
+            ("qnn:SM8650", 1, 0), ("qnn:SM8750", 1, 0)]
+        html = c.get("/coverage?prefix=delta").text
+        assert "SM8650+SM8750</th>" not in html and "built via SM8650+SM8750" in html
