@@ -157,9 +157,11 @@ def cells_recompute(dialect: str) -> str:
     """Every cell recomputed from the builds: (model_digest, backend, target, toolchain, state,
     counts...), a multi-SoC build in each of its SoCs' cells."""
     item, col = covered("b.backend", "b.target", dialect)
-    recompute = (f"SELECT b.model_digest, b.backend, {col} AS target, b.toolchain, {cell_counts(col)}"
-                 f" FROM builds b CROSS JOIN {item} LEFT JOIN artifacts a ON a.build_id = b.id"
-                 f" GROUP BY b.model_digest, b.backend, {col}, b.toolchain")
+    # Each (build, SoC) once: a hand-written SM8650+SM8650 counts its build once, as a touch does.
+    pairs = f"SELECT DISTINCT b.id AS build_id, {col} AS target FROM builds b CROSS JOIN {item}"
+    recompute = (f"SELECT b.model_digest, b.backend, bt.target, b.toolchain, {cell_counts('bt.target')}"
+                 f" FROM ({pairs}) bt JOIN builds b ON b.id = bt.build_id LEFT JOIN artifacts a ON a.build_id = b.id"
+                 " GROUP BY b.model_digest, b.backend, bt.target, b.toolchain")
     return (f"SELECT r.model_digest, r.backend, r.target, r.toolchain, {_STATE},"
             f" {', '.join('r.' + c for c in CELL_COLUMNS[1:])} FROM ({recompute}) r")
 

@@ -61,3 +61,19 @@ def test_concurrent_touches_of_one_model_target_count_it_once(pg_url):
             assert rows["2.51.0"].built == 1
     finally:
         db.dispose()
+
+
+def test_hostile_multi_targets_written_by_hand_on_postgres(pg_url):
+    from registry.models import Build
+
+    db = Database(pg_url)
+    try:
+        with db.session() as s:
+            m = add_model(s, "h", name="hostile").digest
+            for i, target in enumerate(['SM8650+a"b', "x\\y+SM8750", "+SM8650+", "[]+{}", "SM8650+SM8650"]):
+                s.add(Build(build_key=f"{i:064d}", model_digest=m, backend="qnn", target=target, toolchain="2.51.0",
+                            options={}, options_digest="sha256:" + "0" * 64, state="queued"))
+                s.flush()
+                assert recomputed_matches(s) == [], target
+    finally:
+        db.dispose()

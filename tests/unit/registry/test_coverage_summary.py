@@ -68,3 +68,20 @@ def test_prefix_with_like_wildcards_matches_literally(db):
     with db.session() as s:
         assert summary(s, Scope(prefix="%")).rows == []
         assert summary(s, Scope(prefix="a_pha")).rows == []
+
+
+@pytest.mark.parametrize("target", ['SM8650+a"b', "x\\\\y+SM8750", "+SM8650+", "[]+{}", "SM8650+SM8650"])
+def test_hostile_multi_targets_written_by_hand_keep_the_tables_consistent(db, target):
+    """A row no front door would accept (quotes, backslashes, empty parts, JSON): the triggers'
+    split (SQLite's goes through JSON) neither fails the write nor drifts from the recompute."""
+    from registry.models import Build, CoverageCell
+    from tests.common.index_rows import add_model
+
+    with db.session() as s:
+        m = add_model(s, "h", name="hostile").digest
+        s.add(Build(build_key="f" * 64, model_digest=m, backend="qnn", target=target, toolchain="2.51.0",
+                    options={}, options_digest="sha256:" + "0" * 64, state="queued"))
+        s.flush()
+        assert recomputed_matches(s) == []
+        parts = {p for p in target.split("+")}
+        assert {t for (t,) in s.query(CoverageCell.target)} == parts
