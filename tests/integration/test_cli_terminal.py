@@ -24,8 +24,10 @@ def test_build_on_a_terminal_shows_a_live_table_with_elapsed_time(farm_env: dict
     plain = re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]", "", out)
     assert "\x1b[" in out  # drawn and redrawn in place
     assert plain.count("ELAPSED") >= 2, plain  # the table was redrawn while the compiles ran
+    # A 0.3 s compile may finish between two redraws: at least one target is seen compiling with its
+    # elapsed time, and every target ends built with its own.
+    assert re.search(r"qnn:SM8[67]50\s+compiling\s+\d+\.\d s", plain), plain
     for target in ("qnn:SM8650", "qnn:SM8750"):
-        assert re.search(rf"{target}\s+compiling\s+\d+\.\d s", plain), plain
         assert re.search(rf"{target}\s+built\s+\d+\.\d s", plain), plain
     assert "model sq:latest sha256:" in plain  # then the result table
 
