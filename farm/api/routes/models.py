@@ -111,8 +111,9 @@ def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: s
 
 # ---- hash first: the client asks whether the content is held before it sends any of it ---------
 
-@router.api_route("/v1/models/{digest}", methods=["GET", "HEAD"], response_model=ModelOut,
-                  dependencies=[submit])
+@router.head("/v1/models/{digest}", response_model=ModelOut, dependencies=[submit],
+             operation_id="held_model_head", summary="Held Model (HEAD)")
+@router.get("/v1/models/{digest}", response_model=ModelOut, dependencies=[submit])
 def held_model(digest: str, reg: RegistryDep) -> ModelOut:
     """200 with the model's snapshot listing when the service holds this bundle whole (the
     model recorded, every file's blob in the store), else 404 ``not-found``: as an OCI registry
