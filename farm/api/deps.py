@@ -8,6 +8,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request
@@ -137,6 +138,20 @@ def scope(needed: str) -> Any:
         return _allow(request, raw, needed)
 
     return Depends(check)
+
+
+async def receive_body(request: Request, path: Path, limit: int, too_large: str) -> int:
+    """Stream the request body into ``path`` (a fixed name the caller chose), stopping with
+    ``too-large`` (``too_large`` is its message) as soon as more than ``limit`` bytes came in;
+    the number of bytes written."""
+    size = 0
+    with open(path, "wb") as f:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise E.TooLargeError(too_large)
+            f.write(chunk)
+    return size
 
 
 async def drain(request: Request, limit: int) -> None:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from farm.api.deps import RegistryDep, SettingsDep, drain, submit, submit_before_body
+from farm.api.deps import RegistryDep, SettingsDep, drain, receive_body, submit, submit_before_body
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -53,13 +53,7 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
     work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
     try:
         raw = work / "upload"
-        size = 0
-        with open(raw, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
-                f.write(chunk)
+        size = await receive_body(request, raw, limit, f"the upload is over {settings.max_upload_mb} MiB")
         if declared.isdigit() and int(declared) != size:
             raise E.InvalidModelError(f"the upload was cut short ({size} of {declared} bytes)")
         gone = threading.Event()

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.routing import Route
 
-from farm.api.deps import RegistryDep, admin, read, submit
+from farm.api.deps import RegistryDep, admin, read, receive_body, submit
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -386,13 +386,7 @@ async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[
         raise E.TooLargeError(f"sample inputs are at most {MAX_SAMPLE_BYTES} bytes")
     with tempfile.TemporaryDirectory(prefix="ctxfarm-samples-") as tmp:
         path = Path(tmp) / "samples.npz"  # fixed name: never one from outside
-        size = 0
-        with open(path, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_SAMPLE_BYTES:
-                    raise E.TooLargeError(f"sample inputs are at most {MAX_SAMPLE_BYTES} bytes")
-                f.write(chunk)
+        await receive_body(request, path, MAX_SAMPLE_BYTES, f"sample inputs are at most {MAX_SAMPLE_BYTES} bytes")
         return await run_in_threadpool(store_samples, reg, digest, path, Path(tmp))  # type: ignore[no-any-return]
 
 
