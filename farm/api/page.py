@@ -167,8 +167,9 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                 label = st + (f" ({', '.join(c['codes'])})" if c and c["codes"] and st == "failed" else "")
                 if c and c.get("probe_verified"):
                     label += " \u2713probe"
-                if c and c.get("device_verified"):
-                    label += " \u2713device"
+                if c and c.get("device_verified"):  # how many distinct devices said it loads (issue 23)
+                    n = int(c.get("devices") or 0)
+                    label += f" \u2713device \u00d7{n}" if n else " \u2713device"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
                 verdicts = "".join(

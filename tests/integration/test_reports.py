@@ -206,6 +206,10 @@ def test_devices_install_load_report_and_change_resolve(live: dict[str, Any], tm
     status, page = call(svc, "GET", "/v1/coverage/models?model=mm:stable", t["read"])
     (cell,) = [c for m in page["models"] for c in m["cells"]]
     assert status == 200 and cell["devices"] == 2 and cell["device_verified"]
+    # The coverage page's cell says how many devices confirmed it.
+    page_req = urllib.request.Request(svc["url"] + "/coverage", headers={"Authorization": f"Bearer {t['read']}"})
+    with urllib.request.urlopen(page_req, timeout=30) as r:
+        assert "\u2713device \u00d72" in r.read().decode()
 
     old = root / ".venvs" / "qnn-2.47.0" / "bin" / "python"
     if not old.exists():
