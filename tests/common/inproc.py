@@ -66,3 +66,9 @@ def running_service(settings: Settings) -> Iterator[dict[str, Any]]:
     finally:
         server.should_exit = True
         t.join(10)
+        # The service's embedded runner warmed compile hosts in this process (pool_for): end them
+        # with the service, so a host sized by this service's compiles (its standby's learned
+        # heap) is not what the next test's jobs fork from.
+        from workers.host import shutdown
+
+        shutdown()
