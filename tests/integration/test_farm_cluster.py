@@ -597,13 +597,17 @@ def test_cancel_a_running_and_a_queued_build(farm_cluster: Farm) -> None:
     out = json.loads(f.cli("submit", str(light("vgg19")), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--sdk", "2.51.0",
                            "--json").stdout)
     (child,) = wait_for(lambda: compile_children(a.pid), 60)
-    cancelled_at = time.monotonic()
     answer = json.loads(f.cli("cancel", str(out["release"]), "--json").stdout)
+    # Counted from the cancel's answer, not from before the CLI started (its own start-up is not
+    # the worker's reaction): the worker renews its lease every 2 s and kills the compile at the
+    # first renewal that finds the build cancelled, so it must be gone well before the lease
+    # (6 s) could run out once; a loaded box (load 8 seen) adds scheduling delay, not renewals.
+    cancelled_at = time.monotonic()
     assert sorted(r["was"] for r in answer["builds"]) == ["queued", "running"]
     assert [r["now"] for r in answer["builds"]] == ["cancelled", "cancelled"]
     assert wait_for(lambda: not alive(child), 10), "the compile outlived its cancel"
     stopped = time.monotonic() - cancelled_at
-    assert stopped <= 2 + 3, f"the running compile took {stopped:.1f} s to stop"  # lease 6 s: renewals every 2 s
+    assert stopped <= 6, f"the running compile took {stopped:.1f} s to stop after the cancel answered"
     rows = f.builds()
     assert [(r["state"], r["code"]) for r in rows] == [("failed", "cancelled")] * 2
     # The worker is free: the next build runs; the cancelled ones stay cancelled meanwhile.
