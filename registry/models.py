@@ -427,3 +427,23 @@ class ModelGeneration(Base):
 
     model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
     generation: Mapped[int] = mapped_column(BigInteger)
+
+
+class ModelPackageRow(Base):
+    """An ORT model package (issue 30, ``farm.core.packages``): made from a model's published
+    builds, verified, its files in the store. ``digest`` is its record's (a blob); ``inputs`` what
+    it was made from (model, NAME:TAG, every artifact digest): UNIQUE, so the same inputs are
+    answered from the index and a new build makes a new package."""
+
+    __tablename__ = "model_packages"
+    __table_args__ = (UniqueConstraint("digest"), UniqueConstraint("inputs"), _digest_check("digest"),
+                      Index(None, "model_digest"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    inputs: Mapped[str] = mapped_column(String(64))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    ref: Mapped[str] = mapped_column(String(400))
+    size: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
