@@ -770,3 +770,43 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
+                          signatures: list[dict[str, str]] | None = None, required: bool = False,
+                          allow_unsigned: bool = False) -> Path:
+    """An ORT model package (``farm package --server``, issue 30) into ``dest``: its record
+    fetched by ``digest`` (at most ``size`` bytes, checked against the digest), the signature
+    policy applied to that digest, then every file it lists fetched by its digest (each size
+    and sha256 verified, resuming) and the whole swapped into place atomically."""
+    from farm.core.packages import check_record
+
+    if not is_digest(digest) or not isinstance(size, int) or not 0 < size <= MAX_ANSWER_BYTES:
+        raise ServerError("the package answer names no valid record", hint=HINT_SERVER)
+    data = client.manifest_bytes(digest, size)
+    try:
+        doc = check_record(_parse_json(data, f"package {digest[7:19]}", ManifestError))
+    except ManifestError as exc:
+        raise ManifestError(exc.message, hint=HINT_SERVER) from None
+    _check_signatures(digest, signatures or [], list(trusted or []), required=required, allow_unsigned=allow_unsigned)
+    out = destination(Path(dest))
+    partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        _remove(partial)
+    partial.mkdir(exist_ok=True)
+    files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
+    _check_room(partial, files)
+    for f in files:
+        client.download(f["digest"], partial / f["digest"][7:], size=f["size"])
+    with staged(out) as staging:
+        for d in doc["directories"]:
+            inside(staging, d).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            target = inside(staging, f["name"])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(partial / f["digest"][7:], target)
+            except OSError:
+                shutil.copyfile(partial / f["digest"][7:], target)
+    shutil.rmtree(partial, ignore_errors=True)
+    return out

@@ -242,7 +242,7 @@ def package_answer(reg: Registry, digest: str, *, cached: bool) -> dict[str, Any
     return {"digest": digest, "ref": ref, "model": doc["model"], "cached": cached, "record_size": record_size,
             "size": size, "artifacts": doc["artifacts"], "components": doc["components"],
             "directories": doc["directories"], "files": doc["files"], "evidence": doc["evidence"],
-            "signatures": [{"key": k, "signature": v} for k, v in sigs]}
+            "signatures": [{"public_key": k, "signature": v} for k, v in sigs]}
 
 
 def install_package(reg: Registry, answer: dict[str, Any], dest: Path) -> Path:
