@@ -305,6 +305,7 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
                 safe_relative(ctx)
                 model_file, files = f"{asset(list(b.files))}/{ctx}", ()
                 meta["graph"] = name
+                meta["cpu_op_types"] = list((graph.get("placement") or {}).get("cpu_op_types") or [])
             variants.append(Variant(variant_name(b, taken), vdir, EP_OF[b.backend], DEVICE_OF[b.backend], model_file,
                                     tuple(files), b.compatibility, provider_options=dict(b.provider_options),
                                     metadata=meta, backend=b.backend))

@@ -1,0 +1,187 @@
+"""ORT model packages end to end (issue 30), real compiles: a small model with external data built
+for SM8650 and SM8750 (QNN 2.51.0) becomes, through `farm package`, a folder that onnxruntime
+1.32's ModelPackageContext opens: two QNN variants with their builds' compatibility strings and
+a CPU variant, which CPU-only session options select and which runs (the source model's
+outputs). A second `farm package` is answered from the index; a new build makes a new package;
+missing store files and unknown refs fail with their codes, nothing published. Over HTTP too."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from farm.core.settings import Settings
+from tests.common.cli import farm
+
+pytestmark = pytest.mark.integration
+
+ort = pytest.importorskip("onnxruntime")
+if not hasattr(ort, "ModelPackageContext"):
+    pytest.skip("ORT model packages need onnxruntime >= 1.32", allow_module_level=True)
+
+
+def matmul_model(path: Path) -> None:
+    """A 64x64 MatMul with seeded weights as external data (weights.bin beside it)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(7).random((64, 64), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "FARM_HOME": str(tmp_path / "home"), "PYTHONPATH": root}
+
+
+def package(env: dict[str, str], *args: str, check: bool = True) -> Any:
+    proc = farm(env, "package", *args, "--json", check=check)
+    return proc if not check else json.loads(proc.stdout)
+
+
+def test_sm8650_and_sm8750_build_gives_a_package_ort_opens_and_runs_on_cpu(env: dict[str, str], tmp_path: Path):
+    model = tmp_path / "src" / "mm.onnx"
+    model.parent.mkdir()
+    matmul_model(model)
+    farm(env, "build", str(model), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--name", "mynet", "--tag", "stable")
+
+    dest = tmp_path / "pkg"
+    first = package(env, "mynet:stable", "-d", str(dest))
+    assert first["cached"] is False and first["path"] == str(dest)
+    [comp] = first["components"]
+    qnn = [v for v in comp["variants"] if v["ep"] == "QNNExecutionProvider"]
+    assert sorted(v["target"] for v in qnn) == ["qnn:SM8650", "qnn:SM8750"]
+    # Each QNN variant carries its own build's compatibility string (its SoC id: 57, 69).
+    by_target = {v["target"]: v["compatibility_string"] for v in qnn}
+    assert by_target["qnn:SM8650"].startswith("v2:") and ":57:" in by_target["qnn:SM8650"]
+    assert ":69:" in by_target["qnn:SM8750"]
+
+    # ORT's own API opens the folder: one component, two QNN variants and a CPU variant.
+    ctx = ort.ModelPackageContext(str(dest))
+    assert ctx.get_component_names() == ["model"]
+    eps = sorted(ctx.get_variant_ep_name("model", v) for v in ctx.get_variant_names("model"))
+    assert eps == ["CPUExecutionProvider", "QNNExecutionProvider", "QNNExecutionProvider"]
+    # CPU-only session options: ORT selects the CPU variant, and it runs the source model.
+    chosen = ctx.select_component("model", ort.ModelPackageOptions(ort.SessionOptions()))
+    assert chosen.get_selected_variant_name() == "cpu"
+    x = np.random.default_rng(1).random((1, 64), dtype=np.float32)
+    got = chosen.create_session().run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.array_equal(got, want)
+    # The weights are a shared asset, stored once; the package lists every file it holds.
+    assets = [p for p in (dest / "shared_assets").iterdir()]
+    assert len(assets) == 1 and (assets[0] / "weights.bin").read_bytes() == (model.parent / "weights.bin").read_bytes()
+    assert ort.ModelPackage.compute_directory_hash(str(assets[0])) == "sha256:" + assets[0].name[7:]
+    listed = {f["path"] for f in first["files"]}
+    on_disk = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    assert listed == on_disk
+    # The evidence says what was checked and what could not be (QNN selection needs an NPU).
+    ev = first["evidence"]
+    assert ev["onnxruntime"].startswith("1.32") and len(ev["checked"]) == 3
+    assert ev["components"][0]["selected"] == "cpu" and ev["components"][0]["outputs"][0]["shape"] == [1, 64]
+    assert all("needs an NPU" in v["unchecked"] for v in ev["variants"] if v["ep"] == "QNNExecutionProvider")
+
+    # Nothing new published: answered from the index, the same package.
+    again = package(env, "mynet:stable")
+    assert again["cached"] is True and again["digest"] == first["digest"]
+    # A new build of the model: a new package, with its variant.
+    farm(env, "build", str(model), "-t", "qnn:SM8550", "--name", "mynet", "--tag", "stable")
+    third = package(env, "mynet:stable", "-d", str(dest))
+    assert third["cached"] is False and third["digest"] != first["digest"]
+    assert sorted(v["target"] for v in third["components"][0]["variants"] if "target" in v) == [
+        "qnn:SM8550", "qnn:SM8650", "qnn:SM8750"]
+    assert len(ort.ModelPackageContext(str(dest)).get_variant_names("model")) == 4  # swapped in whole
+
+    # Bad refs: their codes, no traceback.
+    for ref, code, rc in (("nosuch:tag", "not-found", 1), ("Bad Name", "bad-name", 2), ("sha256:abc", "usage", 2)):
+        proc = package(env, ref, check=False)
+        assert proc.returncode == rc, proc.stderr
+        assert json.loads(proc.stdout)["error"]["code"] == code and "Traceback" not in proc.stderr
+
+
+def test_missing_store_files_and_no_builds_fail_with_their_codes(env: dict[str, str], tmp_path: Path):
+    from registry.index import Registry
+    from registry.models import ModelPackageRow
+
+    model = tmp_path / "mm.onnx"
+    matmul_model(model)
+    farm(env, "build", str(model), "-t", "qnn:SM8650", "--name", "gone", "--tag", "t1")
+    # A model with no build at all (a failed one publishes nothing): no-published-builds.
+    bad = tmp_path / "strings.onnx"
+    _identity_on_strings(bad)
+    farm(env, "build", str(bad), "-t", "qnn:SM8650", "--name", "nobuild", "--tag", "t1", check=False)
+    proc = package(env, "nobuild:t1", check=False)
+    assert proc.returncode == 3 and json.loads(proc.stdout)["error"]["code"] == "no-published-builds"
+
+    settings = Settings.from_env({"FARM_HOME": env["FARM_HOME"]})
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            from sqlalchemy import select
+
+            from registry.models import Artifact, ArtifactFile
+
+            blob = s.scalar(select(ArtifactFile.digest).join(Artifact).where(ArtifactFile.role == "context"))
+        reg.store.delete(blob)
+        proc = package(env, "gone:t1", "-d", str(tmp_path / "out"), check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert json.loads(proc.stdout)["error"]["code"] == "package-files-missing"
+        assert not (tmp_path / "out").exists()
+        with reg.db.session() as s:
+            assert s.scalar(select(ModelPackageRow.id)) is None  # nothing published
+    finally:
+        reg.close()
+
+
+def _identity_on_strings(path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.STRING, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, [1])
+    m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "s", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_package_over_http_and_farm_package_server(env: dict[str, str], tmp_path: Path):
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from tests.common.inproc import running_service
+    from tests.common.service import token
+
+    model = tmp_path / "mm.onnx"
+    matmul_model(model)
+    farm(env, "build", str(model), "-t", "qnn:SM8650", "--name", "web", "--tag", "v1")
+    settings = Settings.from_env({"FARM_HOME": env["FARM_HOME"]})
+    read = token(settings, "r", "read")
+    with running_service(settings) as svc:
+        remote = {**env, "FARM_SERVER": svc["url"], "FARM_TOKEN": read}
+        proc = farm(remote, "package", "web:v1", "--json", check=False)
+        assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["code"] == "forbidden"  # needs submit
+        remote["FARM_TOKEN"] = svc["token"]
+        dest = tmp_path / "remote-pkg"
+        got = json.loads(farm(remote, "package", "web:v1", "-d", str(dest), "--json").stdout)
+        assert got["path"] == str(dest)
+        chosen = ort.ModelPackageContext(str(dest)).select_component(
+            "model", ort.ModelPackageOptions(ort.SessionOptions()))
+        assert chosen.get_selected_variant_name() == "cpu"
+    with TestClient(create_app(settings)) as c:
+        r = c.get(f"/v1/packages/{got['digest']}", headers={"Authorization": f"Bearer {read}"})
+        assert r.status_code == 200 and r.json()["digest"] == got["digest"] and r.json()["cached"] is True
+        r = c.post("/v1/packages", json={"ref": "nosuch:v1"}, headers={"Authorization": f"Bearer {svc['token']}"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
+        assert "/v1/packages" in c.get("/openapi.json").json()["paths"]
