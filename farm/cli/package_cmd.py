@@ -34,7 +34,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(answer, default=str))
         return 0
-    print(f"package {answer['ref']} {answer['digest']} ({'cached: nothing new was published' if answer['cached'] else 'made and verified'})")
+    how = "cached: nothing new was published" if answer["cached"] else "made and verified"
+    print(f"package {answer['ref']} {answer['digest']} ({how})")
     rows = [{"component": c["name"], "variant": v["name"], "ep": v["ep"], "device": v["device"],
              "compatibility": v.get("compatibility_string") or ""}
             for c in answer["components"] for v in c["variants"]]
@@ -71,8 +72,8 @@ def remote_package(server: str, token: str | None, ref: str, dest: str | None, s
     """``POST /v1/packages``; then, with ``dest``, the record fetched by the digest the answer
     names (at most its size read, checked against the digest), every file by its digest (each
     verified), swapped into place."""
-    from farm.client import Client, install_package_files
     from farm.cli.remote import answer_of
+    from farm.client import Client, install_package_files
 
     client = Client(server, token)
     answer = client.json("POST", "/v1/packages", {"ref": ref})

@@ -345,7 +345,7 @@ def check_record(doc: Any) -> dict[str, Any]:
             if not isinstance(f, dict) or not is_digest(str(f.get("digest"))) or not isinstance(f.get("size"), int) \
                     or f["size"] < 0:
                 raise ManifestError("a package file entry is malformed")
-            safe_relative(f.get("path"))
+            safe_relative(str(f.get("path") or ""))
             if f["path"] in seen:
                 raise ManifestError(f"the package lists {f['path'][:80]!r} twice")
             seen.add(f["path"])
