@@ -148,6 +148,11 @@ class Artifact(Base):
     # toolchain that built them (graphs, inputs/outputs, SoC, sizes), the check against the
     # requested graphs, and ``unverified`` (why no runtime here can load it) where that applies.
     description: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The op types the build left on the CPU (partial offload; [] when fully offloaded), and the
+    # EP's own compatibility string by EP name (``ep_compatibility_info.<EP>`` of the context
+    # model): both also in the manifest; NULL for artifacts published before migration 0012.
+    cpu_op_types: Mapped[list[str] | None] = mapped_column(JSON)
+    compatibility: Mapped[dict[str, str] | None] = mapped_column(JSON)
 
     build: Mapped[Build] = relationship(back_populates="artifact")
     files: Mapped[list[ArtifactFile]] = relationship(

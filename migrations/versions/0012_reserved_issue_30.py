@@ -1,8 +1,15 @@
-"""ORT model packages (issue 30): the model_packages table
+"""build compatibility strings, the op types a build left on the CPU, and ORT model packages (issue 30)
 
-One row per package ``farm package`` made and verified: its record's digest, what it was made
-from (``inputs``: UNIQUE, so the same inputs are answered from the index), the model, the
-NAME:TAG, its size and its files (every blob it references: ``farm registry gc`` keeps them).
+``artifacts.compatibility``: the EP's own compatibility string by EP name, read from the context
+model's ``ep_compatibility_info.<EP>`` metadata (``{"QNNExecutionProvider": "v2:6:2.51.0:..."}``);
+``artifacts.cpu_op_types``: the op types a partly offloaded build left on the CPU ([] when fully
+offloaded). Both are also in each new manifest; artifacts published before this revision keep
+NULL (their manifests predate the fields).
+
+``model_packages``: one row per ORT model package ``farm package`` made and verified: its
+record's digest, what it was made from (``inputs``: UNIQUE, so the same inputs are answered from
+the index), the model, the NAME:TAG, its size and its files (every blob it references: ``farm
+registry gc`` keeps them).
 
 Revision ID: 0012
 Revises: 0011
@@ -21,6 +28,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # Plain ALTER TABLE on both dialects: a batch (copy-and-move) on SQLite would drop the
+    # coverage triggers on artifacts (migration 0008).
+    op.add_column('artifacts', sa.Column('cpu_op_types', sa.JSON(), nullable=True))
+    op.add_column('artifacts', sa.Column('compatibility', sa.JSON(), nullable=True))
     op.create_table(
         'model_packages',
         sa.Column('id', sa.Integer(), nullable=False),
@@ -43,3 +54,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f('ix_model_packages_model_digest'), table_name='model_packages')
     op.drop_table('model_packages')
+    # ALTER TABLE ... DROP COLUMN: PostgreSQL, and SQLite >= 3.35 (no batch, as above).
+    op.execute("ALTER TABLE artifacts DROP COLUMN compatibility")
+    op.execute("ALTER TABLE artifacts DROP COLUMN cpu_op_types")

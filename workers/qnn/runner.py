@@ -45,7 +45,7 @@ def detect_toolchain() -> Toolchain:
     if qnn.get("package_name") != "onnxruntime-qnn" or not qnn.get("__version__"):
         raise MissingExtraError(
             "onnxruntime-qnn is not installed in this environment: no QNN toolchain to compile with",
-            hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.31.1 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
+            hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
         )
     ort = _build_info("onnxruntime", "capi/build_and_package_info.py")
     # onnxruntime-qnn needs the CPU onnxruntime: onnxruntime-gpu is the same module, another package.
@@ -223,7 +223,7 @@ class QnnRunner:
         from farm.core.errors import UnsupportedOpsError
         from farm.core.groups import part_of, read_descriptor
         from farm.core.names import inside
-        from workers.epcontext import read_epcontext, referenced_files
+        from workers.epcontext import read_context, referenced_files
         from workers.runner import MEDIA_CTX_MODEL, OutputFile
 
         toolchain = self.toolchain()
@@ -249,12 +249,14 @@ class QnnRunner:
         graphs: list[dict[str, Any]] = []
         expected: list[description.Expected] = []
         cpu = 0
-        cpu_ops: set[str] = set()
+        cpu_ops: dict[str, int] = {}
+        compatibility: dict[str, str] = {}
         per_graph = result.get("graphs") or []
         for i, g in enumerate(doc["graphs"]):
             ctx_name = f"g{i}_ctx.onnx"
             ctx_path = out_dir / ctx_name
-            nodes, placement = read_epcontext(ctx_path) if ctx_path.exists() else ([], {"cpu_op_types": []})
+            nodes, placement, compat = (read_context(ctx_path) if ctx_path.exists()
+                                        else ([], {"cpu_op_types": []}, {}))
             if not nodes:
                 raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it",
                                           hint=f"ops left on the CPU: {', '.join(placement['cpu_op_types'])}",
@@ -265,10 +267,15 @@ class QnnRunner:
                       if b not in {f.name for f in files}]
             nodes_all += [{**n, "graph": g["name"]} for n in nodes]
             cpu += placement["cpu_nodes"]
-            cpu_ops |= set(placement["cpu_op_types"])
+            for op, n in placement["cpu_op_counts"].items():
+                cpu_ops[op] = cpu_ops.get(op, 0) + n
+            # Every graph of a group shares its binaries' compiler settings: the first one's string
+            # is the group's (each graph keeps its own below).
+            for ep, value in compat.items():
+                compatibility.setdefault(ep, value)
             stats = per_graph[i] if i < len(per_graph) else {}
             graphs.append({"name": g["name"], "model": g["model"], "ctxModel": ctx_name, "contexts": bins,
-                           "placement": placement,
+                           "placement": placement, "compatibility": compat,
                            "compileSeconds": round(float(stats.get("compile_seconds") or 0), 6),
                            "peakRssKib": int(stats.get("peak_rss_kib") or 0)})
             whole = placement["cpu_nodes"] == 0 and len(nodes) == 1
@@ -280,9 +287,10 @@ class QnnRunner:
                        if p.is_file() and str(p.relative_to(out_dir)) not in known)
         if extra:
             raise ToolchainError(f"the QNN EP wrote files no graph of the group references: {extra}")
-        placement_all = {"ep_nodes": len(nodes_all), "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}
+        placement_all = {"ep_nodes": len(nodes_all), "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops),
+                         "cpu_op_counts": dict(sorted(cpu_ops.items()))}
         out = CompileOutput(out_dir, files[0].name, files, float(result["compile_seconds"]), wall, nodes_all,
-                            placement_all, toolchain, log, None)
+                            placement_all, toolchain, log, None, compatibility=compatibility)
         out.graphs = graphs
         out.description = description.check(result.get("descriptions"), expected)
         out.unverified = description.SHARED_UNVERIFIED
