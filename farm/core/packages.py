@@ -52,6 +52,7 @@ EP_OF = {"qnn": "QNNExecutionProvider", "trt": "TensorrtExecutionProvider"}
 DEVICE_OF = {"qnn": "npu", "trt": "gpu"}
 COMPAT_PREFIX = "ep_compatibility_info."
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+SHARE_EP_CONTEXTS = "ep.share_ep_contexts"
 CPU_MODEL_FILE = "model.onnx"
 
 # What this farm cannot check about a variant, said in the package's evidence.
@@ -306,9 +307,12 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
                 model_file, files = f"{asset(list(b.files))}/{ctx}", ()
                 meta["graph"] = name
                 meta["cpu_op_types"] = list((graph.get("placement") or {}).get("cpu_op_types") or [])
+            # A group's graphs share context binaries: each session must say so, as the farm's
+            # group docs tell a device (onnxruntime-genai sets it itself).
+            shared = {SHARE_EP_CONTEXTS: "1"} if group is not None and b.backend == "qnn" else {}
             variants.append(Variant(variant_name(b, taken), vdir, EP_OF[b.backend], DEVICE_OF[b.backend], model_file,
-                                    tuple(files), b.compatibility, provider_options=dict(b.provider_options),
-                                    metadata=meta, backend=b.backend))
+                                    tuple(files), b.compatibility, session_options=shared,
+                                    provider_options=dict(b.provider_options), metadata=meta, backend=b.backend))
         # The CPU variant last: ORT breaks a tie by declaration order, and the CPU EP is the
         # first (only) EP of CPU-only session options, so it is chosen there and only there.
         components.append(Component(name, cdir, [*variants, cpu]))

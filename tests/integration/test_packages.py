@@ -185,3 +185,33 @@ def test_package_over_http_and_farm_package_server(env: dict[str, str], tmp_path
         r = c.post("/v1/packages", json={"ref": "nosuch:v1"}, headers={"Authorization": f"Bearer {svc['token']}"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
         assert "/v1/packages" in c.get("/openapi.json").json()["paths"]
+
+
+def test_a_graph_group_is_a_component_per_graph_sharing_weights_and_binaries(env: dict[str, str], tmp_path: Path):
+    from tests.common.groups import prefill_decode
+
+    prefill, decode = prefill_decode(tmp_path / "src", external=True)
+    farm(env, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650",
+         "--name", "llm/tiny", "--tag", "t1")
+    dest = tmp_path / "pkg"
+    got = package(env, "llm/tiny:t1", "-d", str(dest))
+    assert [c["name"] for c in got["components"]] == ["prefill", "decode"]
+    ctx = ort.ModelPackageContext(str(dest))
+    assert sorted(ctx.get_component_names()) == ["decode", "prefill"]
+    # Two shared assets: the weights both graphs read (stored once, though each graph's bundle
+    # has its own copy), and the group build (both _ctx.onnx and the one binary they share).
+    assets = sorted((dest / "shared_assets").iterdir())
+    assert len(assets) == 2
+    held = sorted(p.name for a in assets for p in a.iterdir())
+    assert held == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx", "weights.data"]
+    manifest = json.loads((dest / "manifest.json").read_text())
+    for name, i in (("prefill", 0), ("decode", 1)):
+        qnn = manifest["components"][name]["variants"]["qnn-SM8650-2.51.0"]
+        assert qnn["executor_info"]["ort"]["model_file"].endswith(f"/g{i}_ctx.onnx")
+        assert qnn["executor_info"]["ort"]["session_options"] == {"ep.share_ep_contexts": "1"}
+        chosen = ctx.select_component(name, ort.ModelPackageOptions(ort.SessionOptions()))
+        assert chosen.get_selected_variant_name() == "cpu"
+        seq = 16 if name == "prefill" else 1
+        x = np.ones((1, seq, 64), np.float32)
+        y = chosen.create_session().run(None, {"x": x, "bias": x})[0]
+        assert y.shape == (1, seq, 64) and np.isfinite(y).all()

@@ -89,6 +89,7 @@ def test_group_shares_weights_and_the_build_once():
     build_uri = q0.model_file.split("/")[0]
     assert q0.model_file == f"{build_uri}/g0_ctx.onnx" and q1.model_file == f"{build_uri}/g1_ctx.onnx"
     assert q0.files == () and q1.files == ()  # their folders are empty: the files live in the asset
+    assert q0.session_options == {pk.SHARE_EP_CONTEXTS: "1"}  # the graphs share their binaries
     bins = [f for f in layout.files() if f["path"].endswith("g0_ctx_qnn.bin")]
     assert len(bins) == 1  # the shared binary is stored once
     assert sum(f["path"].endswith("/w.bin") for f in layout.files()) == 1
