@@ -774,12 +774,13 @@ if __name__ == "__main__":
 
 def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
                           signatures: list[dict[str, str]] | None = None, required: bool = False,
-                          allow_unsigned: bool = False) -> Path:
+                          allow_unsigned: bool = False) -> InstallResult:
     """An ORT model package (``farm package --server``, issue 30) into ``dest``: its record
     fetched by ``digest`` (at most ``size`` bytes, checked against the digest), the signature
     policy applied to that digest, then every file it lists fetched by its digest (each size
-    and sha256 verified, resuming) and the whole swapped into place atomically."""
-    from farm.core.packages import check_record
+    and sha256 verified, resuming) and the whole swapped into place atomically. The result's
+    ``ctx_model`` is the package's ``manifest.json`` (``ModelPackageContext`` opens its folder)."""
+    from farm.core.packages import MANIFEST, check_record
 
     if not is_digest(digest) or not isinstance(size, int) or not 0 < size <= MAX_ANSWER_BYTES:
         raise ServerError("the package answer names no valid record", hint=HINT_SERVER)
@@ -788,7 +789,8 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
         doc = check_record(_parse_json(data, f"package {digest[7:19]}", ManifestError))
     except ManifestError as exc:
         raise ManifestError(exc.message, hint=HINT_SERVER) from None
-    _check_signatures(digest, signatures or [], list(trusted or []), required=required, allow_unsigned=allow_unsigned)
+    signed_by = _check_signatures(digest, signatures or [], list(trusted or []), required=required,
+                                  allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
     partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
@@ -796,8 +798,9 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
     partial.mkdir(exist_ok=True)
     files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
     _check_room(partial, files)
+    resumed = 0
     for f in files:
-        client.download(f["digest"], partial / f["digest"][7:], size=f["size"])
+        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"])
     with staged(out) as staging:
         for d in doc["directories"]:
             inside(staging, d).mkdir(parents=True, exist_ok=True)
@@ -809,4 +812,21 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
             except OSError:
                 shutil.copyfile(partial / f["digest"][7:], target)
     shutil.rmtree(partial, ignore_errors=True)
-    return out
+    return InstallResult(digest, out / MANIFEST, [out / safe_relative(f["name"]) for f in files],
+                         sum(int(f["size"]) for f in files), resumed, signed_by)
+
+
+def install_package(server: str, token: str | None, ref: str, *, dest: str | os.PathLike[str],
+                    trusted_keys: list[str] | None = None, require_signature: bool = False,
+                    allow_unsigned: bool = False, timeout: float = 60.0) -> InstallResult:
+    """``farm install --package NAME:TAG``: the newest ORT model package made of NAME:TAG's
+    current model (``GET /v1/packages?ref=``, a read token: it makes nothing), installed as
+    ``install_package_files`` does."""
+    client = Client(server, token, timeout=timeout)
+    answer = client.json("GET", "/v1/packages", ref=ref)
+    if not isinstance(answer, dict) or not isinstance(answer.get("record_size"), int):
+        raise ServerError("the package answer is not a JSON object with a record_size", hint=HINT_SERVER)
+    sigs = answer.get("signatures") if isinstance(answer.get("signatures"), list) else []
+    return install_package_files(client, str(answer.get("digest")), answer["record_size"], Path(dest),
+                                 trusted=trusted_keys or [], signatures=sigs, required=require_signature,
+                                 allow_unsigned=allow_unsigned)

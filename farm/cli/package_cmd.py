@@ -80,8 +80,8 @@ def remote_package(server: str, token: str | None, ref: str, dest: str | None, s
     with answer_of("package"):
         digest, size = str(answer["digest"]), int(answer["record_size"])
     if dest:
-        answer["path"] = str(install_package_files(client, digest, size, Path(dest), trusted=settings.trusted_keys,
-                                                   signatures=answer.get("signatures") or [],
-                                                   required=settings.require_signature,
-                                                   allow_unsigned=settings.allow_unsigned))
+        placed = install_package_files(client, digest, size, Path(dest), trusted=settings.trusted_keys,
+                                       signatures=answer.get("signatures") or [], required=settings.require_signature,
+                                       allow_unsigned=settings.allow_unsigned)
+        answer["path"] = str(placed.ctx_model.parent)
     return answer

@@ -245,6 +245,28 @@ def package_answer(reg: Registry, digest: str, *, cached: bool) -> dict[str, Any
             "signatures": [{"public_key": k, "signature": v} for k, v in sigs]}
 
 
+def current_package(reg: Registry, ref: str) -> dict[str, Any]:
+    """The newest package made of NAME:TAG's current model (``farm install --package``, ``GET
+    /v1/packages?ref=``): made earlier, never here; not-found (with the command that makes one)
+    when there is none."""
+    from sqlalchemy import select
+
+    from farm.core.errors import NotFoundError
+    from registry.index import resolve_model_ref
+    from registry.models import ModelPackageRow
+
+    name, tag = split_package_ref(ref)
+    with reg.db.session() as s:
+        model = resolve_model_ref(s, f"{name}:{tag}")
+        digest = s.scalar(select(ModelPackageRow.digest)
+                          .where(ModelPackageRow.ref == f"{name}:{tag}", ModelPackageRow.model_digest == model)
+                          .order_by(ModelPackageRow.id.desc()).limit(1))
+    if digest is None:
+        raise NotFoundError(f"no ORT model package of {name}:{tag} was made yet",
+                            hint=f"make it (a submit token): farm package {name}:{tag}")
+    return package_answer(reg, digest, cached=True)
+
+
 def install_package(reg: Registry, answer: dict[str, Any], dest: Path) -> Path:
     """Every file of the package from the store into ``dest`` (each verified by size and
     sha256), swapped into place atomically; returns the package root (``dest``)."""

@@ -156,35 +156,55 @@ def _identity_on_strings(path: Path) -> None:
     onnx.save(m, str(path))
 
 
-def test_package_over_http_and_farm_package_server(env: dict[str, str], tmp_path: Path):
+def test_package_over_http_signed_and_farm_install_package(env: dict[str, str], tmp_path: Path):
     from fastapi.testclient import TestClient
 
     from farm.api.app import create_app
+    from registry.signing import create_key
     from tests.common.inproc import running_service
+    from tests.common.schemas import valid as validate
     from tests.common.service import token
 
+    pub, other = create_key(tmp_path / "release.key"), create_key(tmp_path / "other.key")
     model = tmp_path / "mm.onnx"
     matmul_model(model)
     farm(env, "build", str(model), "-t", "qnn:SM8650", "--name", "web", "--tag", "v1")
-    settings = Settings.from_env({"FARM_HOME": env["FARM_HOME"]})
+    settings = Settings.from_env({"FARM_HOME": env["FARM_HOME"], "FARM_SIGNING_KEY": str(tmp_path / "release.key")})
     read = token(settings, "r", "read")
     with running_service(settings) as svc:
-        remote = {**env, "FARM_SERVER": svc["url"], "FARM_TOKEN": read}
+        remote = {**env, "FARM_SERVER": svc["url"], "FARM_TOKEN": read, "FARM_TRUSTED_KEYS": pub}
+        # A device (read token) can't make a package, nor install one not made yet.
         proc = farm(remote, "package", "web:v1", "--json", check=False)
-        assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["code"] == "forbidden"  # needs submit
-        remote["FARM_TOKEN"] = svc["token"]
+        assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["code"] == "forbidden"
+        proc = farm(remote, "install", "--package", "web:v1", "-d", str(tmp_path / "early"), "--json", check=False)
+        assert json.loads(proc.stdout)["error"]["code"] == "not-found" and "farm package web:v1" in proc.stderr
+        # The pipeline (submit token) makes it: signed with the service's key, placed by digest.
         dest = tmp_path / "remote-pkg"
-        got = json.loads(farm(remote, "package", "web:v1", "-d", str(dest), "--json").stdout)
-        assert got["path"] == str(dest)
-        chosen = ort.ModelPackageContext(str(dest)).select_component(
+        made = json.loads(farm({**remote, "FARM_TOKEN": svc["token"]}, "package", "web:v1", "-d", str(dest),
+                               "--json").stdout)
+        assert made["path"] == str(dest) and len(made["signatures"]) == 1
+        validate("package", made)
+        # The device installs it with its read token, the signature checked against its trusted key.
+        dev = tmp_path / "device-pkg"
+        got = json.loads(farm(remote, "install", "--package", "web:v1", "-d", str(dev), "--json").stdout)
+        validate("install", got)
+        assert got["artifact"] == made["digest"] and got["ctx_model"] == str(dev / "manifest.json") and got["signed_by"]
+        chosen = ort.ModelPackageContext(str(dev)).select_component(
             "model", ort.ModelPackageOptions(ort.SessionOptions()))
         assert chosen.get_selected_variant_name() == "cpu"
+        # Signed by a key this device does not trust: refused, nothing placed.
+        proc = farm({**remote, "FARM_TRUSTED_KEYS": other}, "install", "--package", "web:v1", "-d",
+                    str(tmp_path / "untrusted"), "--json", check=False)
+        assert json.loads(proc.stdout)["error"]["code"] == "signature-invalid"
+        assert not (tmp_path / "untrusted").exists()
+        proc = farm(remote, "install", "--package", "web:v1", "--model", "web:v1", "-d", str(dev), check=False)
+        assert proc.returncode == 2 and "error[usage]" in proc.stderr
     with TestClient(create_app(settings)) as c:
-        r = c.get(f"/v1/packages/{got['digest']}", headers={"Authorization": f"Bearer {read}"})
-        assert r.status_code == 200 and r.json()["digest"] == got["digest"] and r.json()["cached"] is True
+        r = c.get(f"/v1/packages/{made['digest']}", headers={"Authorization": f"Bearer {read}"})
+        assert r.status_code == 200 and r.json()["digest"] == made["digest"] and r.json()["cached"] is True
         r = c.post("/v1/packages", json={"ref": "nosuch:v1"}, headers={"Authorization": f"Bearer {svc['token']}"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
-        assert "/v1/packages" in c.get("/openapi.json").json()["paths"]
+        assert {"/v1/packages", "/v1/packages/{digest}"} <= set(c.get("/openapi.json").json()["paths"])
 
 
 def test_a_graph_group_is_a_component_per_graph_sharing_weights_and_binaries(env: dict[str, str], tmp_path: Path):

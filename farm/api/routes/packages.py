@@ -1,13 +1,14 @@
 """ORT model packages (issue 30): ``POST /v1/packages`` (submit) makes, or finds in the index, the
-package of NAME:TAG's published builds; ``GET /v1/packages/{digest}`` (read) answers one. The
-package's record and every file are then fetched by digest from ``/v1/blobs`` (``farm package
---server -d DIR`` does, verifying each)."""
+package of NAME:TAG's published builds; ``GET /v1/packages/{digest}`` and ``GET
+/v1/packages?ref=NAME:TAG`` (read) answer one made earlier. The package's record and every file
+are then fetched by digest from ``/v1/blobs`` (``farm package --server -d DIR`` and ``farm
+install --package`` do, verifying each)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from farm.api.deps import RegistryDep, SettingsDep, read, submit
@@ -30,6 +31,15 @@ def create_package(body: PackageIn, reg: RegistryDep, settings: SettingsDep) -> 
     from farm.pipeline.packages import make_package
 
     return make_package(settings, reg, body.ref, signer=signer_for(settings))
+
+
+@router.get("/v1/packages", tags=["read"], dependencies=[read])
+def newest_package(ref: Annotated[str, Query(max_length=400)], reg: RegistryDep) -> dict[str, Any]:
+    """The newest package made of ``ref``'s current model (``farm install --package``): made
+    earlier by ``POST /v1/packages``, never here (404 ``not-found`` names the command)."""
+    from farm.pipeline.packages import current_package
+
+    return current_package(reg, ref)
 
 
 @router.get("/v1/packages/{digest}", tags=["read"], dependencies=[read])
