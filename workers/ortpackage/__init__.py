@@ -22,7 +22,8 @@ MIN_ORT = (1, 32)
 def runtime() -> str:
     """The onnxruntime version installed here, if it can write model packages (>= 1.32);
     MissingExtraError otherwise."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     from farm.core.keys import parse_version
 
