@@ -235,3 +235,52 @@ def test_a_graph_group_is_a_component_per_graph_sharing_weights_and_binaries(env
         x = np.ones((1, seq, 64), np.float32)
         y = chosen.create_session().run(None, {"x": x, "bias": x})[0]
         assert y.shape == (1, seq, 64) and np.isfinite(y).all()
+
+
+def test_a_package_that_fails_its_check_is_package_verify_failed(tmp_path: Path):
+    """The child's checks really check: a variant file whose bytes are not its digest's, an
+    asset file likewise, and a CPU variant that does not run each fail with their check named."""
+    import hashlib
+
+    from farm.core import packages as pk
+    from farm.core.errors import PackageVerifyError
+    from workers.ortpackage import author
+
+    model = tmp_path / "src" / "mm.onnx"
+    model.parent.mkdir()
+    matmul_model(model)
+
+    def entry(path: Path, name: str) -> dict[str, Any]:
+        data = path.read_bytes()
+        return {"path": name, "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+    def run(case: str, files: dict[str, bytes], model_files: list[dict[str, Any]]) -> PackageVerifyError:
+        work = tmp_path / case
+        (work / "blobs").mkdir(parents=True)
+        for digest, data in files.items():
+            (work / "blobs" / digest[7:]).write_bytes(data)
+        ctx = pk.PackageFile("model_ctx.onnx", "sha256:" + hashlib.sha256(b"ctx").hexdigest(), 3)
+        build = pk.Build("sha256:" + "1" * 64, "qnn", "SM8650", "2.51.0", "sha256:" + "0" * 64, ctx.path, (ctx,),
+                         None, "v2:x", {"soc_model": "57"})
+        files.setdefault(ctx.digest, b"ctx")
+        (work / "blobs" / ctx.digest[7:]).write_bytes(files[ctx.digest])
+        layout = pk.plan(package_name="m", package_version="t", model="sha256:" + "a" * 64, model_files=model_files,
+                         group=None, builds=[build])
+        (work / "child").mkdir()
+        with pytest.raises(PackageVerifyError) as e:
+            author({**layout.to_request(), "root": str(work / "package"), "blobs": str(work / "blobs"),
+                    "sample": None}, work / "child", timeout=120)
+        assert e.value.code == "package-verify-failed"
+        return e.value
+
+    onnx_e, data_e = entry(model, "model.onnx"), entry(model.parent / "weights.bin", "weights.bin")
+    good = {onnx_e["digest"]: model.read_bytes(), data_e["digest"]: (model.parent / "weights.bin").read_bytes()}
+    ctx_digest = "sha256:" + hashlib.sha256(b"ctx").hexdigest()
+    err = run("variant-file", {**good, ctx_digest: b"CTX"}, [onnx_e, data_e])
+    assert "(files)" in err.message and "model_ctx.onnx" in err.message
+    err = run("asset-file", {**good, data_e["digest"]: b"\0" * data_e["size"]}, [onnx_e, data_e])
+    assert "(shared-asset)" in err.message
+    not_onnx = b"not an onnx model"
+    bad = {"path": "model.onnx", "digest": "sha256:" + hashlib.sha256(not_onnx).hexdigest(), "size": len(not_onnx)}
+    err = run("cpu-run", {bad["digest"]: not_onnx}, [bad])
+    assert "(cpu-run)" in err.message
