@@ -201,13 +201,13 @@ def compatibility_string(backend: str, manifest: dict[str, Any], metadata: dict[
     return str(value)[:1024] if value else None
 
 
-def inputs_key(model: str, name: str, tag: str, artifacts: list[str], sample: str | None) -> str:
-    """What a package is made from: the model, the NAME:TAG it is published as, every artifact
-    (a new build is a new key: the package is made again; nothing new, the same key: the index
-    answers) and the sample inputs it was verified with."""
+def inputs_key(model: str, name: str, tag: str, artifacts: list[str]) -> str:
+    """What a package is made from: the model, the NAME:TAG it is published as and every
+    artifact. A new build is a new key (the package is made again); nothing new, the same key
+    (the index answers). Sample inputs uploaded later are not part of it: they change what the
+    next package is checked with, not the package."""
     return sha256_bytes(canonical_json({"kind": PACKAGE_KIND, "layout": LAYOUT_VERSION, "model": model,
-                                        "name": name, "tag": tag, "artifacts": sorted(artifacts),
-                                        "sample": sample})).removeprefix("sha256:")
+                                        "name": name, "tag": tag, "artifacts": sorted(artifacts)})).removeprefix("sha256:")
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = N
                               .order_by(Artifact.id)))
         sample = s.get(ModelSample, digest)
         sample_digest = sample.digest if sample is not None else None
-        key = pk.inputs_key(digest, name, tag, [a.digest for a in arts], sample_digest)
+        key = pk.inputs_key(digest, name, tag, [a.digest for a in arts])
         have = s.scalar(select(ModelPackageRow.digest).where(ModelPackageRow.inputs == key))
         rows = [(a.digest, a.backend, a.target, a.toolchain, a.options_digest, a.ctx_model,
                  {f.name: f for f in a.files}) for a in arts]
@@ -125,7 +125,8 @@ def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = N
 
         root = work / "package"
         request = {**layout.to_request(), "root": str(root), "blobs": str(blobs),
-                   "sample": str(sample_path) if sample_path else None}
+                   "sample": str(sample_path) if sample_path else None,
+                   "sample_digest": sample_digest if sample_path else None}
         (work / "child").mkdir()
         result = author(request, work / "child", timeout=settings.compile_timeout,
                         memory_mb=settings.compile_memory_mb)

@@ -284,3 +284,28 @@ def test_a_package_that_fails_its_check_is_package_verify_failed(tmp_path: Path)
     bad = {"path": "model.onnx", "digest": "sha256:" + hashlib.sha256(not_onnx).hexdigest(), "size": len(not_onnx)}
     err = run("cpu-run", {bad["digest"]: not_onnx}, [bad])
     assert "(cpu-run)" in err.message
+
+
+def test_the_cpu_variant_is_checked_on_the_models_sample_inputs(env: dict[str, str], tmp_path: Path):
+    from farm.core.keys import sha256_file
+    from registry.evidence import record_samples
+    from registry.index import Registry, resolve_model_ref
+    from registry.store.base import put_file
+
+    model = tmp_path / "mm.onnx"
+    matmul_model(model)
+    farm(env, "build", str(model), "-t", "qnn:SM8650", "--name", "smp", "--tag", "t1")
+    npz = tmp_path / "sample.npz"
+    np.savez(npz, x=np.full((1, 64), 0.5, np.float32))
+    digest, size = sha256_file(npz)
+    reg = Registry.open(Settings.from_env({"FARM_HOME": env["FARM_HOME"]}))
+    try:
+        put_file(reg.store, npz, expected=digest)
+        with reg.db.session() as s:
+            record_samples(s, resolve_model_ref(s, "smp:t1"), digest, size,
+                           [{"name": "x", "dtype": "float32", "shape": [1, 64]}])
+    finally:
+        reg.close()
+    got = package(env, "smp:t1")
+    assert got["evidence"]["components"][0]["inputs"] == digest
+    assert got["evidence"]["components"][0]["outputs"][0] == {"name": "y", "shape": [1, 64], "finite": True}

@@ -201,7 +201,7 @@ def check(req: dict[str, Any], evidence: dict[str, Any]) -> None:
             if req.get("sample") and len(req["components"]) == 1:
                 with np.load(req["sample"], allow_pickle=False) as z:
                     feeds = {n: z[n] for n, _, _ in specs}
-                inputs = "sample"
+                inputs = str(req.get("sample_digest") or "sample")
             else:
                 feeds = seeded_inputs(specs, 0, {})
                 inputs = "seeded:0"

@@ -146,11 +146,11 @@ def test_compatibility_string_prefers_the_recorded_one():
 
 
 def test_inputs_key_changes_with_a_new_build_only():
-    a = pk.inputs_key(MODEL, "m", "t", [d("1"), d("2")], None)
-    assert a == pk.inputs_key(MODEL, "m", "t", [d("2"), d("1")], None)
-    assert a != pk.inputs_key(MODEL, "m", "t", [d("1"), d("2"), d("3")], None)
-    assert a != pk.inputs_key(MODEL, "m", "t2", [d("1"), d("2")], None)
-    assert a != pk.inputs_key(MODEL, "m", "t", [d("1"), d("2")], d("5"))
+    a = pk.inputs_key(MODEL, "m", "t", [d("1"), d("2")])
+    assert a == pk.inputs_key(MODEL, "m", "t", [d("2"), d("1")])
+    assert a != pk.inputs_key(MODEL, "m", "t", [d("1"), d("2"), d("3")])
+    assert a != pk.inputs_key(MODEL, "m", "t2", [d("1"), d("2")])
+    assert a != pk.inputs_key(d("b"), "m", "t", [d("1"), d("2")])
 
 
 def _record(**over):
