@@ -202,8 +202,15 @@ def test_package_over_http_signed_and_farm_install_package(env: dict[str, str], 
     with TestClient(create_app(settings)) as c:
         r = c.get(f"/v1/packages/{made['digest']}", headers={"Authorization": f"Bearer {read}"})
         assert r.status_code == 200 and r.json()["digest"] == made["digest"] and r.json()["cached"] is True
-        r = c.post("/v1/packages", json={"ref": "nosuch:v1"}, headers={"Authorization": f"Bearer {svc['token']}"})
+        submit = {"Authorization": f"Bearer {svc['token']}"}
+        r = c.post("/v1/packages", json={"ref": "nosuch:v1"}, headers=submit)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
+        for hostile, code in (("../../etc/passwd", "bad-name"), ("sha256:" + "0" * 64, "usage"), ("x" * 401, "usage")):
+            r = c.post("/v1/packages", json={"ref": hostile}, headers=submit)
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+        r = c.get("/v1/packages/sha256:" + "0" * 64, headers={"Authorization": f"Bearer {read}"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
+        assert c.get("/v1/packages/..%2F..%2Fetc", headers={"Authorization": f"Bearer {read}"}).status_code in (400, 404)
         assert {"/v1/packages", "/v1/packages/{digest}"} <= set(c.get("/openapi.json").json()["paths"])
 
 
@@ -309,3 +316,13 @@ def test_the_cpu_variant_is_checked_on_the_models_sample_inputs(env: dict[str, s
     got = package(env, "smp:t1")
     assert got["evidence"]["components"][0]["inputs"] == digest
     assert got["evidence"]["components"][0]["outputs"][0] == {"name": "y", "shape": [1, 64], "finite": True}
+    # Garbage collection keeps every blob of a package (its record and ORT's manifest too).
+    from registry.verify import referenced_digests
+
+    reg = Registry.open(Settings.from_env({"FARM_HOME": env["FARM_HOME"]}))
+    try:
+        with reg.db.session() as s:
+            refs = referenced_digests(s)
+    finally:
+        reg.close()
+    assert {f["digest"] for f in got["files"]} | {got["digest"]} <= refs

@@ -178,3 +178,17 @@ def test_hostile_package_records_are_refused(change):
     assert pk.check_record(_record())  # the baseline is fine
     with pytest.raises(ManifestError):
         pk.check_record(_record(**change))
+
+
+def test_packages_need_onnxruntime_1_32_where_they_are_made(monkeypatch):
+    import importlib.metadata
+
+    from farm.core.errors import MissingExtraError
+    from workers import ortpackage
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "1.31.1")
+    with pytest.raises(MissingExtraError) as e:
+        ortpackage.runtime()
+    assert "onnxruntime 1.31.1" in e.value.message and "1.32" in e.value.hint
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "1.32.0")
+    assert ortpackage.runtime() == "1.32.0"
