@@ -144,14 +144,16 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
         # ops HTP has no kernel for; deterministic, so not retried.
         op_types = _op_types(job.model_path)
         raise UnsupportedOpsError(
-            f"the {ep} EP took no node of this model: it wrote no context model",
+            f"the {ep} EP took no node of this model ({', '.join(op_types) or 'op types unknown'}): "
+            "it wrote no context model",
             hint=f"ops in the model: {', '.join(op_types) or 'unknown'}; none of them runs on {ep}",
             details={"log": log, "cpu_op_types": op_types},
         )
     nodes, placement, compatibility = read_context(ctx_path)
     if not nodes:
         raise UnsupportedOpsError(
-            f"the {ep} EP took no node of this model: nothing to put in a context binary",
+            f"the {ep} EP took no node of this model ({', '.join(placement['cpu_op_types'])}): "
+            "nothing to put in a context binary",
             hint=f"ops in the model: {', '.join(placement['cpu_op_types'])}",
             details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
         )

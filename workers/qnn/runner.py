@@ -140,6 +140,16 @@ def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
         return None
 
 
+def _model_op_types(path: Path) -> list[str]:
+    """The op types of a source model (its graph only), for an error message; [] if unreadable."""
+    try:
+        import onnx
+
+        return sorted({n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node})
+    except Exception:  # noqa: BLE001 - only for the message
+        return []
+
+
 def runtime_facts(toolchain: Toolchain) -> dict[str, Any]:
     """This machine's QNN runtime. On x86_64 the HTP backend is Qualcomm's simulator: it loads and
     runs contexts, but it is no device (not a phone's timings, and it has crashed running contexts
@@ -252,15 +262,25 @@ class QnnRunner:
         cpu_ops: dict[str, int] = {}
         compatibility: dict[str, str] = {}
         per_graph = result.get("graphs") or []
+        # Every graph's context model first: one the EP took nothing of is unsupported-ops (the
+        # binaries the other graphs name may then be missing: the graph that should have ended
+        # them wrote nothing; measured under onnxruntime 1.32's ModelCompiler).
+        read = []
         for i, g in enumerate(doc["graphs"]):
-            ctx_name = f"g{i}_ctx.onnx"
-            ctx_path = out_dir / ctx_name
+            ctx_path = out_dir / f"g{i}_ctx.onnx"
             nodes, placement, compat = (read_context(ctx_path) if ctx_path.exists()
                                         else ([], {"cpu_op_types": []}, {}))
             if not nodes:
-                raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it",
-                                          hint=f"ops left on the CPU: {', '.join(placement['cpu_op_types'])}",
-                                          details={"log": log})
+                ops = placement["cpu_op_types"] or _model_op_types(Path(members[i]["model"]))
+                raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it "
+                                          f"({', '.join(ops) or 'op types unknown'})",
+                                          hint=f"ops left on the CPU: {', '.join(ops) or 'unknown'}; none of them "
+                                               "runs on the QNN EP",
+                                          details={"log": log, "cpu_op_types": ops})
+            read.append((nodes, placement, compat))
+        for i, g in enumerate(doc["graphs"]):
+            ctx_name = f"g{i}_ctx.onnx"
+            nodes, placement, compat = read[i]
             bins = referenced_files(nodes, out_dir)
             files.append(OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL))
             files += [OutputFile(b, out_dir / b, "context", MEDIA_QNN_CONTEXT) for b in bins
