@@ -66,6 +66,9 @@ def test_sm8650_and_sm8750_build_gives_a_package_ort_opens_and_runs_on_cpu(env: 
     by_target = {v["target"]: v["compatibility_string"] for v in qnn}
     assert by_target["qnn:SM8650"].startswith("v2:") and ":57:" in by_target["qnn:SM8650"]
     assert ":69:" in by_target["qnn:SM8750"]
+    for v in qnn:  # the string the index recorded for the build (farm show)
+        shown = json.loads(farm(env, "show", v["artifact"][7:19], "--json").stdout)
+        assert shown["compatibility"]["QNNExecutionProvider"] == v["compatibility_string"]
 
     # ORT's own API opens the folder: one component, two QNN variants and a CPU variant.
     ctx = ort.ModelPackageContext(str(dest))
