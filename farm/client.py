@@ -718,7 +718,10 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Install a compiled context from a ctxfarm service into --dest.")
     p.add_argument("--server", default=os.environ.get("FARM_SERVER"), help="e.g. http://farm:8080 (FARM_SERVER)")
     p.add_argument("--token", default=os.environ.get("FARM_TOKEN"), help="read token (FARM_TOKEN)")
-    p.add_argument("--model", "-m", required=True, help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--model", "-m", help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--package", metavar="NAME:TAG",
+                   help="instead of --model: the ORT model package of NAME:TAG (every variant; onnxruntime >= 1.32 "
+                        "picks one)")
     p.add_argument("--soc", help="device SoC (Build.SOC_MODEL), e.g. SM8650")
     p.add_argument("--qnn", metavar="VERSION", help="the device's QNN runtime version, e.g. 2.51.0")
     p.add_argument("--detect", action="store_true", help="read --qnn from the onnxruntime-qnn installed here")
@@ -738,15 +741,19 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.server:
             raise UsageError("ctxfarm-install needs --server (or FARM_SERVER)", hint="e.g. --server http://farm:8080")
-        qnn = detect_qnn() if args.detect else args.qnn
-        result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn, gpu=args.gpu,
-                         trt=args.trt, platform=args.platform,
-                         trusted_keys=list(parse_trusted_keys(env.get("FARM_TRUSTED_KEYS", ""))),
-                         require_signature=args.require_signature
-                         or parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),
-                         allow_unsigned=args.allow_unsigned
-                         or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
-                         timeout=args.timeout)
+        if bool(args.model) == bool(args.package):
+            raise UsageError("ctxfarm-install needs --model NAME:TAG or --package NAME:TAG, one of them")
+        policy = {"trusted_keys": list(parse_trusted_keys(env.get("FARM_TRUSTED_KEYS", ""))),
+                  "require_signature": args.require_signature
+                  or parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),
+                  "allow_unsigned": args.allow_unsigned or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
+                  "timeout": args.timeout}
+        if args.package:
+            result = install_package(args.server, args.token, args.package, dest=args.dest, **policy)
+        else:
+            qnn = detect_qnn() if args.detect else args.qnn
+            result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn,
+                             gpu=args.gpu, trt=args.trt, platform=args.platform, **policy)
     except Exception as exc:  # the boundary: documented codes only
         from farm.core.errors import translate
 
