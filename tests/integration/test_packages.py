@@ -329,3 +329,26 @@ def test_the_cpu_variant_is_checked_on_the_models_sample_inputs(env: dict[str, s
     finally:
         reg.close()
     assert {f["digest"] for f in got["files"]} | {got["digest"]} <= refs
+
+
+def test_package_on_postgres_and_s3_as_on_the_embedded_stack(cluster_settings: Settings, tmp_path: Path):
+    """The same package code on SQLite + a blob directory and on PostgreSQL + S3 (SeaweedFS)."""
+    from farm.pipeline.packages import install_package, make_package
+    from farm.pipeline.plan import build
+    from registry.index import Registry
+
+    model = tmp_path / "mm.onnx"
+    matmul_model(model)
+    (o,) = build(cluster_settings, model, ["qnn:SM8650"], name="cl", tag="t1").outcomes
+    assert o.artifact
+    reg = Registry.open(cluster_settings)
+    try:
+        made = make_package(cluster_settings, reg, "cl:t1")
+        assert made["cached"] is False and [v["ep"] for v in made["components"][0]["variants"]] == [
+            "QNNExecutionProvider", "CPUExecutionProvider"]
+        assert make_package(cluster_settings, reg, "cl:t1")["digest"] == made["digest"]
+        root = install_package(reg, made, tmp_path / "pkg")
+    finally:
+        reg.close()
+    chosen = ort.ModelPackageContext(str(root)).select_component("model", ort.ModelPackageOptions(ort.SessionOptions()))
+    assert chosen.get_selected_variant_name() == "cpu"
