@@ -88,6 +88,9 @@ def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = N
     if not rows:
         pk.plan(package_name=name, package_version=tag, model=digest, model_files=model_files, group=None,
                 builds=[])  # raises no-published-builds
+    from workers.ortpackage import runtime
+
+    runtime()  # missing-extra before a byte is fetched, where onnxruntime < 1.32
     with tempfile.TemporaryDirectory(prefix="ctxfarm-package-") as tmp:
         work = Path(tmp)
         blobs = work / "blobs"
