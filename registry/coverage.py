@@ -53,6 +53,9 @@ class Cell:
     # (runtime backend, runtime version) -> what probes of this cell's artifacts said
     evidence: dict[tuple[str, str], Evidence] = field(default_factory=dict)
     via: list[str] = field(default_factory=list)  # multi-SoC targets (qnn:A+B) built into this SoC's cell
+    # Partial offload: an active artifact of the cell leaves nodes on the CPU; their op types.
+    partial_offload: bool = False
+    cpu_op_types: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         if self.state == "failed":
@@ -115,7 +118,8 @@ class Coverage:
             "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
-                       "via": sorted(set(c.via)),
+                       "via": sorted(set(c.via)), "partial_offload": c.partial_offload,
+                       "cpu_op_types": sorted(set(c.cpu_op_types)),
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -180,11 +184,40 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
             if cell_state == "built" and soc != target:
                 cell.via.append(f"{be}:{target}")
     runtimes = _evidence(session, cells, backend, digests)
+    for model, be, target, toolchain, ops in _partial(rows_of(session), backend, digests):
+        for soc in socs(be, target):
+            cell = cells.get((model, f"{be}:{soc}", toolchain))
+            if cell is not None:
+                cell.partial_offload = True
+                cell.cpu_op_types = sorted({*cell.cpu_op_types, *ops})
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
     return Coverage({b: sorted(v, key=parse_version) for b, v in toolchains.items()}, cells, order, tags, names,
                     runtimes)
+
+
+def _partial(rows: Any, backend: str | None, digests: list[str] | None, extra: str = "",
+             params: dict[str, Any] | None = None) -> list[tuple[str, str, str, str, list[str]]]:
+    """(model, backend, target, toolchain, op types) of each active artifact that leaves nodes on
+    the CPU (a partial offload; op types [] where not recorded), for the cells to mark."""
+    p: dict[str, Any] = dict(params or {})
+    sql = ("SELECT model_digest, backend, target, toolchain, cpu_op_types FROM artifacts a"
+           " WHERE a.status = 'active' AND a.nodes_cpu > 0" + extra)
+    if backend:
+        sql += " AND a.backend = :p_backend"
+        p["p_backend"] = backend
+    if digests is not None:
+        if not digests:
+            return []
+        placeholders, ps = in_params("p", digests)
+        sql += f" AND a.model_digest IN ({placeholders})"
+        p.update(ps)
+    out = []
+    for m, b, t, tc, ops in rows.rows(sql, p):
+        value = as_json(ops)
+        out.append((m, b, t, tc, [str(o) for o in value] if isinstance(value, list) else []))
+    return out
 
 
 def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
@@ -228,7 +261,7 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
 # pages models by (first name, digest) with a keyset cursor and reads the page's cells only.
 
 from registry.coverage_sql import COUNTERS  # noqa: E402
-from registry.lite import Rows, in_params, rows_of  # noqa: E402
+from registry.lite import Rows, as_json, in_params, rows_of  # noqa: E402
 
 CELL_STATES = ("built", "building", "broken", "failed", "missing")
 PAGE_MAX = 200
@@ -618,7 +651,8 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             continue
         cell = {"target": f"{b}:{t}", "toolchain": tc, "state": state, "builds": int(builds), "codes": [],
                 "probe_verified": state == "built" and int(probe) > 0,
-                "device_verified": state == "built" and int(device) > 0, "verdicts": [], "via": []}
+                "device_verified": state == "built" and int(device) > 0, "verdicts": [], "via": [],
+                "partial_offload": False, "cpu_op_types": []}
         cells[m].append(cell)
         index[(m, b, t, tc)] = cell
     for m, b, t, tc, code in rows.rows(
@@ -662,6 +696,14 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
     _device_evidence(rows, placeholders, params, be is not None, index)
+    # Partial offload: the page's active artifacts that leave nodes on the CPU.
+    only = (" AND a.backend = :f_backend AND (a.target = :f_target OR a.target LIKE :f_multi)"
+            if be is not None else "")
+    for m, b, t, tc, ops in _partial(rows, None, digests, only, params):
+        for soc in socs(b, t):
+            if (marked := index.get((m, b, soc, tc))) is not None:
+                marked["partial_offload"] = True
+                marked["cpu_op_types"] = sorted({*marked["cpu_op_types"], *ops})
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

@@ -148,6 +148,11 @@ class Artifact(Base):
     # toolchain that built them (graphs, inputs/outputs, SoC, sizes), the check against the
     # requested graphs, and ``unverified`` (why no runtime here can load it) where that applies.
     description: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The op types the build left on the CPU (partial offload; [] when fully offloaded), and the
+    # EP's own compatibility string by EP name (``ep_compatibility_info.<EP>`` of the context
+    # model): both also in the manifest; NULL for artifacts published before migration 0012.
+    cpu_op_types: Mapped[list[str] | None] = mapped_column(JSON)
+    compatibility: Mapped[dict[str, str] | None] = mapped_column(JSON)
 
     build: Mapped[Build] = relationship(back_populates="artifact")
     files: Mapped[list[ArtifactFile]] = relationship(
@@ -427,3 +432,23 @@ class ModelGeneration(Base):
 
     model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
     generation: Mapped[int] = mapped_column(BigInteger)
+
+
+class ModelPackageRow(Base):
+    """An ORT model package (issue 30, ``farm.core.packages``): made from a model's published
+    builds, verified, its files in the store. ``digest`` is its record's (a blob); ``inputs`` what
+    it was made from (model, NAME:TAG, every artifact digest): UNIQUE, so the same inputs are
+    answered from the index and a new build makes a new package."""
+
+    __tablename__ = "model_packages"
+    __table_args__ = (UniqueConstraint("digest"), UniqueConstraint("inputs"), _digest_check("digest"),
+                      Index(None, "model_digest"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    inputs: Mapped[str] = mapped_column(String(64))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    ref: Mapped[str] = mapped_column(String(400))
+    size: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -261,9 +261,22 @@ def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
 
 def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
     """The answer as JSON: which artifact, and what picked it (``source`` rule or probe, the
-    ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null)."""
+    ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null), how much of
+    it the EP took (``offload``) and the EP's own compatibility string (``compatibility``)."""
     return {"artifact": artifact.digest, "backend": artifact.backend, "target": artifact.target,
             "toolchain": artifact.toolchain,
             "verdict": ("unverified" if v.unverified else "loads") if v.loads else "fails", "source": v.source,
             "reason": v.reason, "probed_at": iso(v.recorded_at),
-            **({"unverified": v.unverified} if v.unverified else {})}
+            **({"unverified": v.unverified} if v.unverified else {}),
+            "offload": offload(getattr(artifact, "nodes_ep", None), getattr(artifact, "nodes_cpu", None),
+                               getattr(artifact, "cpu_op_types", None)),
+            "compatibility": dict(getattr(artifact, "compatibility", None) or {})}
+
+
+def offload(nodes_ep: int | None, nodes_cpu: int | None, cpu_op_types: list[str] | None) -> dict[str, Any]:
+    """``{"full": false, "ep_nodes": 1, "cpu_nodes": 1, "cpu_op_types": ["Gemm"]}``: whether the EP
+    took the whole model, else how many nodes stay on the device's CPU and their op types
+    (``cpu_op_types`` null where the artifact predates their recording: its manifest's placement
+    says). ``full`` is null where the counts are unknown."""
+    return {"full": None if nodes_cpu is None else nodes_cpu == 0, "ep_nodes": nodes_ep, "cpu_nodes": nodes_cpu,
+            "cpu_op_types": None if cpu_op_types is None else list(cpu_op_types)}

@@ -77,6 +77,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     from farm.api.routes import groups
 
     app.include_router(groups.router)  # issue 22: graph groups
+    from farm.api.routes import packages
+
+    app.include_router(packages.router)  # issue 30: ORT model packages
     return app
 
 

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report_cmd", "device: report what loading an artifact did (loads, fails, crashed; times)"),
     "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one"),
     "help": ("help_cmd", "the error codes (farm help errors) or a command's arguments (farm help COMMAND)"),
+    "package": ("package_cmd", "an ORT model package (onnxruntime >= 1.32) of a model's published builds, into -d DIR"),
 }
 
 # Short flags mean one thing on every command (a test walks every parser): -t --target, -m --model,

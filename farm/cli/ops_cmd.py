@@ -214,6 +214,7 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
         row = rows.setdefault((c["model"], c["target"]), {"model": c["model"][7:19], "tags": ", ".join(c["tags"]),
                                                           "target": c["target"]})
         label = f"failed({','.join(c['codes'])})" if c["state"] == "failed" else c["state"]
+        label += " +cpu" if c.get("partial_offload") else ""
         row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label + (" \u2713" if c["probe_verified"] else "")
     for (_m, target), row in rows.items():
         for b, v in columns:
@@ -223,6 +224,10 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     _table_with_headers(list(rows.values()), ["model", "tags", "target", *headers],
                         {h: f"{names.get(h.split()[0], h.split()[0])} {h.split()[1]}" for h in headers})
     print("\u2713: a probe loaded a built artifact of the cell (farm coverage --verdicts shows every verdict)")
+    partial = sorted({op for c in cov["cells"] if c.get("partial_offload") for op in c.get("cpu_op_types") or []})
+    if any(c.get("partial_offload") for c in cov["cells"]):
+        print("+cpu: partial offload, a built artifact leaves ops on the device's CPU ("
+              + (", ".join(partial) or "op types not recorded") + "; farm coverage --json names them per cell)")
     return 0
 
 

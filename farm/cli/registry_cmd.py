@@ -125,6 +125,9 @@ def _checked_show(doc: Any) -> dict[str, Any]:
 def _show(info: dict[str, Any], as_json: bool) -> int:
     """`farm show`: the document of registry.views.artifact_document (schema show.json), from the
     index or the service."""
+    from farm.cli.offload import offload_text
+    from farm.core.untrusted import clean_text
+
     if as_json:
         print(json.dumps(info, indent=2))
         return 0
@@ -141,6 +144,10 @@ def _show(info: dict[str, Any], as_json: bool) -> int:
           f"(all: {json.dumps(options, sort_keys=True)})")
     print(f"compile   {info['compile_seconds']:.3f} s   placement {info['nodes_ep']} ctx / {info['nodes_cpu']} cpu "
           f"{manifest['placement']['cpu_op_types'] or ''}".rstrip())
+    if (partial := offload_text(info.get("offload"))) is not None:
+        print(f"offload   {partial}")
+    for ep, value in sorted((info.get("compatibility") or {}).items()):
+        print(f"compat    {clean_text(ep, 80)}: {clean_text(value, 400)}")
     print(f"created   {_when(info['created_at'])}")
     for n in manifest["epcontext"]:
         print(f"epcontext source={n.get('source')} ep_sdk_version={n.get('ep_sdk_version')} "

@@ -49,6 +49,9 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
+    ├── NoPublishedBuildsError   no-published-builds  farm package: the model has no published build to package
+    ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
+    ├── PackageVerifyError       package-verify-failed  farm package: the package failed its check (not published)
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
@@ -404,6 +407,26 @@ class RateLimitedError(FarmError):
     summary = ("HTTP: a token over a limit: more device reports than `FARM_REPORTS_PER_MINUTE`, or too many "
                "long polls waiting (429, with Retry-After)")
     default_hint = "wait a minute and send again; reports of one device are counted once anyway"
+
+
+class NoPublishedBuildsError(FarmError):
+    code = "no-published-builds"
+    summary = "`farm package`: the model has no published (active) build to put in an ORT model package"
+    exit_code = 3  # nothing to answer with, like no-match
+    default_hint = "build it first (farm build / farm submit), then package it"
+
+
+class PackageFilesMissingError(FarmError):
+    code = "package-files-missing"
+    summary = "`farm package`: a published build's files are missing or corrupt in the store (nothing published)"
+    default_hint = "run `farm registry verify --repair` (it marks the broken artifact), then package again"
+
+
+class PackageVerifyError(FarmError):
+    code = "package-verify-failed"
+    summary = ("`farm package`: the package failed its check before publication (ORT could not open it, a file "
+               "did not hash right, or the CPU variant was not selected or did not run); nothing was published")
+    default_hint = "this is a ctxfarm or onnxruntime bug for this model: the message names the failed check"
 
 
 class Interrupted(KeyboardInterrupt):

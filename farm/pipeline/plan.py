@@ -322,7 +322,7 @@ def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool, ga
                                     hint="run `farm registry verify`")
             outcome = BuildOutcome(ref, b.toolchain, "cached" if cached else "built", b.id, artifact=a.digest,
                                    compile_seconds=a.compile_seconds, size=a.size, nodes_ep=a.nodes_ep,
-                                   nodes_cpu=a.nodes_cpu)
+                                   nodes_cpu=a.nodes_cpu, cpu_op_types=a.cpu_op_types)
             digest = a.digest
             return gate_outcome(outcome, lambda: cpu_op_types(reg.store, digest)) if gate else outcome
         return BuildOutcome(ref, b.toolchain, "failed", b.id, error_code=b.error_code,
@@ -494,7 +494,8 @@ def build_view(b: Any, art: Any) -> dict[str, Any]:
         note = "lease expired, waiting for a worker"
     elif b.state == states.BuildState.QUEUED and b.error_code:
         note = f"retrying after {b.error_code}"
-    return build_view_of(b, art.digest if art else None, art.compile_seconds if art else None, note)
+    return build_view_of(b, art.digest if art else None, art.compile_seconds if art else None, note,
+                         nodes_cpu=art.nodes_cpu if art else None, cpu_op_types=art.cpu_op_types if art else None)
 
 
 def _gate_view(view: dict[str, Any], art: Any, blobs: Any) -> dict[str, Any]:

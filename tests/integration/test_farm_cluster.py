@@ -175,7 +175,7 @@ def test_release_two_sdks_two_socs_with_probes(farm_cluster: Farm) -> None:
     assert all(b["attempts"] == 1 for b in f.builds())
     workers = json.loads(f.cli("workers", "--json").stdout)
     assert sorted((w["toolchain"], w["onnxruntime"], w["jobs"]) for w in workers) == [
-        ("2.47.0", "1.24.4", 2), ("2.51.0", "1.31.1", 2)]
+        ("2.47.0", "1.24.4", 2), ("2.51.0", "1.32.0", 2)]
 
 
 def test_concurrent_identical_submissions_compile_once(farm_cluster: Farm, tmp_path: Path) -> None:
@@ -335,8 +335,15 @@ def test_full_offload_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> N
     assert [(r["state"], r["attempts"]) for r in f.builds()] == [("succeeded", 1)]
     status = f.cli("status", str(json.loads(gated.stdout)["release"]), check=False)
     assert status.returncode == 1 and "error[unsupported-ops]" in status.stderr and "(Erf, Mod)" in status.stderr
-    (p,) = valid("submit", f.cli(*args).stdout)["builds"]
+    plain = valid("submit", f.cli(*args).stdout)
+    (p,) = plain["builds"]
     assert (p["state"], p["build"], p["artifact"]) == ("succeeded", b["build"], b["artifact"])
+    # Ungated, the partial offload is a warning, not a failure (issue 30).
+    assert (p["nodes_cpu"], p["cpu_op_types"]) == (2, ["Erf", "Mod"])
+    assert [(w["code"], w["nodes_cpu"], w["cpu_op_types"]) for w in plain["warnings"]] == [
+        ("partial-offload", 2, ["Erf", "Mod"])]
+    text = f.cli("status", str(plain["release"]))
+    assert "warning[partial-offload] qnn:SM8650: 2 node(s) stay on the CPU (Erf, Mod)" in text.stderr
 
     submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
     port = free_port()
@@ -344,12 +351,15 @@ def test_full_offload_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> N
     try:
         remote = f.cli(*args, "--require-full-offload", "--server", f"http://127.0.0.1:{port}", "--token", submit,
                        check=False)
+        remote_plain = valid("submit", f.cli(*args, "--server", f"http://127.0.0.1:{port}", "--token", submit).stdout)
     finally:
         server.terminate()
         server.wait(timeout=30)
     assert remote.returncode == 1, remote.stderr
     (r,) = valid("submit", remote.stdout)["builds"]
     assert (r["state"], r["error_code"], r["build"]) == ("failed", "unsupported-ops", b["build"])
+    assert remote_plain["ok"] and remote_plain["builds"][0]["cpu_op_types"] == ["Erf", "Mod"]
+    assert [w["code"] for w in remote_plain["warnings"]] == ["partial-offload"]
     assert len(f.builds()) == 1
 
 

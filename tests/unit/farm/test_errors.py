@@ -53,6 +53,9 @@ STABLE_CODES = {
     "AccuracyBelowThresholdError": "accuracy-below-threshold",
     "AccuracyUnverifiedError": "accuracy-unverified",
     "RateLimitedError": "rate-limited",
+    "NoPublishedBuildsError": "no-published-builds",  # issue 30: farm package
+    "PackageFilesMissingError": "package-files-missing",
+    "PackageVerifyError": "package-verify-failed",
     "CancelledError": "cancelled",
     "SharingUnsupportedError": "sharing-unsupported",
     "MultiSocUnsupportedError": "multi-soc-unsupported",
