@@ -35,7 +35,9 @@ COUNTERS = ("cells", "built", "building", "broken", "failed", "probe_verified", 
 
 # Per cell, from its builds (``b``) and their artifacts (``a``); ``t`` is the cell's target (a
 # SoC; ``b.target`` may be a multi-SoC target naming it): device-verified when a device of that
-# SoC reported (registry.reports, not revoked) that it loaded the artifact.
+# SoC reported (registry.reports: admitted, not struck) that it loaded the artifact (migration
+# 0010: the report's own SoC, never the build's). No column newer than 0008 here: the migrations
+# before 0010 run this code too.
 def cell_counts(t: str) -> str:
     return f"""
 count(*) AS builds,
@@ -49,7 +51,7 @@ coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS 
   THEN 1 ELSE 0 END), 0) AS probe_verified,
 coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS (
   SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL
-  AND (b.target = {t} OR r.soc = {t}))
+  AND r.soc = {t})
   THEN 1 ELSE 0 END), 0) AS device_verified"""
 
 

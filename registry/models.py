@@ -340,7 +340,7 @@ REPORT_OUTCOMES = ("loads", "fails", "crashed")
 class DeviceReport(Base):
     """What a device saw when it loaded an artifact (``POST /v1/reports``). One row per (artifact,
     token, device, runtime): a device reporting again replaces its row (``count`` goes up), so
-    one device never outvotes the fleet. ``revoked_at``: an admin struck the token's reports."""
+    one device never outvotes the fleet. ``revoked_at``: struck (``revoked_why`` says by what)."""
 
     __tablename__ = "device_reports"
     __table_args__ = (
@@ -357,6 +357,9 @@ class DeviceReport(Base):
     device_model: Mapped[str] = mapped_column(String(128))
     soc: Mapped[str] = mapped_column(String(64))
     os: Mapped[str] = mapped_column(String(128))
+    # The runtime's CPU architecture (issue 31, migration 0010): rows without one predate it and
+    # never count as device evidence.
+    arch: Mapped[str | None] = mapped_column(String(16))
     runtime_backend: Mapped[str] = mapped_column(String(16))
     runtime_version: Mapped[str] = mapped_column(String(64))
     ort_version: Mapped[str] = mapped_column(String(32))
@@ -374,6 +377,8 @@ class DeviceReport(Base):
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why it was struck: revoked by an admin, token revoked, quarantine lifted (migration 0010).
+    revoked_why: Mapped[str | None] = mapped_column(String(64))
 
 
 class CoverageCell(Base):

@@ -21,6 +21,7 @@ STATUS = {
     "timeout": 504, "interrupted": 503, "install-conflict": 409, "lease-lost": 409, "missing-extra": 501,
     "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
     "accuracy-below-threshold": 422, "accuracy-unverified": 422, "cancelled": 409,
+    "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # issue 31
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the

@@ -243,10 +243,13 @@ def _broken_pipe() -> int:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], out: Any = None) -> None:
-    """Print rows as an aligned text table."""
+    """Print rows as an aligned text table (stored text escaped: no control, format or bidi character
+    reaches the terminal, ``farm.core.text.printable``)."""
+    from farm.core.text import printable
+
     out = out or sys.stdout
-    cells = [[str(c).upper() for c in columns]] + [["" if r.get(c) is None else str(r.get(c)) for c in columns]
-                                                    for r in rows]
+    cells = [[str(c).upper() for c in columns]] + [["" if r.get(c) is None else printable(str(r.get(c)))
+                                                     for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)

@@ -49,6 +49,9 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
+    ├── NotDeviceEvidenceError   not-device-evidence  a device report from a host the farm could be (x86_64 QNN: the simulator)
+    ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
+    ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
@@ -404,6 +407,28 @@ class RateLimitedError(FarmError):
     summary = ("HTTP: a token over a limit: more device reports than `FARM_REPORTS_PER_MINUTE`, or too many "
                "long polls waiting (429, with Retry-After)")
     default_hint = "wait a minute and send again; reports of one device are counted once anyway"
+
+
+class NotDeviceEvidenceError(FarmError):
+    code = "not-device-evidence"
+    summary = ("a device report from a host the farm itself could be (QNN on x86_64/x86: the HTP simulator): "
+               "never device evidence (422)")
+    default_hint = "report from the device (aarch64/armv7); the farm's own probes already cover the simulator"
+    exit_code = 2
+
+
+class ReportSocMismatchError(FarmError):
+    code = "report-soc-mismatch"
+    summary = "a device report naming an SoC the artifact was not built for (a multi-SoC build: none of its SoCs) (422)"
+    default_hint = "report the artifact your device resolved for its own SoC"
+    exit_code = 2
+
+
+class ReportRuntimeMismatchError(FarmError):
+    code = "report-runtime-mismatch"
+    summary = "a device report from a runtime the compatibility rule refuses for that build (e.g. older SDK) (422)"
+    default_hint = "devices refine the rule, never override it: resolve for this runtime and report what it answered"
+    exit_code = 2
 
 
 class Interrupted(KeyboardInterrupt):

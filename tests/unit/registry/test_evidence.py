@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from farm.core.catalog import load_catalog
-from farm.core.errors import AccuracyBelowThresholdError, AccuracyUnverifiedError, UsageError
+from farm.core.errors import AccuracyBelowThresholdError, AccuracyUnverifiedError, NoMatchError, NotFoundError, UsageError
 from registry import evidence
 from registry.lite import SessionRows
-from registry.reports import DeviceEvidence, device_verdicts, record, record_many, revoke, summary
+from registry.reports import DeviceEvidence, device_verdicts, quarantined, record, record_many, revoke, summary
 from registry.resolve import Device, rank, resolve
 from registry.tokens import allows, create_token, token_identity
+from tests.common.hostile_reports import CASES
 from tests.common.index_rows import add_artifact, add_model
 from workers.qnn.accuracy import PSNR_CAP, compare, seeded_inputs
 
@@ -116,7 +117,8 @@ def test_report_scope_is_apart_from_the_ladder(db) -> None:  # type: ignore[no-u
 
 def _body(**over: object) -> dict[str, object]:
     return {"artifact": "sha256:" + "b" * 64, "device_id": "d1", "device_model": "Phone", "soc": "SM8650",
-            "os": "Android 15", "runtime_version": "2.51.0", "onnxruntime": "1.31.1", "outcome": "loads", **over}
+            "os": "Android 15", "arch": "aarch64", "runtime_version": "2.51.0", "onnxruntime": "1.31.1",
+            "outcome": "loads", **over}
 
 
 @pytest.mark.parametrize("over", [
@@ -133,12 +135,51 @@ def test_hostile_report_fields_are_refused(over: dict[str, object]) -> None:
         _parse(json.dumps(_body(**over)).encode())
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == 400 and c[3] == "usage"], ids=lambda c: c[0])
+def test_hostile_corpus_refused_by_validation(case: tuple[str, dict[str, object], int, str]) -> None:
+    from farm.api.routes.reports import _parse
+    from tests.common.hostile_reports import good_report
+
+    with pytest.raises(UsageError):
+        _parse(json.dumps(good_report("sha256:" + "b" * 64, **case[1])).encode())
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == 422 or c[3] == "unknown-target"], ids=lambda c: c[0])
+def test_hostile_corpus_refused_by_admission(case: tuple[str, dict[str, object], int, str]) -> None:
+    """Parsed fine, then refused by ``registry.reports.admit`` against an SM8650 / QNN 2.51.0 build."""
+    from farm.api.routes.reports import _parse
+    from farm.core.errors import FarmError
+    from registry.reports import ArtifactRef, admit
+    from tests.common.hostile_reports import good_report
+
+    r = _parse(json.dumps(good_report("sha256:" + "b" * 64, **case[1])).encode())
+    ref = ArtifactRef(1, "qnn", "SM8650", "2.51.0", "model_ctx.onnx", {})
+    with pytest.raises(FarmError) as caught:
+        admit(ref, load_catalog().get(r.soc, backend="qnn"), r.runtime_version, r.arch)
+    assert caught.value.code == case[3]
+
+
+def test_multi_soc_build_admits_only_its_socs_and_the_rule() -> None:
+    from farm.core.errors import ReportRuntimeMismatchError, ReportSocMismatchError
+    from registry.reports import ArtifactRef, admit
+
+    cat = load_catalog()
+    ref = ArtifactRef(1, "qnn", "SM8650+SM8750", "2.51.0", "model_ctx.onnx", {})
+    admit(ref, cat.get("SM8750", backend="qnn"), "2.51.0", "aarch64")
+    admit(ref, cat.get("SM8650", backend="qnn"), "2.52.0", "armv7")
+    with pytest.raises(ReportSocMismatchError):
+        admit(ref, cat.get("SM8550", backend="qnn"), "2.51.0", "aarch64")
+    with pytest.raises(ReportRuntimeMismatchError):
+        admit(ref, cat.get("SM8650", backend="qnn"), "2.50.0", "aarch64")
+
+
 def test_good_reports_parse() -> None:
     from farm.api.routes.reports import _parse
 
     now = datetime.now(UTC).isoformat()
-    r = _parse(json.dumps(_body(load_ms=12, first_inference_ms=3.5, reported_at=now, error="x\ny")).encode())
-    assert r.load_ms == 12.0 and r.reported_at is not None and r.error == "x\ny"
+    r = _parse(json.dumps(_body(load_ms=12, first_inference_ms=3.5, reported_at=now, error="x: y é 中")).encode())
+    assert r.load_ms == 12.0 and r.reported_at is not None and r.error == "x: y é 中" and r.arch == "aarch64"
+    assert _parse(json.dumps(_body(arch="arm64-v8a")).encode()).arch == "aarch64"
     for raw in (b"", b"[]", b"{", b"null"):
         with pytest.raises(UsageError):
             _parse(raw)
@@ -160,7 +201,7 @@ def test_client_side_report_is_checked_before_it_leaves() -> None:
 
 # ---- aggregation and resolve --------------------------------------------------------------------------
 
-FIELDS = {"device_model": "Phone", "soc": "SM8650", "os": "Android", "runtime_backend": "qnn",
+FIELDS = {"device_model": "Phone", "soc": "SM8650", "os": "Android", "arch": "aarch64", "runtime_backend": "qnn",
           "runtime_version": "2.51.0", "ort_version": "1.31.1", "outcome": "loads", "load_ms": 10.0}
 
 
@@ -203,21 +244,87 @@ def test_resolve_order_device_then_probe_then_rule(db) -> None:  # type: ignore[
         art, v = resolve(rows, m.digest, device)
         assert art.id == newer.id and v.source == "rule"
         create_token(s, "fleet", "report")
-        tok = s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")).scalar()
+        create_token(s, "other", "report")
+        tok, tok2 = sorted(r[0] for r in s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")))
         record(s, older.id, tok, {**FIELDS, "device_id": "d1"})
+        record(s, older.id, tok, {**FIELDS, "device_id": "d2"})
         art, v = resolve(rows, m.digest, device)
-        assert art.id == older.id and v.source == "device" and "loaded on 1 device(s)" in v.reason
+        assert art.id == newer.id and v.source == "rule", "one token's devices alone: no preference"
+        record(s, older.id, tok2, {**FIELDS, "device_id": "e1"})
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == older.id and v.source == "device" and "loaded on 3 device(s) (2 report tokens)" in v.reason
         for i in range(3):
             record(s, older.id, tok, {**FIELDS, "device_id": f"bad{i}", "outcome": "fails", "error": "E"})
         art, v = resolve(rows, m.digest, device)
-        assert art.id == older.id and "3 failed" in v.reason, "loads on one device: still served"
+        assert art.id == older.id and "3 failed" in v.reason, "loads on independent devices: still served"
         revoke(s, token_name="fleet")
+        revoke(s, token_name="other")
         for i in range(3):
             record(s, newer.id, tok, {**FIELDS, "device_id": f"n{i}", "outcome": "crashed", "error": "SIGSEGV"})
         art, v = resolve(rows, m.digest, device)
-        assert art.id == older.id and v.source == "rule", "failing on 3 devices and loading on none: not served"
-        art, v = resolve(rows, m.digest, device, fail_devices=4)
+        assert art.id == newer.id and v.source == "rule", "one token, three ids: not independent, still served"
+        record(s, newer.id, tok2, {**FIELDS, "device_id": "m1", "outcome": "fails", "error": "E"})
+        art, v = resolve(rows, m.digest, device)
+        assert art.id == older.id and v.source == "rule", "failing on 4 devices of 2 tokens: not served"
+        art, v = resolve(rows, m.digest, device, fail_devices=5)
         assert art.id == newer.id
+
+
+def test_device_evidence_never_overrides_the_rule(db) -> None:  # type: ignore[no-untyped-def]
+    """Reports that loads under an older runtime than the build's SDK (written past the service's
+    check, straight into the table) never make resolve serve it to that runtime."""
+    sm8650 = load_catalog().get("SM8650", backend="qnn")
+    with db.session() as s:
+        m = add_model(s)
+        newer = add_artifact(s, m.digest, toolchain="2.51.0")
+        create_token(s, "a", "report")
+        create_token(s, "b", "report")
+        t1, t2 = sorted(r[0] for r in s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")))
+        for t in (t1, t2):
+            record(s, newer.id, t, {**FIELDS, "device_id": f"d{t}", "runtime_version": "2.47.0"})
+        with pytest.raises(NoMatchError):
+            resolve(SessionRows(s), m.digest, Device("qnn", sm8650, "2.47.0"))
+
+
+def test_token_revocation_withdraws_its_reports(db) -> None:  # type: ignore[no-untyped-def]
+    from registry.tokens import revoke_token
+
+    with db.session() as s:
+        m = add_model(s)
+        a = add_artifact(s, m.digest)
+        create_token(s, "a", "report")
+        create_token(s, "b", "report")
+        t1, t2 = sorted(r[0] for r in s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")))
+        for t in (t1, t2):
+            for i in range(2):
+                record(s, a.id, t, {**FIELDS, "device_id": f"d{i}", "outcome": "fails", "error": "E"})
+        assert [q["artifact"] for q in quarantined(SessionRows(s), 3)] == [a.digest]
+        revoke_token(s, "b")
+        assert quarantined(SessionRows(s), 3) == []
+        why = s.execute(__import__("sqlalchemy").text(
+            "SELECT DISTINCT revoked_why FROM device_reports WHERE token_id = :t"), {"t": t2}).scalars().all()
+        assert why == ["token revoked"]
+
+
+def test_lift_strikes_the_failures_of_one_cell(db) -> None:  # type: ignore[no-untyped-def]
+    from registry.reports import lift
+
+    with db.session() as s:
+        m = add_model(s)
+        a = add_artifact(s, m.digest)
+        create_token(s, "a", "report")
+        create_token(s, "b", "report")
+        t1, t2 = sorted(r[0] for r in s.execute(__import__("sqlalchemy").text("SELECT id FROM api_tokens")))
+        for t in (t1, t2):
+            for i in range(2):
+                record(s, a.id, t, {**FIELDS, "device_id": f"d{i}", "outcome": "crashed", "error": "SIGSEGV"})
+        (q,) = quarantined(SessionRows(s), 3)
+        assert (q["failed_devices"], q["failed_tokens"], q["soc"], q["runtime"]) == (4, 2, "SM8650", "qnn:2.51.0")
+        assert "behind 2 token(s)" in q["why"]
+        with pytest.raises(NotFoundError):
+            lift(s, a.id, "qnn", "2.51.0", "SM8750")
+        assert lift(s, a.id, "qnn", "2.51.0", "SM8650") == 4
+        assert quarantined(SessionRows(s), 3) == []
 
 
 def test_rank_never_serves_another_soc_on_device_evidence() -> None:
