@@ -53,6 +53,8 @@ class Cell:
     # (runtime backend, runtime version) -> what probes of this cell's artifacts said
     evidence: dict[tuple[str, str], Evidence] = field(default_factory=dict)
     via: list[str] = field(default_factory=list)  # multi-SoC targets (qnn:A+B) built into this SoC's cell
+    # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries): issue 31.
+    unverified: str | None = None
 
     def label(self) -> str:
         if self.state == "failed":
@@ -115,7 +117,7 @@ class Coverage:
             "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
-                       "via": sorted(set(c.via)),
+                       "via": sorted(set(c.via)), "unverified": c.unverified,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -180,11 +182,48 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
             if cell_state == "built" and soc != target:
                 cell.via.append(f"{be}:{target}")
     runtimes = _evidence(session, cells, backend, digests)
+    built = select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, Artifact.ctx_model
+                   ).where(Artifact.status == "active")
+    if backend:
+        built = built.where(Artifact.backend == backend)
+    if digests is not None:
+        built = built.where(Artifact.model_digest.in_(digests))
+    for (m, be, soc, tc), why in unverifiable(session.execute(built)).items():
+        if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
+            cell.unverified = why
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
     return Coverage({b: sorted(v, key=parse_version) for b, v in toolchains.items()}, cells, order, tags, names,
                     runtimes)
+
+
+def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
+    """(model, backend, SoC, toolchain) -> why no runtime here can verify that cell, from its active
+    artifacts ``(model, backend, target, toolchain, ctx_model)``: every one of them a weight-shared
+    graph group or a multi-SoC binary (the x86_64 simulator loads neither: ``registry.resolve``).
+    A cell with one plain single-SoC artifact is verifiable and not listed. QNN only."""
+    from registry.resolve import UNVERIFIED_MULTI_SOC, UNVERIFIED_SHARED
+
+    kinds: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for m, be, target, tc, ctx_model in artifacts:
+        if be != "qnn":
+            continue
+        for soc in socs(be, target):
+            kind = ("multi" if soc != target else "") + ("group" if ctx_model == "g0_ctx.onnx" else "")
+            kinds[(m, be, soc, tc)].add(kind or "plain")
+    out = {}
+    for key, seen in kinds.items():
+        if "plain" in seen:
+            continue
+        why = []
+        if any("group" in k for k in seen):
+            why.append(f"built only as a weight-shared graph group ({UNVERIFIED_SHARED})")
+        if any("multi" in k for k in seen):
+            why.append(f"built only as a multi-SoC binary ({UNVERIFIED_MULTI_SOC})")
+        out[key] = "; ".join(why) if len(why) == 1 else \
+            "built only as weight-shared graph groups or multi-SoC binaries (the x86_64 simulator loads neither)"
+    return out
 
 
 def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
@@ -662,6 +701,13 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
     _device_evidence(rows, placeholders, params, be is not None, index)
+    for cell in index.values():
+        cell["unverified"] = None
+    for (m, b, soc, tc), why in unverifiable(rows.rows(
+            "SELECT model_digest, backend, target, toolchain, ctx_model FROM artifacts"
+            f" WHERE model_digest IN ({placeholders}) AND status = 'active' AND backend = 'qnn'", params)).items():
+        if (unverified_cell := index.get((m, b, soc, tc))) is not None and unverified_cell["state"] == "built":
+            unverified_cell["unverified"] = why
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

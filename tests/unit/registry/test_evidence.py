@@ -191,7 +191,14 @@ def test_client_side_report_is_checked_before_it_leaves() -> None:
     body = make_report(artifact="sha256:" + "c" * 64, soc="SM8650", runtime_version="2.51.0", outcome="fails",
                        onnxruntime="1.31.1", device="dev-1", error="x" * 10_000 + "CAUSE", load_ms=3)
     assert body["error"].endswith("CAUSE") and len(body["error"]) == 4000 and body["load_ms"] == 3.0
-    assert body["reported_at"].endswith("Z")
+    assert body["reported_at"].endswith("Z") and body["arch"]
+    dirty = make_report(artifact="sha256:" + "c" * 64, soc="SM8650", runtime_version="2.51.0", outcome="fails",
+                        onnxruntime="1.31.1", device="d", arch="arm64", device_model="P\x9b31m\u202eX",
+                        error="line1\r\nline2\tend\u2028")
+    from farm.core.text import unprintable
+
+    assert unprintable(dirty["device_model"]) is None and unprintable(dirty["error"]) is None
+    assert dirty["error"] == "line1  line2 end "
     for bad in ({"outcome": "ok"}, {"artifact": "x"}, {"load_ms": -1}, {"load_ms": float("nan")}, {"device": "a b"}):
         kw = {"artifact": "sha256:" + "c" * 64, "soc": "SM8650", "runtime_version": "2.51.0", "outcome": "loads",
               "onnxruntime": "1.31.1", "device": "d", **bad}
@@ -341,3 +348,45 @@ def test_rank_never_serves_another_soc_on_device_evidence() -> None:
     good, bad = rank([A(1, "SM8750")], Device("qnn", sm8650, "2.51.0"),
                      devices={1: DeviceEvidence(loads=5, last_at=T0 + timedelta(days=1))})
     assert good == [] and bad[0][1].source == "rule"
+
+
+# ---- coverage tells the truth about evidence (issue 31) ---------------------------------------------
+
+def test_coverage_marks_cells_only_groups_or_multi_soc_built_as_unverified(db) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    from registry.coverage import coverage, models_page
+
+    with db.session() as s:
+        m = add_model(s)
+        add_artifact(s, m.digest, target="SM8650+SM8750")  # SM8650 and SM8750 cells: multi-SoC only
+        group = add_artifact(s, m.digest, target="SM8550")
+        s.execute(text("UPDATE artifacts SET ctx_model = 'g0_ctx.onnx' WHERE id = :i"), {"i": group.id})
+        add_artifact(s, m.digest, target="SM8650", toolchain="2.52.0")  # a plain one: verifiable
+        add_artifact(s, m.digest, target="SM8750", toolchain="2.52.0")
+        add_artifact(s, m.digest, target="SM8650+SM8750", toolchain="2.52.0")
+    with db.session() as s:
+        cells = {(c["target"], c["toolchain"]): c for c in coverage(s).to_dict()["cells"]}
+        page = {(c["target"], c["toolchain"]): c for mc in models_page(s).models for c in mc.cells}
+    for view in (cells, page):
+        assert "multi-SoC" in view[("qnn:SM8650", "2.51.0")]["unverified"]
+        assert "multi-SoC" in view[("qnn:SM8750", "2.51.0")]["unverified"]
+        assert "graph group" in view[("qnn:SM8550", "2.51.0")]["unverified"]
+        assert view[("qnn:SM8650", "2.52.0")]["unverified"] is None
+        assert view[("qnn:SM8650", "2.51.0")]["via"] == ["qnn:SM8650+SM8750"]
+
+
+def test_cli_coverage_table_shows_via_and_unverified(capsys) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from farm.cli.ops_cmd import _print_coverage
+
+    digest = "sha256:" + "a" * 64
+    cov = {"toolchains": {"qnn": ["2.51.0"]}, "runtimes": {}, "models": [{"digest": digest, "tags": [], "name": "m"}],
+           "cells": [{"model": digest, "tags": ["m:v1"], "target": "qnn:SM8650", "toolchain": "2.51.0",
+                      "state": "built", "builds": 1, "codes": [], "probe_verified": False,
+                      "via": ["qnn:SM8650+SM8750"], "unverified": "built only as a multi-SoC binary (...)",
+                      "verdicts": []}]}
+    assert _print_coverage(cov, argparse.Namespace(json=False, verdicts=False)) == 0
+    out = capsys.readouterr().out
+    assert "built unverified via SM8650+SM8750" in out
