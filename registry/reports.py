@@ -11,7 +11,7 @@ What counts as device evidence (issue 31, docs/evidence.md "What makes reports i
 - only reports that say their platform (``arch``) and were admitted: not from a host the farm
   itself could be (QNN on x86_64/x86 is the HTP simulator: refused, ``not-device-evidence``), for
   an SoC the artifact covers, from a runtime the compatibility rule allows for that build
-  (``admit``). Rows stored before migration 0010 have no platform: shown, never counted;
+  (``registry.resolve.admit``). Rows stored before migration 0010 have no platform: shown, never counted;
 - not struck (``revoked_at``: an admin struck them, a quarantine was lifted, or their token was
   revoked) and sent by a token that is not revoked;
 - **independent**: device ids are whatever a token says, so distinct ids behind one token are
@@ -36,8 +36,8 @@ OUTCOMES = ("loads", "fails", "crashed")
 FAILED = ("fails", "crashed")
 
 # The fields a report carries (besides artifact, token and timestamps), as stored.
-FIELDS = ("device_id", "device_model", "soc", "os", "arch", "runtime_backend", "runtime_version", "ort_version", "ep_package",
-          "ep_version", "driver", "outcome", "error", "load_ms", "first_inference_ms", "peak_memory_mb",
+FIELDS = ("device_id", "device_model", "soc", "os", "arch", "runtime_backend", "runtime_version", "ort_version",
+          "ep_package", "ep_version", "driver", "outcome", "error", "load_ms", "first_inference_ms", "peak_memory_mb",
           "fingerprint", "psnr_db", "reported_at")
 
 
@@ -106,33 +106,6 @@ def artifact_ref(rows: Rows, digest: str) -> ArtifactRef | None:
     return ArtifactRef(int(aid), str(backend), str(target), str(toolchain), str(ctx_model or ""),
                        dict(options or {}))
 
-
-def admit(ref: ArtifactRef, soc: Any, runtime: str, arch: str) -> None:
-    """Refuse a report that can't be device evidence for ``ref``: from a host the farm could be
-    (``not-device-evidence``), for an SoC the artifact does not cover (``report-soc-mismatch``), or
-    from a runtime the compatibility rule refuses for that build (``report-runtime-mismatch``):
-    device evidence refines the rule, never overrides it. ``soc``: the catalog Target."""
-    from types import SimpleNamespace
-
-    from farm.core.errors import NotDeviceEvidenceError, ReportRuntimeMismatchError, ReportSocMismatchError
-    from registry.resolve import RUNTIME_NAMES, Device, verdict
-
-    if is_farm_host(ref.backend, arch):
-        raise NotDeviceEvidenceError(
-            f"a {RUNTIME_NAMES.get(ref.backend, ref.backend)} runtime on {arch} is the HTP simulator, a host the farm "
-            "itself could be: not device evidence")
-    covers = ref.target.split("+") if ref.backend == "qnn" else [ref.target]
-    hardware_compatible = ref.backend == "trt" and ref.options.get("hardware_compatibility_level") == "ampere_plus"
-    if soc.name not in covers and not hardware_compatible:
-        raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}")
-    art = SimpleNamespace(target=ref.target, toolchain=ref.toolchain, ctx_model=ref.ctx_model,
-                          build=SimpleNamespace(options=ref.options))
-    v = verdict(art, Device(ref.backend, soc, runtime))
-    if not v.loads:
-        if ref.backend == "trt" and soc.name not in covers:
-            raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}: {v.reason}")
-        raise ReportRuntimeMismatchError(f"the compatibility rule refuses runtime {runtime} for this build: "
-                                         f"{v.reason}")
 
 
 def record(s: Any, artifact_id: int, token_id: int, fields: dict[str, Any]) -> int:
@@ -433,7 +406,8 @@ def summary(s: Any, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         failed = [r for r in rs if r.outcome in FAILED]
         out.setdefault(artifact_id, []).append({
             "runtime": f"{backend}:{version}", "soc": soc,
-            "devices": len(rs), "tokens": len({r.token_id for r in rs}), "loads": len(loads), "fails": sum(r.outcome == "fails" for r in rs),
+            "devices": len(rs), "tokens": len({r.token_id for r in rs}), "loads": len(loads),
+            "fails": sum(r.outcome == "fails" for r in rs),
             "crashed": sum(r.outcome == "crashed" for r in rs), "reports": sum(r.count for r in rs),
             "load_ms_p50": _pct([r.load_ms for r in loads if r.load_ms is not None], 0.5),
             "load_ms_p90": _pct([r.load_ms for r in loads if r.load_ms is not None], 0.9),

@@ -285,3 +285,31 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
             "verdict": ("unverified" if v.unverified else "loads") if v.loads else "fails", "source": v.source,
             "reason": v.reason, "probed_at": iso(v.recorded_at),
             **({"unverified": v.unverified} if v.unverified else {})}
+
+
+def admit(ref: Any, soc: Any, runtime: str, arch: str) -> None:
+    """Refuse a report that can't be device evidence for ``ref``: from a host the farm could be
+    (``not-device-evidence``), for an SoC the artifact does not cover (``report-soc-mismatch``), or
+    from a runtime the compatibility rule refuses for that build (``report-runtime-mismatch``):
+    device evidence refines the rule, never overrides it. ``soc``: the catalog Target."""
+    from types import SimpleNamespace
+
+    from farm.core.errors import NotDeviceEvidenceError, ReportRuntimeMismatchError, ReportSocMismatchError
+    from registry.reports import is_farm_host
+
+    if is_farm_host(ref.backend, arch):
+        raise NotDeviceEvidenceError(
+            f"a {RUNTIME_NAMES.get(ref.backend, ref.backend)} runtime on {arch} is the HTP simulator, a host the farm "
+            "itself could be: not device evidence")
+    covers = ref.target.split("+") if ref.backend == "qnn" else [ref.target]
+    hardware_compatible = ref.backend == "trt" and ref.options.get("hardware_compatibility_level") == "ampere_plus"
+    if soc.name not in covers and not hardware_compatible:
+        raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}")
+    art = SimpleNamespace(target=ref.target, toolchain=ref.toolchain, ctx_model=ref.ctx_model,
+                          build=SimpleNamespace(options=ref.options))
+    v = verdict(art, Device(ref.backend, soc, runtime))
+    if not v.loads:
+        if ref.backend == "trt" and soc.name not in covers:
+            raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}: {v.reason}")
+        raise ReportRuntimeMismatchError(f"the compatibility rule refuses runtime {runtime} for this build: "
+                                         f"{v.reason}")

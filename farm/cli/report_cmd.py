@@ -167,12 +167,10 @@ def install_report(args: argparse.Namespace, result: Any, qnn: str | None) -> di
     """``farm install --report``: load the installed context here as ``farm load-check`` does (a
     child process: a crashing runtime cannot take this one down), then report the outcome, the
     load and first-inference times. QNN devices only (``--soc`` and ``--qnn``/``--detect``)."""
-    from farm.client_report import report
+    from farm.client_report import host_arch, is_simulator_host, report
     from farm.core.catalog import load_catalog
     from farm.core.errors import FarmError, RuntimeCrashedError
     from workers.backends import get_runner
-
-    from farm.client_report import host_arch, is_simulator_host
 
     if not (args.soc and qnn):
         raise UsageError("--report needs a QNN device: --soc and --qnn (or --detect)")

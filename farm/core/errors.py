@@ -49,7 +49,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
-    ├── NotDeviceEvidenceError   not-device-evidence  a device report from a host the farm could be (x86_64 QNN: the simulator)
+    ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
     ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
     ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback

@@ -149,7 +149,8 @@ def test_hostile_corpus_refused_by_admission(case: tuple[str, dict[str, object],
     """Parsed fine, then refused by ``registry.reports.admit`` against an SM8650 / QNN 2.51.0 build."""
     from farm.api.routes.reports import _parse
     from farm.core.errors import FarmError
-    from registry.reports import ArtifactRef, admit
+    from registry.reports import ArtifactRef
+    from registry.resolve import admit
     from tests.common.hostile_reports import good_report
 
     r = _parse(json.dumps(good_report("sha256:" + "b" * 64, **case[1])).encode())
@@ -161,7 +162,8 @@ def test_hostile_corpus_refused_by_admission(case: tuple[str, dict[str, object],
 
 def test_multi_soc_build_admits_only_its_socs_and_the_rule() -> None:
     from farm.core.errors import ReportRuntimeMismatchError, ReportSocMismatchError
-    from registry.reports import ArtifactRef, admit
+    from registry.reports import ArtifactRef
+    from registry.resolve import admit
 
     cat = load_catalog()
     ref = ArtifactRef(1, "qnn", "SM8650+SM8750", "2.51.0", "model_ctx.onnx", {})
