@@ -171,7 +171,7 @@ def reports(tmp: Path, seconds: float, clients: int) -> dict[str, Any]:
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars
         proc = serve(env, port, tmp / "serve.log")
-        body = {"artifact": o.artifact, "device_model": "bench", "soc": "SM8650", "os": "Android 15",
+        body = {"artifact": o.artifact, "device_model": "bench", "soc": "SM8650", "os": "Android 15", "arch": "aarch64",
                 "runtime_version": "2.51.0", "onnxruntime": "1.31.1", "outcome": "loads", "load_ms": 9.5}
 
         def resolve_lat(stop: threading.Event, out: list[float]) -> None:

@@ -348,6 +348,9 @@ class DeviceReport(Base):
                          name="uq_device_reports_key"),
         CheckConstraint(f"outcome IN {REPORT_OUTCOMES!r}", name="outcome_known"),
         Index(None, "artifact_id", "runtime_backend", "runtime_version"),
+        # The evidence group (artifact, runtime, SoC) by token: "another token reported here" is two
+        # index seeks (registry.coverage_sql; migration 0010).
+        Index("ix_device_reports_group_token", "artifact_id", "runtime_backend", "runtime_version", "soc", "token_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -7,7 +7,10 @@
   quarantine lifted, no platform).
 - Reports of tokens already revoked are struck (revoking a token now withdraws what it said).
 - The coverage triggers (``registry.coverage_sql``, code) count a device confirmation only on the
-  cell of the report's own SoC: reinstalled, every cell recomputed.
+  cell of the report's own SoC, and touch a cell or bump a model's resolve generation only for a
+  report that can change them (issue 33: reports at fleet rate): reinstalled, every cell
+  recomputed. An index on (artifact, runtime, SoC, token) makes "another token reported here"
+  two index seeks.
 
 Revision ID: 0010
 Revises: 0009
@@ -32,6 +35,8 @@ def upgrade() -> None:
     with op.batch_alter_table('device_reports') as batch:
         batch.add_column(sa.Column('arch', sa.String(length=16), nullable=True))
         batch.add_column(sa.Column('revoked_why', sa.String(length=64), nullable=True))
+        batch.create_index('ix_device_reports_group_token',
+                           ['artifact_id', 'runtime_backend', 'runtime_version', 'soc', 'token_id'], unique=False)
     op.execute("UPDATE device_reports SET revoked_at = CURRENT_TIMESTAMP, revoked_why = 'token revoked'"
                " WHERE revoked_at IS NULL AND token_id IN (SELECT id FROM api_tokens WHERE revoked_at IS NOT NULL)")
     op.execute("UPDATE device_reports SET revoked_at = CURRENT_TIMESTAMP, revoked_why = 'no platform'"
@@ -50,6 +55,7 @@ def downgrade() -> None:
     for statement in coverage_sql.uninstall(bind.dialect.name):
         op.execute(statement)
     with op.batch_alter_table('device_reports') as batch:
+        batch.drop_index('ix_device_reports_group_token')
         batch.drop_column('revoked_why')
         batch.drop_column('arch')
     for statement in (*coverage_sql.install(bind.dialect.name), *coverage_sql.rebuild(bind.dialect.name)):

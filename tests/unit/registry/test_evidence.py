@@ -392,3 +392,40 @@ def test_cli_coverage_table_shows_via_and_unverified(capsys) -> None:  # type: i
     assert _print_coverage(cov, argparse.Namespace(json=False, verdicts=False)) == 0
     out = capsys.readouterr().out
     assert "built unverified via SM8650+SM8750" in out
+
+
+def test_report_triggers_touch_and_bump_only_on_what_can_change(db) -> None:  # type: ignore[no-untyped-def]
+    """One token's reports never move a resolve answer: no generation bump (cached answers live);
+    another token's do. A batch's coverage stays equal to a recompute (the first live loads of an
+    (artifact, SoC) in a multi-row insert touches the cell)."""
+    from sqlalchemy import text
+
+    from registry.coverage import recomputed_matches
+
+    def generation(s, digest):  # type: ignore[no-untyped-def]
+        return s.execute(text("SELECT generation FROM model_generations WHERE model_digest = :m"),
+                         {"m": digest}).scalar()
+
+    with db.session() as s:
+        m = add_model(s)
+        a = add_artifact(s, m.digest)
+        create_token(s, "a", "report")
+        create_token(s, "b", "report")
+        t1, t2 = sorted(r[0] for r in s.execute(text("SELECT id FROM api_tokens")))
+    with db.session() as s:
+        g0 = generation(s, m.digest)
+        record_many(s, [(a.id, t1, {**FIELDS, "device_id": f"d{i}", "outcome": o})
+                        for i, o in enumerate(["fails", "loads", "loads", "crashed"])])
+        record_many(s, [(a.id, t1, {**FIELDS, "device_id": "d1"})])  # a replay
+        assert generation(s, m.digest) == g0
+        assert recomputed_matches(s) == []
+        cell = s.execute(text("SELECT device_verified FROM coverage_cells WHERE model_digest = :m"),
+                         {"m": m.digest}).scalar()
+        assert cell == 1
+        record_many(s, [(a.id, t2, {**FIELDS, "device_id": "e1"})])
+        assert generation(s, m.digest) > g0
+        revoke(s, token_name="a")
+        revoke(s, token_name="b")
+        assert recomputed_matches(s) == []
+        assert s.execute(text("SELECT device_verified FROM coverage_cells WHERE model_digest = :m"),
+                         {"m": m.digest}).scalar() == 0
