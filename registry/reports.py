@@ -188,9 +188,11 @@ _COLUMNS = (*FIELDS, "artifact_id", "token_id", "received_at", "revoked_at", "co
 class ReportWriter:
     """Writes reports in batches from one thread: every report that arrives while a batch is
     being written goes into the next one (one statement, one commit), so a burst of devices
-    costs a few transactions, not one each. On PostgreSQL the commit does not wait for the WAL
-    flush (``synchronous_commit = off``): a report is telemetry, and a crash of the database
-    server loses at most the last moments of them, never the index's consistency."""
+    costs a few transactions, not one each. A report is answered 201 only once its batch has
+    committed: a crash of the service never loses an answered report (an unanswered one was never
+    acknowledged, and a device that sends it again counts once). On PostgreSQL the commit does not
+    wait for the WAL flush (``synchronous_commit = off``): a crash of the *database server* may
+    lose the last moments of answered reports (a few hundred ms), never the index's consistency."""
 
     def __init__(self, db: Any, max_batch: int = 500, linger: float = 0.02):
         import queue

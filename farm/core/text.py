@@ -23,6 +23,8 @@ def unprintable(text: str) -> str | None:
     Zp, Cs, Co, Cn). What a device sends as "printable" fields is held to this (issue 31)."""
     import unicodedata
 
+    if text.isascii() and text.isprintable():  # the common case: no per-character lookups
+        return None
     for ch in text:
         if ch.isprintable() and unicodedata.category(ch) not in _HIDDEN:
             continue
