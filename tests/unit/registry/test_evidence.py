@@ -429,3 +429,23 @@ def test_report_triggers_touch_and_bump_only_on_what_can_change(db) -> None:  # 
         assert recomputed_matches(s) == []
         assert s.execute(text("SELECT device_verified FROM coverage_cells WHERE model_digest = :m"),
                          {"m": m.digest}).scalar() == 0
+
+
+def test_tensorrt_reports_obey_the_tensorrt_rule() -> None:
+    """A GPU on x86_64 is a device (the farm has no GPU); the engine's GPU arch (unless built
+    hardware-compatible) and its exact TensorRT version bind the report as they bind resolve."""
+    from farm.core.errors import ReportRuntimeMismatchError, ReportSocMismatchError
+    from registry.reports import ArtifactRef
+    from registry.resolve import admit
+
+    cat = load_catalog()
+    ref = ArtifactRef(1, "trt", "sm_89", "10.14.1.48+linux-x86-64", "model_ctx.onnx", {})
+    admit(ref, cat.get("sm_89", backend="trt"), "10.14.1.48+linux-x86-64", "x86_64")
+    with pytest.raises(ReportSocMismatchError):
+        admit(ref, cat.get("sm_86", backend="trt"), "10.14.1.48+linux-x86-64", "x86_64")
+    with pytest.raises(ReportRuntimeMismatchError):
+        admit(ref, cat.get("sm_89", backend="trt"), "10.13.0.35+linux-x86-64", "x86_64")
+    compat = ArtifactRef(2, "trt", "sm_89", "10.14.1.48", "model_ctx.onnx", {"hardware_compatibility_level": "ampere_plus"})
+    admit(compat, cat.get("sm_86", backend="trt"), "10.14.1.48", "aarch64")
+    with pytest.raises(ReportSocMismatchError):
+        admit(compat, cat.get("sm_75", backend="trt"), "10.14.1.48", "x86_64")
