@@ -55,6 +55,7 @@ class Cell:
     via: list[str] = field(default_factory=list)  # multi-SoC targets (qnn:A+B) built into this SoC's cell
     # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries): issue 31.
     unverified: str | None = None
+    devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
 
     def label(self) -> str:
         if self.state == "failed":
@@ -117,7 +118,7 @@ class Coverage:
             "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
-                       "via": sorted(set(c.via)), "unverified": c.unverified,
+                       "via": sorted(set(c.via)), "unverified": c.unverified, "devices": c.devices,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -191,6 +192,7 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
     for (m, be, soc, tc), why in unverifiable(session.execute(built)).items():
         if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
             cell.unverified = why
+    _device_confirmations(session, cells, backend, digests)
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
@@ -224,6 +226,27 @@ def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
         out[key] = "; ".join(why) if len(why) == 1 else \
             "built only as weight-shared graph groups or multi-SoC binaries (the x86_64 simulator loads neither)"
     return out
+
+
+def _device_confirmations(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
+                          digests: list[str] | None) -> None:
+    """Distinct devices that reported a cell's active artifacts load, on the cell of the device's
+    own SoC (a multi-SoC artifact: only the SoC that was loaded), struck reports left out."""
+    from registry.models import DeviceReport
+
+    q = (select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc,
+                func.count())
+         .join(DeviceReport, DeviceReport.artifact_id == Artifact.id)
+         .where(Artifact.status == "active", DeviceReport.outcome == "loads", DeviceReport.revoked_at.is_(None))
+         .group_by(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc))
+    if backend:
+        q = q.where(Artifact.backend == backend)
+    if digests is not None:
+        q = q.where(Artifact.model_digest.in_(digests))
+    for m, be, target, tc, soc, n in session.execute(q):
+        cell = cells.get((m, f"{be}:{soc}", tc))
+        if cell is not None and soc in socs(be, target) and cell.state == "built":
+            cell.devices += int(n)
 
 
 def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,

@@ -215,6 +215,8 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
                                                           "target": c["target"]})
         label = f"failed({','.join(c['codes'])})" if c["state"] == "failed" else c["state"]
         label += " \u2713" if c["probe_verified"] else ""
+        if c.get("devices"):  # device confirmations, as the page shows them
+            label += f" \u2713device\u00d7{c['devices']}"
         if c.get("unverified"):  # built only as groups / multi-SoC binaries: nothing here can load it
             label += " unverified"
         if c.get("via"):  # built as a multi-SoC binary, as the page and the JSON say

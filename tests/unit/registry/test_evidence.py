@@ -376,6 +376,19 @@ def test_coverage_marks_cells_only_groups_or_multi_soc_built_as_unverified(db) -
         assert "graph group" in view[("qnn:SM8550", "2.51.0")]["unverified"]
         assert view[("qnn:SM8650", "2.52.0")]["unverified"] is None
         assert view[("qnn:SM8650", "2.51.0")]["via"] == ["qnn:SM8650+SM8750"]
+    # Device confirmations beside it: a device of SM8750 loaded the multi-SoC binary.
+    with db.session() as s:
+        create_token(s, "fleet", "report")
+        tok = s.execute(text("SELECT id FROM api_tokens")).scalar()
+        multi = s.execute(text("SELECT id FROM artifacts WHERE target = 'SM8650+SM8750' AND toolchain = '2.51.0'")
+                          ).scalar()
+        record(s, multi, tok, {**FIELDS, "soc": "SM8750", "device_id": "p1"})
+    with db.session() as s:
+        cells = {(c["target"], c["toolchain"]): c for c in coverage(s).to_dict()["cells"]}
+        page = {(c["target"], c["toolchain"]): c for mc in models_page(s).models for c in mc.cells}
+    assert cells[("qnn:SM8750", "2.51.0")]["devices"] == page[("qnn:SM8750", "2.51.0")]["devices"] == 1
+    assert cells[("qnn:SM8650", "2.51.0")]["devices"] == page[("qnn:SM8650", "2.51.0")]["devices"] == 0
+    assert "multi-SoC" in cells[("qnn:SM8750", "2.51.0")]["unverified"]
 
 
 def test_cli_coverage_table_shows_via_and_unverified(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -388,10 +401,10 @@ def test_cli_coverage_table_shows_via_and_unverified(capsys) -> None:  # type: i
            "cells": [{"model": digest, "tags": ["m:v1"], "target": "qnn:SM8650", "toolchain": "2.51.0",
                       "state": "built", "builds": 1, "codes": [], "probe_verified": False,
                       "via": ["qnn:SM8650+SM8750"], "unverified": "built only as a multi-SoC binary (...)",
-                      "verdicts": []}]}
+                      "devices": 2, "verdicts": []}]}
     assert _print_coverage(cov, argparse.Namespace(json=False, verdicts=False)) == 0
     out = capsys.readouterr().out
-    assert "built unverified via SM8650+SM8750" in out
+    assert "built \u2713device\u00d72 unverified via SM8650+SM8750" in out
 
 
 def test_report_triggers_touch_and_bump_only_on_what_can_change(db) -> None:  # type: ignore[no-untyped-def]
