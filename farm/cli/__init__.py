@@ -42,7 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("service_cmd", "HTTP service tokens: create (shown once), list, revoke"),
     "install": ("service_cmd", "device: install an artifact from the HTTP service (URL + read token only)"),
     "report": ("report_cmd", "device: report what loading an artifact did (loads, fails, crashed; times)"),
-    "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one"),
+    "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one; "
+                              "what reports quarantine, and lift it"),
     "help": ("help_cmd", "the error codes (farm help errors) or a command's arguments (farm help COMMAND)"),
 }
 
