@@ -56,6 +56,9 @@ class Cell:
     # Partial offload: an active artifact of the cell leaves nodes on the CPU; their op types.
     partial_offload: bool = False
     cpu_op_types: list[str] = field(default_factory=list)
+    # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries): issue 31.
+    unverified: str | None = None
+    devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
 
     def label(self) -> str:
         if self.state == "failed":
@@ -119,7 +122,7 @@ class Coverage:
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
                        "via": sorted(set(c.via)), "partial_offload": c.partial_offload,
-                       "cpu_op_types": sorted(set(c.cpu_op_types)),
+                       "cpu_op_types": sorted(set(c.cpu_op_types)), "unverified": c.unverified, "devices": c.devices,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -190,6 +193,16 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
             if cell is not None:
                 cell.partial_offload = True
                 cell.cpu_op_types = sorted({*cell.cpu_op_types, *ops})
+    built = select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, Artifact.ctx_model
+                   ).where(Artifact.status == "active")
+    if backend:
+        built = built.where(Artifact.backend == backend)
+    if digests is not None:
+        built = built.where(Artifact.model_digest.in_(digests))
+    for (m, be, soc, tc), why in unverifiable(session.execute(built)).items():
+        if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
+            cell.unverified = why
+    _device_confirmations(session, cells, backend, digests)
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
@@ -218,6 +231,55 @@ def _partial(rows: Any, backend: str | None, digests: list[str] | None, extra: s
         value = as_json(ops)
         out.append((m, b, t, tc, [str(o) for o in value] if isinstance(value, list) else []))
     return out
+
+
+def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
+    """(model, backend, SoC, toolchain) -> why no runtime here can verify that cell, from its active
+    artifacts ``(model, backend, target, toolchain, ctx_model)``: every one of them a weight-shared
+    graph group or a multi-SoC binary (the x86_64 simulator loads neither: ``registry.resolve``).
+    A cell with one plain single-SoC artifact is verifiable and not listed. QNN only."""
+    from registry.resolve import UNVERIFIED_MULTI_SOC, UNVERIFIED_SHARED
+
+    kinds: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for m, be, target, tc, ctx_model in artifacts:
+        if be != "qnn":
+            continue
+        for soc in socs(be, target):
+            kind = ("multi" if soc != target else "") + ("group" if ctx_model == "g0_ctx.onnx" else "")
+            kinds[(m, be, soc, tc)].add(kind or "plain")
+    out = {}
+    for key, seen in kinds.items():
+        if "plain" in seen:
+            continue
+        why = []
+        if any("group" in k for k in seen):
+            why.append(f"built only as a weight-shared graph group ({UNVERIFIED_SHARED})")
+        if any("multi" in k for k in seen):
+            why.append(f"built only as a multi-SoC binary ({UNVERIFIED_MULTI_SOC})")
+        out[key] = "; ".join(why) if len(why) == 1 else \
+            "built only as weight-shared graph groups or multi-SoC binaries (the x86_64 simulator loads neither)"
+    return out
+
+
+def _device_confirmations(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
+                          digests: list[str] | None) -> None:
+    """Distinct devices that reported a cell's active artifacts load, on the cell of the device's
+    own SoC (a multi-SoC artifact: only the SoC that was loaded), struck reports left out."""
+    from registry.models import DeviceReport
+
+    q = (select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc,
+                func.count())
+         .join(DeviceReport, DeviceReport.artifact_id == Artifact.id)
+         .where(Artifact.status == "active", DeviceReport.outcome == "loads", DeviceReport.revoked_at.is_(None))
+         .group_by(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc))
+    if backend:
+        q = q.where(Artifact.backend == backend)
+    if digests is not None:
+        q = q.where(Artifact.model_digest.in_(digests))
+    for m, be, target, tc, soc, n in session.execute(q):
+        cell = cells.get((m, f"{be}:{soc}", tc))
+        if cell is not None and soc in socs(be, target) and cell.state == "built":
+            cell.devices += int(n)
 
 
 def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
@@ -704,6 +766,13 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             if (marked := index.get((m, b, soc, tc))) is not None:
                 marked["partial_offload"] = True
                 marked["cpu_op_types"] = sorted({*marked["cpu_op_types"], *ops})
+    for cell in index.values():
+        cell["unverified"] = None
+    for (m, b, soc, tc), why in unverifiable(rows.rows(
+            "SELECT model_digest, backend, target, toolchain, ctx_model FROM artifacts"
+            f" WHERE model_digest IN ({placeholders}) AND status = 'active' AND backend = 'qnn'", params)).items():
+        if (unverified_cell := index.get((m, b, soc, tc))) is not None and unverified_cell["state"] == "built":
+            unverified_cell["unverified"] = why
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

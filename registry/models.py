@@ -345,7 +345,7 @@ REPORT_OUTCOMES = ("loads", "fails", "crashed")
 class DeviceReport(Base):
     """What a device saw when it loaded an artifact (``POST /v1/reports``). One row per (artifact,
     token, device, runtime): a device reporting again replaces its row (``count`` goes up), so
-    one device never outvotes the fleet. ``revoked_at``: an admin struck the token's reports."""
+    one device never outvotes the fleet. ``revoked_at``: struck (``revoked_why`` says by what)."""
 
     __tablename__ = "device_reports"
     __table_args__ = (
@@ -353,6 +353,9 @@ class DeviceReport(Base):
                          name="uq_device_reports_key"),
         CheckConstraint(f"outcome IN {REPORT_OUTCOMES!r}", name="outcome_known"),
         Index(None, "artifact_id", "runtime_backend", "runtime_version"),
+        # The evidence group (artifact, runtime, SoC) by token: "another token reported here" is two
+        # index seeks (registry.coverage_sql; migration 0010).
+        Index("ix_device_reports_group_token", "artifact_id", "runtime_backend", "runtime_version", "soc", "token_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -362,6 +365,9 @@ class DeviceReport(Base):
     device_model: Mapped[str] = mapped_column(String(128))
     soc: Mapped[str] = mapped_column(String(64))
     os: Mapped[str] = mapped_column(String(128))
+    # The runtime's CPU architecture (issue 31, migration 0010): rows without one predate it and
+    # never count as device evidence.
+    arch: Mapped[str | None] = mapped_column(String(16))
     runtime_backend: Mapped[str] = mapped_column(String(16))
     runtime_version: Mapped[str] = mapped_column(String(64))
     ort_version: Mapped[str] = mapped_column(String(32))
@@ -379,6 +385,8 @@ class DeviceReport(Base):
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why it was struck: revoked by an admin, token revoked, quarantine lifted (migration 0010).
+    revoked_why: Mapped[str | None] = mapped_column(String(64))
 
 
 class CoverageCell(Base):

@@ -22,6 +22,7 @@ STATUS = {
     "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
     "accuracy-below-threshold": 422, "accuracy-unverified": 422, "cancelled": 409,
     "no-published-builds": 404, "package-files-missing": 409, "package-verify-failed": 500,
+    "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # issue 31
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the

@@ -40,6 +40,8 @@ LEGEND = (
     ("missing", "the model was built for this SoC with another SDK, not with this one"),
     ("\u2713probe", "a probe on the farm loaded the built artifact (its verdicts per runtime are listed)"),
     ("\u2713device", "a device reported that it loaded the artifact (POST /v1/reports)"),
+    ("unverified", "built only as weight-shared graph groups or multi-SoC binaries: the x86_64 simulator can't load "
+                   "them, so only devices can confirm the cell (hover for why)"),
     ("loads / fails", "what probes measured under a runtime version: QNN 2.51.0 loads"),
     ("+cpu (ops)", "partial offload: a built artifact leaves these ops on the device's CPU (built without "
                    "--require-full-offload)"),
@@ -173,6 +175,8 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                 if c and c.get("device_verified"):  # how many distinct devices said it loads (issue 23)
                     n = int(c.get("devices") or 0)
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
+                if c and c.get("unverified"):  # built only as groups / multi-SoC binaries (issue 31)
+                    label += " unverified"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
                 if c and c.get("partial_offload"):  # ops left on the device's CPU (issue 30)
@@ -183,7 +187,9 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                     + (f" ({p['loads']}/{p['loads'] + p['fails']})" if p["verdict"] == "mixed" else "") + "</div>"
                     for p in (c or {}).get("verdicts", []))
                 partial = " partial" if c and c.get("partial_offload") else ""
-                out.append(f"<td class='{e(st)}{partial}' data-target='{e(t)}' data-sdk='{e(v)}'>{e(label)}{verdicts}</td>")
+                why = f" title='{e(c['unverified'])}'" if c and c.get("unverified") else ""
+                out.append(f"<td class='{e(st)}{partial}' data-target='{e(t)}' data-sdk='{e(v)}'{why}>"
+                           f"{e(label)}{verdicts}</td>")
             out.append("</tr>")
         out.append("</table>")
     if page.next_cursor:

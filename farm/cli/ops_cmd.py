@@ -215,7 +215,14 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
                                                           "target": c["target"]})
         label = f"failed({','.join(c['codes'])})" if c["state"] == "failed" else c["state"]
         label += " +cpu" if c.get("partial_offload") else ""
-        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label + (" \u2713" if c["probe_verified"] else "")
+        label += " \u2713" if c["probe_verified"] else ""
+        if c.get("devices"):  # device confirmations, as the page shows them
+            label += f" \u2713device\u00d7{c['devices']}"
+        if c.get("unverified"):  # built only as groups / multi-SoC binaries: nothing here can load it
+            label += " unverified"
+        if c.get("via"):  # built as a multi-SoC binary, as the page and the JSON say
+            label += " via " + ",".join(v.partition(":")[2] for v in c["via"])
+        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label
     for (_m, target), row in rows.items():
         for b, v in columns:
             if target.startswith(b + ":"):
@@ -228,6 +235,9 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     if any(c.get("partial_offload") for c in cov["cells"]):
         print("+cpu: partial offload, a built artifact leaves ops on the device's CPU ("
               + (", ".join(partial) or "op types not recorded") + "; farm coverage --json names them per cell)")
+    if any(c.get("unverified") for c in cov["cells"]):
+        print("unverified: built only as weight-shared graph groups or multi-SoC binaries, which the x86_64 simulator "
+              "can't load (--json says why per cell); via: the multi-SoC build it counts")
     return 0
 
 

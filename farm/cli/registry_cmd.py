@@ -231,6 +231,8 @@ def _show_evidence(info: dict[str, Any]) -> None:
         print("accuracy  not checked (farm build --accuracy, --min-psnr, or FARM_ACCURACY=after)")
     for d in info.get("devices") or []:
         times = f", load p50 {d['load_ms_p50']:g} ms" if d.get("load_ms_p50") is not None else ""
-        err = f", last error: {d['last_error'][:80]}" if d.get("last_error") else ""
+        from farm.core.text import printable  # stored device text: escaped (issue 31)
+
+        err = f", last error: {printable(d['last_error'][:80])}" if d.get("last_error") else ""
         print(f"devices   {d['runtime']} {d['soc']}: {d['loads']} load, {d['fails']} fail, {d['crashed']} crashed "
               f"({d['devices']} device(s)){times}{err}")

@@ -141,11 +141,22 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                      allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
     reported = None
     if getattr(args, "report", False):
-        from farm.cli.report_cmd import install_report
+        # A report that can't be sent (or won't be: a simulator host) never fails a good install:
+        # the exit status and stdout stay as without --report, a warning says why (issue 32).
+        from farm.cli.report_cmd import NotReportingError, install_report
+        from farm.core.errors import translate
+        from farm.core.text import printable
 
-        reported = install_report(args, result, qnn)
-        if not args.json:
-            print(f"reported {reported['outcome']} (report {reported['report']})", file=sys.stderr)
+        try:
+            reported = install_report(args, result, qnn)
+        except NotReportingError as exc:
+            print(f"warning: not reporting: {exc}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - any failure of the report is a warning here
+            err = translate(exc)
+            print(f"warning: the report was not sent ({err.code}): {printable(err.message)}", file=sys.stderr)
+        else:
+            if not args.json:
+                print(f"reported {reported['outcome']} (report {reported['report']})", file=sys.stderr)
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),

@@ -52,6 +52,9 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── NoPublishedBuildsError   no-published-builds  farm package: the model has no published build to package
     ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
     ├── PackageVerifyError       package-verify-failed  farm package: the package failed its check (not published)
+    ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
+    ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
+    ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
 """
@@ -427,6 +430,26 @@ class PackageVerifyError(FarmError):
     summary = ("`farm package`: the package failed its check before publication (ORT could not open it, a file "
                "did not hash right, or the CPU variant was not selected or did not run); nothing was published")
     default_hint = "this is a ctxfarm or onnxruntime bug for this model: the message names the failed check"
+class NotDeviceEvidenceError(FarmError):
+    code = "not-device-evidence"
+    summary = ("a device report from a host the farm itself could be (QNN on x86_64/x86: the HTP simulator): "
+               "never device evidence (422)")
+    default_hint = "report from the device (aarch64/armv7); the farm's own probes already cover the simulator"
+    exit_code = 2
+
+
+class ReportSocMismatchError(FarmError):
+    code = "report-soc-mismatch"
+    summary = "a device report naming an SoC the artifact was not built for (a multi-SoC build: none of its SoCs) (422)"
+    default_hint = "report the artifact your device resolved for its own SoC"
+    exit_code = 2
+
+
+class ReportRuntimeMismatchError(FarmError):
+    code = "report-runtime-mismatch"
+    summary = "a device report from a runtime the compatibility rule refuses for that build (e.g. older SDK) (422)"
+    default_hint = "devices refine the rule, never override it: resolve for this runtime and report what it answered"
+    exit_code = 2
 
 
 class Interrupted(KeyboardInterrupt):

@@ -61,6 +61,9 @@ STABLE_CODES = {
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
     "LocalOnlyError": "local-only",
+    "NotDeviceEvidenceError": "not-device-evidence",  # issue 31
+    "ReportSocMismatchError": "report-soc-mismatch",
+    "ReportRuntimeMismatchError": "report-runtime-mismatch",
 }
 
 
