@@ -302,6 +302,7 @@ class RouteGuard:
 
         calls = _dependencies(route)
         self.inner = inner
+        self.methods = set(route.methods or ())
         self.page = any(getattr(c, "page", False) for c in calls)
         self.needed = next((c.needed for c in calls if hasattr(c, "needed")), None)
         streamed = next((c.body_limit for c in calls if hasattr(c, "body_limit")), None)
@@ -315,8 +316,8 @@ class RouteGuard:
             self.limit_of = lambda _request: NO_BODY
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.inner(scope, receive, send)
+        if scope["type"] != "http" or (self.methods and scope["method"] not in self.methods):
+            await self.inner(scope, receive, send)  # the route answers 405 itself
             return
         request = Request(scope, receive)
         limit = int(self.limit_of(request))
@@ -389,11 +390,25 @@ def _replay(body: bytes, receive: Any) -> Any:
     return wrapped
 
 
-def guard_routes(app: Any) -> None:
-    """A ``RouteGuard`` around every route of ``app`` (called once the routes are all included,
-    so a route added later is guarded too)."""
+def app_routes(app: Any) -> list[Any]:
+    """Every route of ``app``, those of included routers too (FastAPI keeps an included router
+    as one entry whose own router holds its routes)."""
     from starlette.routing import Route
 
-    for route in app.router.routes:
-        if isinstance(route, Route) and not isinstance(route.app, RouteGuard):
-            route.app = RouteGuard(route, route.app)
+    out, todo = [], list(app.router.routes)
+    while todo:
+        route = todo.pop(0)
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            todo[:0] = list(inner.routes)
+        elif isinstance(route, Route):
+            out.append(route)
+    return out
+
+
+def guard_routes(app: Any) -> None:
+    """A ``RouteGuard`` around every route of ``app`` (its ``handle``, which the router calls
+    for a direct route and an included one alike). Called once the routes are all included."""
+    for route in app_routes(app):
+        if not isinstance(route.handle, RouteGuard):
+            route.handle = RouteGuard(route, route.handle)

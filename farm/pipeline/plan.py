@@ -115,6 +115,22 @@ def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: lis
     return None
 
 
+def check_tag_free(reg: Registry, digest: str, name: str | None, tag: str | None, force_tag: bool) -> None:
+    """tag-conflict *before* any blob is stored, so a refused request leaves nothing in the store
+    (``record_snapshot`` checks again in its own transaction)."""
+    if not (name and tag) or force_tag:
+        return
+    from sqlalchemy import select
+
+    from registry.index import set_tag
+    from registry.models import Tag
+
+    with reg.db.session() as s:
+        current = s.scalar(select(Tag.model_digest).where(Tag.name == name, Tag.tag == tag))
+        if current is not None and current != digest:
+            set_tag(s, name, tag, digest)  # raises tag-conflict, having written nothing
+
+
 def check_support(matrix: Sequence[tuple[Target, str]], *, group: bool) -> None:
     """Weight sharing and multi-SoC refusals (``farm.core.groups.check_build_support``) for
     every (target, toolchain) asked for, before anything is written."""
@@ -180,6 +196,8 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
                       group=any(isinstance(b, GroupBundle) for b in bundles))
         reports: list[BuildReport] = []
         planned: list[tuple[Target, states.BuildSpec, int, Progress]] = []
+        for bundle in bundles:
+            check_tag_free(reg, bundle.digest, name, tag, force_tag)
         for i, bundle in enumerate(bundles):
             files = store_snapshot(reg, bundle)
             listen = progress[i] if i < len(progress) else no_progress
@@ -405,6 +423,8 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
         # Something will be sent: the broker must answer before anything is written.
         app = app or shared_app(settings)
         check_broker(app)
+    if store is not None:
+        check_tag_free(reg, model_digest, request.name, request.tag, request.force_tag)
     files = store() if store is not None else None
     to_send: list[tuple[int, str]] = []
     with reg.db.session() as s:
