@@ -307,10 +307,12 @@ class RouteGuard:
         self.needed = next((c.needed for c in calls if hasattr(c, "needed")), None)
         streamed = next((c.body_limit for c in calls if hasattr(c, "body_limit")), None)
         self.buffered = streamed is None and isinstance(route, APIRoute) and route.body_field is not None
+        # A plain Starlette route (the device reports' fast path; the API document) checks its own
+        # token and declared size (reports: 16 KiB) in that order; here only what it reads is counted.
+        self.own_checks = not isinstance(route, APIRoute)
         if streamed is not None:
             self.limit_of: Any = streamed
-        elif self.buffered or not isinstance(route, APIRoute):
-            # A plain route (the device reports' fast path) caps its own body lower still.
+        elif self.buffered or self.own_checks:
             self.limit_of = lambda _request: JSON_MAX_BODY
         else:
             self.limit_of = lambda _request: NO_BODY
@@ -332,9 +334,14 @@ class RouteGuard:
             except (E.UnauthorizedError, E.ForbiddenError):
                 await drain(request, limit)
                 raise
+        if self.own_checks:
+            await self.inner(scope, counted, send)
+            return
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise E.TooLargeError(f"{too_large} ({declared[:20]} declared)")
+        if limit == NO_BODY and declared is None and "transfer-encoding" in request.headers:
+            raise E.TooLargeError(f"{request.method} {request.url.path[:80]} takes no body")  # nothing acts on it
         if self.buffered:
             body = bytearray()
             async for chunk in request.stream():
