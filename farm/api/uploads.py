@@ -235,6 +235,6 @@ def _unzip(upload: Path, dest: Path, budget: Budget) -> None:
                 # Headers can lie: what is decompressed is counted as it comes, member by member.
                 with zf.open(i) as src:
                     _copy(_Counted(src, budget), inside(dest, i.filename), budget)
-    except (*ZIP_ERRORS, UnsafePathError) as exc:
+    except ZIP_ERRORS + (UnsafePathError,) as exc:
         raise InvalidModelError(f"not a readable zip archive: {_reason(exc)}",
                                 hint="the archive is damaged (a bad CRC, cut short): make it again") from None

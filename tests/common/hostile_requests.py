@@ -21,7 +21,7 @@ def route_requests(app: Any) -> list[tuple[str, str]]:
     """(method, path) for every route and method of ``app`` (HEAD aside: GET covers it)."""
     from farm.api.deps import app_routes
 
-    out = set()
+    out: set[tuple[str, str]] = set()
     for route in app_routes(app):
         path = re.sub(r"\{(\w+)(:\w+)?\}", lambda m: PATH_VALUES.get(m.group(1), "1"), route.path)
         out.update((method, path) for method in route.methods or () if method != "HEAD")

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from infra.devfarm.services import free_port
 from tests.common.accuracy_models import matmul_model
 from tests.common.cli import farm
 from tests.common.groups import prefill_decode
+from tests.common.hostile_archives import bad_crc, many_entries
 from tests.common.hostile_requests import peak_rss_mib, route_requests, send
 from tests.common.onnx_models import conv_relu_add
 from tests.common.registry_state import snapshot
@@ -227,28 +227,6 @@ def npz(**arrays: Any) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
-
-
-def many_entries(n: int) -> bytes:
-    """A zip of ``n`` empty members, written directly (zipfile takes minutes for 250,000)."""
-    local, central, offset = bytearray(), bytearray(), 0
-    for i in range(n):
-        name = f"{i}.npy".encode()
-        header = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, len(name), 0) + name
-        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, 0, 0, 0, len(name),
-                               0, 0, 0, 0, 0, offset) + name
-        local += header
-        offset += len(header)
-    count = min(n, 0xFFFF)
-    return bytes(local + central + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(central),
-                                               offset, 0))
-
-
-def bad_crc(data: bytes, array: np.ndarray) -> bytes:
-    """The .npz with a byte of ``array``'s data flipped: a valid header, a CRC that no longer matches."""
-    out = bytearray(data)
-    out[data.index(array.tobytes()) + 10] ^= 0xFF
-    return bytes(out)
 
 
 def test_hostile_sample_archives_are_bad_samples_never_internal_errors(tmp_path: Path) -> None:
