@@ -58,6 +58,10 @@ STABLE_CODES = {
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
     "LocalOnlyError": "local-only",
+    "BadSamplesError": "bad-samples",  # issue 32
+    "QuotaUploadsError": "quota-uploads",
+    "QuotaUploadBytesError": "quota-upload-bytes",
+    "QuotaReleasesError": "quota-releases",
 }
 
 
