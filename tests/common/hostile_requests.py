@@ -81,3 +81,9 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
+
+
+def reset_peak(pid: int) -> float:
+    """Reset the process's peak RSS to its current RSS (``clear_refs`` 5); that value, MiB."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return peak_rss_mib(pid)
