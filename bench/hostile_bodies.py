@@ -131,7 +131,8 @@ def main() -> None:
         cells = []
         for label, _ in trees:
             r = result[label][i]
-            cells.append(f"{r['status']!s:>16} {'' if r['peak_growth_mib'] is None else '+%.1f MiB' % r['peak_growth_mib']:>11}")
+            grown = "" if r["peak_growth_mib"] is None else f"+{r['peak_growth_mib']:.1f} MiB"
+            cells.append(f"{r['status']!s:>16} {grown:>11}")
         print(f"{row['case']:60} " + " ".join(cells))
     out = ROOT / "bench" / "out" / f"{args.out}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
