@@ -272,6 +272,15 @@ def test_cli_group_files_are_depth_capped_and_leave_nothing_behind(settings: Set
     proc = farm(env, "build", "--group-file", str(deep), "-t", "qnn:SM8650", check=False)
     assert proc.returncode == 2 and "error[bad-group]" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
+    # farm build --samples with a damaged .npz: bad-samples (exit 2) before anything is built, not exit 70.
+    x = np.random.default_rng(3).standard_normal((1, 64)).astype(np.float32)
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(bad_crc(npz(x=x), x))
+    model = matmul_model(tmp_path / "mm.onnx")
+    proc = farm(env, "build", str(model), "-t", "qnn:SM8650", "--samples", str(damaged), check=False)
+    assert proc.returncode == 2 and "error[bad-samples]" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(farm(env, "ls", "--json").stdout) == []
+
     prefill, decode = prefill_decode(tmp_path / "g")
     graphs = ["--graph", f"prefill={prefill}", "--graph", f"decode={decode}"]
     out = json.loads(farm(env, "build", *graphs, "-t", "qnn:SM8650", "--name", "g", "--tag", "v1", "--json").stdout)
