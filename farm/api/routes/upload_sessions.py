@@ -193,9 +193,12 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
         room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
             _held_elsewhere, reg, upload, await run_in_threadpool(_owner, reg, upload))
         with _exclusive(d):
-            out = await _append(request, settings, upload, d / "data", upload_offset, limit, room)
-        await run_in_threadpool(_record, reg, upload, int(out["offset"]))
-        return out
+            try:
+                return await _append(request, settings, upload, d / "data", upload_offset, limit, room)
+            finally:
+                # What the session holds now, however the piece ended (a cut connection keeps
+                # what arrived): the quota counts it, and the session was touched.
+                await run_in_threadpool(_record, reg, upload, (d / "data").stat().st_size)
     except E.FarmError:
         await drain(request, limit)
         raise
