@@ -262,6 +262,11 @@ class Release(Base):
     label: Mapped[str | None] = mapped_column(String(255))
     matrix: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The token that submitted it through the service (None: a local `farm submit`): only it or an
+    # admin cancels it. A cancelled release no longer wants its builds; a build is cancelled once
+    # no release wants it (farm.pipeline.cancel).
+    owner_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ReleaseBuild(Base):
@@ -292,6 +297,20 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class UploadSession(Base):
+    """A resumable upload (``POST /v1/uploads``): owned by the token that opened it, its bytes
+    counted against that token's quota; untouched for FARM_UPLOAD_TTL_S it expires. The bytes
+    themselves are in ``FARM_HOME/uploads/session-ID`` (the id is the server's random hex)."""
+
+    __tablename__ = "upload_sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    touched_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 ACCURACY_STATUSES = ("ok", "runtime-crashed", "skipped", "unverified")

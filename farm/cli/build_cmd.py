@@ -84,7 +84,10 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
     group = group_of(args, settings)
     if group is not None:
-        return run_group(group, args, settings)
+        try:
+            return run_group(group, args, settings)
+        finally:
+            group.cleanup()  # its temporary group.json, on success, refusal and Ctrl-C alike
     if not args.model:
         from farm.core.errors import UsageError
 

@@ -97,9 +97,12 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "server", None):
         return _submit_group_remote(args, settings)
     group = group_of(args, settings)
-    st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
-                        tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
-                        force_tag=args.force_tag, require_full_offload=args.require_full_offload)
+    try:
+        st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
+                            tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
+                            force_tag=args.force_tag, require_full_offload=args.require_full_offload)
+    finally:
+        group.cleanup()  # its temporary group.json, however the submit ends
     if not args.json:
         print(f"release {st.release_id} ({st.model}): group of {len(group.names)} graphs "
               f"({', '.join(group.names)}): {_counts_text(st.builds)}", file=sys.stderr)

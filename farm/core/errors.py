@@ -57,6 +57,10 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
+    (UsageError ─ BadSamplesError bad-samples       sample inputs that are not a readable .npz for the model)
+    (RateLimitedError ─ QuotaUploadsError      quota-uploads       a token over FARM_QUOTA_UPLOADS open upload sessions)
+    (RateLimitedError ─ QuotaUploadBytesError  quota-upload-bytes  a token's upload sessions over FARM_QUOTA_UPLOAD_MB)
+    (RateLimitedError ─ QuotaReleasesError     quota-releases      a token over FARM_QUOTA_RELEASES releases in progress)
 """
 
 from __future__ import annotations
@@ -450,6 +454,29 @@ class ReportRuntimeMismatchError(FarmError):
     summary = "a device report from a runtime the compatibility rule refuses for that build (e.g. older SDK) (422)"
     default_hint = "devices refine the rule, never override it: resolve for this runtime and report what it answered"
     exit_code = 2
+class BadSamplesError(UsageError):
+    code = "bad-samples"
+    summary = ("sample inputs that are not a readable `.npz` of plain arrays for this model (too many members, "
+               "a bad CRC, truncated, a group's digest)")
+    default_hint = "np.savez('inputs.npz', **{input_name: array}) with one array per input of the one model"
+
+
+class QuotaUploadsError(RateLimitedError):
+    code = "quota-uploads"
+    summary = "HTTP: the token holds `FARM_QUOTA_UPLOADS` open upload sessions (429)"
+    default_hint = "complete or abandon this token's open uploads (they expire after FARM_UPLOAD_TTL_S)"
+
+
+class QuotaUploadBytesError(RateLimitedError):
+    code = "quota-upload-bytes"
+    summary = "HTTP: the token's open upload sessions would hold over `FARM_QUOTA_UPLOAD_MB` (429)"
+    default_hint = "complete this token's open uploads first (they expire after FARM_UPLOAD_TTL_S)"
+
+
+class QuotaReleasesError(RateLimitedError):
+    code = "quota-releases"
+    summary = "HTTP: the token has `FARM_QUOTA_RELEASES` releases with builds still queued or running (429)"
+    default_hint = "wait for this token's releases to finish (or cancel some), then submit again"
 
 
 class Interrupted(KeyboardInterrupt):

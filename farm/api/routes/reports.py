@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.routing import Route
 
-from farm.api.deps import RegistryDep, admin, read, receive_body, submit
+from farm.api.deps import RegistryDep, admin, read, receive_body, submit_before_body
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -432,7 +432,13 @@ def revoke_token_reports(reg: RegistryDep, token: Annotated[str, Query(min_lengt
         return {"revoked": revoke(s, token_name=token)}
 
 
-@router.post("/v1/models/{digest}/samples", dependencies=[submit], tags=["submit"])
+def _samples_cap(_request: Request) -> int:
+    from registry.evidence import MAX_SAMPLE_BYTES
+
+    return MAX_SAMPLE_BYTES
+
+
+@router.post("/v1/models/{digest}/samples", dependencies=[submit_before_body(_samples_cap)], tags=["submit"])
 async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[str, Any]:
     """The submitter's sample inputs for a model's accuracy checks (docs/evidence.md): an ``.npz``
     (``numpy.savez``) with one array per model input, checked against the model (names, dtypes,
@@ -459,6 +465,7 @@ async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[
 
 def store_samples(reg: Any, model_digest: str, path: Any, work: Any) -> dict[str, Any]:
     """Check ``path`` against the stored model, store it as a blob, record it for the model."""
+    from farm.core.groups import GROUP_FILE
     from registry.evidence import check_samples, record_samples
     from registry.models import Model
     from registry.store.base import download, put_file
@@ -468,6 +475,9 @@ def store_samples(reg: Any, model_digest: str, path: Any, work: Any) -> dict[str
         if model is None or not model.files:
             raise E.NotFoundError(f"no model {model_digest}", hint="upload it first (POST /v1/models)")
         onnx_file = dict(model.files[0])
+    if onnx_file.get("path") == GROUP_FILE or not str(onnx_file.get("path", "")).endswith(".onnx"):
+        raise E.BadSamplesError(f"{model_digest} is not a single .onnx model (a graph group?): sample inputs are "
+                                "one model's", hint="post each graph's samples to that graph's own model digest")
     graph = work / "model.onnx"  # the graph only: external data is not needed to read the inputs
     download(reg.store, onnx_file["digest"], graph, size=int(onnx_file["size"]))
     inputs = check_samples(path, graph)

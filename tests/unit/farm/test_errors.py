@@ -64,6 +64,10 @@ STABLE_CODES = {
     "NotDeviceEvidenceError": "not-device-evidence",  # issue 31
     "ReportSocMismatchError": "report-soc-mismatch",
     "ReportRuntimeMismatchError": "report-runtime-mismatch",
+    "BadSamplesError": "bad-samples",  # issue 32
+    "QuotaUploadsError": "quota-uploads",
+    "QuotaUploadBytesError": "quota-upload-bytes",
+    "QuotaReleasesError": "quota-releases",
 }
 
 
