@@ -62,6 +62,22 @@ def test_a_partly_offloaded_build_is_flagged_everywhere(settings: Settings, farm
     models = valid("coverage-missing", farm(farm_env, "coverage", "--missing", "--json", check=False).stdout)
     assert models == []  # built, if only partly offloaded: nothing missing
 
+    # The drill-down (GET /v1/coverage/models) and the /coverage page read the same marks.
+    from farm.api.page import render_page
+    from registry.coverage import models_page
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            (m,) = models_page(s).models
+            page = render_page(s)
+    finally:
+        reg.close()
+    (c,) = m.cells
+    assert (c["partial_offload"], c["cpu_op_types"]) == (True, ["Gemm"])
+    assert "+cpu (Gemm)" in page and "class='built partial'" in page
+
 
 def test_a_fully_offloaded_build_says_so(settings: Settings, farm_env: dict[str, str]) -> None:
     doc = valid("build", farm(farm_env, "build", str(light("squeezenet")), "-t", "qnn:SM8750", "--name", "sq",
