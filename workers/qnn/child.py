@@ -63,6 +63,53 @@ def _session_options(provider_options: dict[str, str] | None):  # type: ignore[n
     return ort, so
 
 
+def _varint(data: bytes, at: int) -> tuple[int, int] | None:
+    """The protobuf varint at ``data[at:]`` and the offset after it (None past 10 bytes)."""
+    value = shift = 0
+    for i in range(at, min(at + 10, len(data))):
+        value |= (data[i] & 0x7F) << shift
+        shift += 7
+        if not data[i] & 0x80:
+            return value, i + 1
+    return None
+
+
+def ir_version_of(head: bytes) -> int | None:
+    """A serialized ModelProto's ``ir_version`` (field 1, a varint) when it is the first field,
+    as onnx and onnxruntime write it; None otherwise."""
+    if not head or head[0] != 0x08:
+        return None
+    got = _varint(head, 1)
+    return got[0] if got else None
+
+
+# The IR version onnxruntime 1.24 to 1.31 write context models in (1.24.4 measured; 1.31.1
+# refuses newer), which every device runtime of the worker pins reads.
+CONTEXT_IR = 13
+
+
+def keep_ir_version(ctx_path: str, source_path: str) -> int | None:
+    """Write the context model in IR ``max(source's, CONTEXT_IR)`` when onnxruntime wrote a newer
+    one: onnxruntime 1.32 writes IR 14, which onnxruntime 1.31 and older refuse before the EP sees
+    the context, so a device whose runtime ran the source model (and loaded contexts the farm made
+    before) could not load it. The context holds only the source's nodes and EPContext nodes,
+    which IR 13 describes. Patched in place, one byte for one (both versions under 128), so the
+    file's size is unchanged whatever it holds; returns the version written, or None if left."""
+    with open(source_path, "rb") as f:
+        source = ir_version_of(f.read(16))
+    with open(ctx_path, "r+b") as f:
+        head = f.read(16)
+        written = ir_version_of(head)
+        if source is None or written is None or len(head) < 2 or head[1] != written:
+            return None  # not first, or a multi-byte varint: leave the file as onnxruntime wrote it
+        wanted = max(source, CONTEXT_IR)
+        if not 0 < wanted < written < 128:
+            return None
+        f.seek(1)
+        f.write(bytes([wanted]))
+    return wanted
+
+
 def compile_model(req: dict[str, Any]) -> dict[str, Any]:
     ort, so = _session_options(req["provider_options"])
     so.add_session_config_entry("ep.context_enable", "1")
@@ -80,6 +127,8 @@ def compile_model(req: dict[str, Any]) -> dict[str, Any]:
     ort.InferenceSession(os.path.basename(req["model"]), so, enable_fallback=0)
     result: dict[str, Any] = {"compile_seconds": time.perf_counter() - start,
                               "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
+    if os.path.exists(req["ctx_path"]):
+        keep_ir_version(req["ctx_path"], os.path.basename(req["model"]))
     if req.get("describe"):
         result["descriptions"] = describe_outputs(os.path.dirname(req["ctx_path"]))
     if req.get("verify_load"):
@@ -139,6 +188,8 @@ def compile_group(req: dict[str, Any]) -> dict[str, Any]:
             so.add_session_config_entry("ep.context_file_path", m["ctx_path"])
             so.add_session_config_entry("ep.context_embed_mode", "0")
             ort.InferenceSession(name, so, enable_fallback=0)
+        if os.path.exists(m["ctx_path"]):
+            keep_ir_version(m["ctx_path"], name)
         graphs.append({"compile_seconds": time.perf_counter() - t0,
                        "peak_rss_kib": _vm_hwm_kib()})
         checkpoint({"compile_seconds": time.perf_counter() - start, "graphs": graphs})

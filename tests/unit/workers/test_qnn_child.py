@@ -62,3 +62,34 @@ def test_placement_counts_each_op_type_left_on_the_cpu(tmp_path) -> None:  # typ
     assert len(eps) == 1 and placement == {"ep_nodes": 1, "cpu_nodes": 3, "cpu_op_types": ["Erf", "Gemm"],
                                            "cpu_op_counts": {"Erf": 1, "Gemm": 2}}
     assert compat == {"QNNExecutionProvider": "v2:6:2.51.0"}
+
+
+def test_context_ir_version_kept_readable_by_older_runtimes(tmp_path: Path) -> None:
+    """onnxruntime 1.32 writes context models in IR 14, which onnxruntime <= 1.31 refuses before
+    the EP sees them: the child writes IR max(source's, 13) instead, one byte patched in place;
+    a source newer than 13 keeps its own, and a file whose first field is not ir_version is left."""
+    import onnx
+
+    from workers.qnn.child import CONTEXT_IR, ir_version_of, keep_ir_version
+
+    def model(path: Path, ir: int) -> Path:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = ir
+        onnx.save(m, path)
+        return path
+
+    src, ctx = model(tmp_path / "src.onnx", 8), model(tmp_path / "ctx.onnx", 14)
+    size = ctx.stat().st_size
+    assert keep_ir_version(str(ctx), str(src)) == CONTEXT_IR == 13
+    assert onnx.load(ctx).ir_version == 13 and ctx.stat().st_size == size
+    onnx.checker.check_model(onnx.load(ctx))
+    assert keep_ir_version(str(ctx), str(src)) is None  # already 13: nothing to do
+    newer_src, ctx2 = model(tmp_path / "src14.onnx", 14), model(tmp_path / "ctx2.onnx", 14)
+    assert keep_ir_version(str(ctx2), str(newer_src)) is None and onnx.load(ctx2).ir_version == 14
+    odd = tmp_path / "odd.onnx"
+    odd.write_bytes(b"\x12\x07ctxfarm" + ctx.read_bytes()[2:])  # producer first: not touched
+    before = odd.read_bytes()
+    assert ir_version_of(before) is None and keep_ir_version(str(odd), str(src)) is None and odd.read_bytes() == before
