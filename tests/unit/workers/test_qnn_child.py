@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from onnx import TensorProto, helper
 
 from workers.childproc import _prefault_mb
