@@ -325,3 +325,18 @@ def test_a_reinstall_moves_only_what_the_destination_lacks(mode: str, tmp_path: 
         assert got.downloaded_bytes == len(BIN) and not (dest / "model_ctx_qnn.bin").is_symlink()
         assert outside.read_bytes() == BIN and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
     assert sorted(os.listdir(dest.parent)) == ["sq"]
+
+
+@pytest.mark.parametrize("connections", [0, 17, -1])
+def test_connections_out_of_bounds_are_a_usage_error(connections: int, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing is asked of the service for a connection count outside 1 to MAX_CONNECTIONS."""
+    scenario = fresh()
+    with hostile_service(scenario) as url:
+        with pytest.raises(FarmError) as exc:
+            install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "sq", connections=connections)
+        assert exc.value.code == "usage" and exc.value.hint
+        rc = main(["--server", url, "--model", "sq:stable", "--soc", SOC, "--qnn", QNN, "--dest",
+                   str(tmp_path / "sq"), "--connections", str(connections)])
+    assert rc == 2 and "error[usage]" in capsys.readouterr().err
+    assert scenario.seen == [] and not (tmp_path / "sq").exists()
