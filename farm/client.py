@@ -63,7 +63,7 @@ from farm.core.errors import (
 )
 from farm.core.keys import is_digest, parse_version
 from farm.core.names import inside, safe_relative
-from farm.core.placement import STAGING_MARK, destination, staged
+from farm.core.placement import STAGING_MARK, destination, file_lock, staged
 from farm.core.untrusted import (
     BACKENDS,
     check_digest,
@@ -363,11 +363,16 @@ class Client:
         A blob of at least ``RANGED_FROM`` bytes with ``connections`` > 1 comes in ranges of
         ``RANGE_PART`` bytes over that many connections at once (``_download_ranged``); a smaller
         one, or one from a service that ignores ``Range``, in one stream."""
-        if dest.is_symlink() or (dest.exists() and not dest.is_file()):
-            _remove(dest)
-        if connections > 1 and size >= RANGED_FROM:
-            return self._download_ranged(digest, dest, size=size, connections=min(connections, MAX_CONNECTIONS))
-        return self._download_stream(digest, dest, size=size)
+        # Two installs into one place share the partial directory: one writes a blob at a time.
+        lock = dest.with_name(dest.name + ".lock")
+        if lock.is_symlink():
+            lock.unlink()
+        with file_lock(lock):
+            if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+                _remove(dest)
+            if connections > 1 and size >= RANGED_FROM:
+                return self._download_ranged(digest, dest, size=size, connections=min(connections, MAX_CONNECTIONS))
+            return self._download_stream(digest, dest, size=size)
 
     def _download_stream(self, digest: str, dest: Path, *, size: int) -> int:
         """One stream, resumed from the contiguous bytes kept at the start of ``dest``."""
