@@ -448,7 +448,7 @@ class Client:
                 except BaseException:
                     resp.close()
                     raise
-                final = resp.geturl()
+                final = resp.url
                 state.direct = final if final != url else None
                 self._run_ranges(digest, url, fd, state, resp, plan, connections)
             state.hash_upto(fd, size)
@@ -543,7 +543,7 @@ class Client:
             if direct is None:
                 raise
             resp = self._get_range(url, True, rng)
-            final = resp.geturl()
+            final = resp.url
             state.direct = final if final != url else None
         try:
             if resp.status != 206:
