@@ -471,7 +471,6 @@ class Client:
         """Workers take the planned ranges in order (the first one's answer already open); the
         first failure stops them all, what each wrote is recorded, and that failure is raised."""
         import queue
-        import threading
 
         todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         for r in plan[1:]:
