@@ -1199,7 +1199,10 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Install a compiled context from a ctxfarm service into --dest.")
     p.add_argument("--server", default=os.environ.get("FARM_SERVER"), help="e.g. http://farm:8080 (FARM_SERVER)")
     p.add_argument("--token", default=os.environ.get("FARM_TOKEN"), help="read token (FARM_TOKEN)")
-    p.add_argument("--model", "-m", required=True, help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--model", "-m", help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--package", metavar="NAME:TAG",
+                   help="instead of --model: the ORT model package of NAME:TAG (every variant; onnxruntime >= 1.32 "
+                        "picks one)")
     p.add_argument("--soc", help="device SoC (Build.SOC_MODEL), e.g. SM8650")
     p.add_argument("--qnn", metavar="VERSION", help="the device's QNN runtime version, e.g. 2.51.0")
     p.add_argument("--detect", action="store_true", help="read --qnn from the onnxruntime-qnn installed here")
@@ -1221,15 +1224,20 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.server:
             raise UsageError("ctxfarm-install needs --server (or FARM_SERVER)", hint="e.g. --server http://farm:8080")
-        qnn = detect_qnn() if args.detect else args.qnn
-        result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn, gpu=args.gpu,
-                         trt=args.trt, platform=args.platform,
-                         trusted_keys=list(parse_trusted_keys(env.get("FARM_TRUSTED_KEYS", ""))),
-                         require_signature=args.require_signature
-                         or parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),
-                         allow_unsigned=args.allow_unsigned
-                         or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
-                         timeout=args.timeout, connections=args.connections)
+        if bool(args.model) == bool(args.package):
+            raise UsageError("ctxfarm-install needs --model NAME:TAG or --package NAME:TAG, one of them")
+        policy = {"trusted_keys": list(parse_trusted_keys(env.get("FARM_TRUSTED_KEYS", ""))),
+                  "require_signature": args.require_signature
+                  or parse_bool("FARM_REQUIRE_SIGNATURE", env.get("FARM_REQUIRE_SIGNATURE")),
+                  "allow_unsigned": args.allow_unsigned or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
+                  "timeout": args.timeout}
+        if args.package:
+            result = install_package(args.server, args.token, args.package, dest=args.dest, **policy)
+        else:
+            qnn = detect_qnn() if args.detect else args.qnn
+            result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn,
+                             gpu=args.gpu, trt=args.trt, platform=args.platform, connections=args.connections,
+                             **policy)
     except Exception as exc:  # the boundary: documented codes only
         from farm.core.errors import translate
 
@@ -1254,3 +1262,63 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
+                          signatures: list[dict[str, str]] | None = None, required: bool = False,
+                          allow_unsigned: bool = False) -> InstallResult:
+    """An ORT model package (``farm package --server``, issue 30) into ``dest``: its record
+    fetched by ``digest`` (at most ``size`` bytes, checked against the digest), the signature
+    policy applied to that digest, then every file it lists fetched by its digest (each size
+    and sha256 verified, resuming) and the whole swapped into place atomically. The result's
+    ``ctx_model`` is the package's ``manifest.json`` (``ModelPackageContext`` opens its folder)."""
+    from farm.core.packages import MANIFEST, check_record
+
+    if not is_digest(digest) or not isinstance(size, int) or not 0 < size <= MAX_ANSWER_BYTES:
+        raise ServerError("the package answer names no valid record", hint=HINT_SERVER)
+    data = client.manifest_bytes(digest, size)
+    try:
+        doc = check_record(_parse_json(data, f"package {digest[7:19]}", ManifestError))
+    except ManifestError as exc:
+        raise ManifestError(exc.message, hint=HINT_SERVER) from None
+    signed_by = _check_signatures(digest, signatures or [], list(trusted or []), required=required,
+                                  allow_unsigned=allow_unsigned)
+    out = destination(Path(dest))
+    partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
+    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
+        _remove(partial)
+    partial.mkdir(exist_ok=True)
+    files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
+    _check_room(partial, files)
+    resumed, received = 0, client.received
+    for f in files:  # a large variant in parallel ranges, as an artifact's files
+        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"], connections=CONNECTIONS)
+    with staged(out) as staging:
+        for d in doc["directories"]:
+            inside(staging, d).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            target = inside(staging, f["name"])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(partial / f["digest"][7:], target)
+            except OSError:
+                shutil.copyfile(partial / f["digest"][7:], target)
+    shutil.rmtree(partial, ignore_errors=True)
+    return InstallResult(digest, out / MANIFEST, [out / safe_relative(f["name"]) for f in files],
+                         sum(int(f["size"]) for f in files), resumed, signed_by, client.received - received)
+
+
+def install_package(server: str, token: str | None, ref: str, *, dest: str | os.PathLike[str],
+                    trusted_keys: list[str] | None = None, require_signature: bool = False,
+                    allow_unsigned: bool = False, timeout: float = 60.0) -> InstallResult:
+    """``farm install --package NAME:TAG``: the newest ORT model package made of NAME:TAG's
+    current model (``GET /v1/packages?ref=``, a read token: it makes nothing), installed as
+    ``install_package_files`` does."""
+    client = Client(server, token, timeout=timeout)
+    answer = client.json("GET", "/v1/packages", ref=ref)
+    if not isinstance(answer, dict) or not isinstance(answer.get("record_size"), int):
+        raise ServerError("the package answer is not a JSON object with a record_size", hint=HINT_SERVER)
+    sigs = answer.get("signatures") if isinstance(answer.get("signatures"), list) else []
+    return install_package_files(client, str(answer.get("digest")), answer["record_size"], Path(dest),
+                                 trusted=trusted_keys or [], signatures=sigs, required=require_signature,
+                                 allow_unsigned=allow_unsigned)

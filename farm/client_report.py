@@ -30,7 +30,13 @@ MAX_ERROR_CHARS = 4000  # the service refuses longer error texts: the tail is ke
 OUTCOMES = ("loads", "fails", "crashed")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# What the service refuses in free text (farm.core.text.unprintable: Unicode categories Cc, Cf,
+# Zl, Zp, Cs, Co, Cn: controls incl. CR/LF/tab and C1, format and bidi characters); here each is
+# replaced by a space before sending (this module is standard library only, like farm.client).
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+# Hosts the farm itself could be (registry.reports.FARM_HOSTS): a QNN runtime there is the HTP
+# simulator, and the service refuses its reports (422 not-device-evidence).
+SIMULATOR_ARCHES = frozenset({"x86_64", "amd64", "x64", "x86-64", "x86", "i386", "i686"})
 
 
 def device_id() -> str:
@@ -56,9 +62,24 @@ def device_id() -> str:
 
 
 def _text(value: str | None, limit: int) -> str | None:
+    import unicodedata
+
     if value is None:
         return None
-    return _CONTROL.sub(" ", str(value))[:limit]
+    text = str(value)
+    if not (text.isascii() and text.isprintable()):
+        text = "".join(" " if unicodedata.category(ch) in _HIDDEN else ch for ch in text)
+    return text[:limit]
+
+
+def host_arch() -> str:
+    """This machine's CPU architecture as the service takes it (``platform.machine()``)."""
+    return platform.machine() or "unknown"
+
+
+def is_simulator_host(arch: str | None = None) -> bool:
+    """Whether a QNN runtime here would be the HTP simulator (x86_64/x86): never device evidence."""
+    return (arch or host_arch()).strip().lower() in SIMULATOR_ARCHES
 
 
 def make_report(*, artifact: str, soc: str, runtime_version: str, outcome: str, onnxruntime: str,
@@ -66,8 +87,9 @@ def make_report(*, artifact: str, soc: str, runtime_version: str, outcome: str, 
                 ep_package: str | None = None, ep_version: str | None = None, driver: str | None = None,
                 error: str | None = None, load_ms: float | None = None, first_inference_ms: float | None = None,
                 peak_memory_mb: float | None = None, fingerprint: str | None = None,
-                psnr_db: float | None = None) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/reports``, checked (a usage error names the bad field)."""
+                psnr_db: float | None = None, arch: str | None = None) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/reports``, checked (a usage error names the bad field).
+    ``arch``: the CPU architecture the runtime ran on (default: this machine's)."""
     if not isinstance(artifact, str) or not _DIGEST.fullmatch(artifact):
         raise UsageError(f"artifact {str(artifact)[:80]!r} is not a manifest digest (sha256:...)")
     if outcome not in OUTCOMES:
@@ -79,6 +101,7 @@ def make_report(*, artifact: str, soc: str, runtime_version: str, outcome: str, 
         "artifact": artifact, "device_id": ident,
         "device_model": _text(device_model or platform.node() or "unknown", 128),
         "soc": str(soc)[:64], "os": _text(os_name or f"{platform.system()} {platform.release()}".strip(), 128),
+        "arch": str(arch or host_arch())[:16],
         "runtime_version": str(runtime_version)[:64], "onnxruntime": str(onnxruntime)[:32], "outcome": outcome,
         "reported_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }

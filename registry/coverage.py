@@ -53,6 +53,12 @@ class Cell:
     # (runtime backend, runtime version) -> what probes of this cell's artifacts said
     evidence: dict[tuple[str, str], Evidence] = field(default_factory=dict)
     via: list[str] = field(default_factory=list)  # multi-SoC targets (qnn:A+B) built into this SoC's cell
+    # Partial offload: an active artifact of the cell leaves nodes on the CPU; their op types.
+    partial_offload: bool = False
+    cpu_op_types: list[str] = field(default_factory=list)
+    # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries): issue 31.
+    unverified: str | None = None
+    devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
 
     def label(self) -> str:
         if self.state == "failed":
@@ -115,7 +121,8 @@ class Coverage:
             "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
-                       "via": sorted(set(c.via)),
+                       "via": sorted(set(c.via)), "partial_offload": c.partial_offload,
+                       "cpu_op_types": sorted(set(c.cpu_op_types)), "unverified": c.unverified, "devices": c.devices,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -180,11 +187,99 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
             if cell_state == "built" and soc != target:
                 cell.via.append(f"{be}:{target}")
     runtimes = _evidence(session, cells, backend, digests)
+    for model, be, target, toolchain, ops in _partial(rows_of(session), backend, digests):
+        for soc in socs(be, target):
+            cell = cells.get((model, f"{be}:{soc}", toolchain))
+            if cell is not None:
+                cell.partial_offload = True
+                cell.cpu_op_types = sorted({*cell.cpu_op_types, *ops})
+    built = select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, Artifact.ctx_model
+                   ).where(Artifact.status == "active")
+    if backend:
+        built = built.where(Artifact.backend == backend)
+    if digests is not None:
+        built = built.where(Artifact.model_digest.in_(digests))
+    for (m, be, soc, tc), why in unverifiable(session.execute(built)).items():
+        if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
+            cell.unverified = why
+    _device_confirmations(session, cells, backend, digests)
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
     return Coverage({b: sorted(v, key=parse_version) for b, v in toolchains.items()}, cells, order, tags, names,
                     runtimes)
+
+
+def _partial(rows: Any, backend: str | None, digests: list[str] | None, extra: str = "",
+             params: dict[str, Any] | None = None) -> list[tuple[str, str, str, str, list[str]]]:
+    """(model, backend, target, toolchain, op types) of each active artifact that leaves nodes on
+    the CPU (a partial offload; op types [] where not recorded), for the cells to mark."""
+    p: dict[str, Any] = dict(params or {})
+    sql = ("SELECT model_digest, backend, target, toolchain, cpu_op_types FROM artifacts a"
+           " WHERE a.status = 'active' AND a.nodes_cpu > 0" + extra)
+    if backend:
+        sql += " AND a.backend = :p_backend"
+        p["p_backend"] = backend
+    if digests is not None:
+        if not digests:
+            return []
+        placeholders, ps = in_params("p", digests)
+        sql += f" AND a.model_digest IN ({placeholders})"
+        p.update(ps)
+    out = []
+    for m, b, t, tc, ops in rows.rows(sql, p):
+        value = as_json(ops)
+        out.append((m, b, t, tc, [str(o) for o in value] if isinstance(value, list) else []))
+    return out
+
+
+def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
+    """(model, backend, SoC, toolchain) -> why no runtime here can verify that cell, from its active
+    artifacts ``(model, backend, target, toolchain, ctx_model)``: every one of them a weight-shared
+    graph group or a multi-SoC binary (the x86_64 simulator loads neither: ``registry.resolve``).
+    A cell with one plain single-SoC artifact is verifiable and not listed. QNN only."""
+    from registry.resolve import UNVERIFIED_MULTI_SOC, UNVERIFIED_SHARED
+
+    kinds: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for m, be, target, tc, ctx_model in artifacts:
+        if be != "qnn":
+            continue
+        for soc in socs(be, target):
+            kind = ("multi" if soc != target else "") + ("group" if ctx_model == "g0_ctx.onnx" else "")
+            kinds[(m, be, soc, tc)].add(kind or "plain")
+    out = {}
+    for key, seen in kinds.items():
+        if "plain" in seen:
+            continue
+        why = []
+        if any("group" in k for k in seen):
+            why.append(f"built only as a weight-shared graph group ({UNVERIFIED_SHARED})")
+        if any("multi" in k for k in seen):
+            why.append(f"built only as a multi-SoC binary ({UNVERIFIED_MULTI_SOC})")
+        out[key] = "; ".join(why) if len(why) == 1 else \
+            "built only as weight-shared graph groups or multi-SoC binaries (the x86_64 simulator loads neither)"
+    return out
+
+
+def _device_confirmations(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
+                          digests: list[str] | None) -> None:
+    """Distinct devices that reported a cell's active artifacts load, on the cell of the device's
+    own SoC (a multi-SoC artifact: only the SoC that was loaded), struck reports left out."""
+    from registry.models import DeviceReport
+
+    q = (select(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc,
+                func.count())
+         .join(DeviceReport, DeviceReport.artifact_id == Artifact.id)
+         .where(Artifact.status == "active", DeviceReport.outcome == "loads", DeviceReport.revoked_at.is_(None))
+         .group_by(Artifact.model_digest, Artifact.backend, Artifact.target, Artifact.toolchain, DeviceReport.soc))
+    if backend:
+        q = q.where(Artifact.backend == backend)
+    if digests is not None:
+        q = q.where(Artifact.model_digest.in_(digests))
+    for m, be, target, tc, soc, n in session.execute(q):
+        cell = cells.get((m, f"{be}:{soc}", tc))
+        if cell is not None and soc in socs(be, target) and cell.state == "built":
+            cell.devices += int(n)
 
 
 def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,
@@ -228,7 +323,7 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
 # pages models by (first name, digest) with a keyset cursor and reads the page's cells only.
 
 from registry.coverage_sql import COUNTERS  # noqa: E402
-from registry.lite import Rows, in_params, rows_of  # noqa: E402
+from registry.lite import Rows, as_json, in_params, rows_of  # noqa: E402
 
 CELL_STATES = ("built", "building", "broken", "failed", "missing")
 PAGE_MAX = 200
@@ -618,7 +713,8 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             continue
         cell = {"target": f"{b}:{t}", "toolchain": tc, "state": state, "builds": int(builds), "codes": [],
                 "probe_verified": state == "built" and int(probe) > 0,
-                "device_verified": state == "built" and int(device) > 0, "verdicts": [], "via": []}
+                "device_verified": state == "built" and int(device) > 0, "verdicts": [], "via": [],
+                "partial_offload": False, "cpu_op_types": []}
         cells[m].append(cell)
         index[(m, b, t, tc)] = cell
     for m, b, t, tc, code in rows.rows(
@@ -662,6 +758,21 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
     _device_evidence(rows, placeholders, params, be is not None, index)
+    # Partial offload: the page's active artifacts that leave nodes on the CPU.
+    only = (" AND a.backend = :f_backend AND (a.target = :f_target OR a.target LIKE :f_multi)"
+            if be is not None else "")
+    for m, b, t, tc, ops in _partial(rows, None, digests, only, params):
+        for soc in socs(b, t):
+            if (marked := index.get((m, b, soc, tc))) is not None:
+                marked["partial_offload"] = True
+                marked["cpu_op_types"] = sorted({*marked["cpu_op_types"], *ops})
+    for cell in index.values():
+        cell["unverified"] = None
+    for (m, b, soc, tc), why in unverifiable(rows.rows(
+            "SELECT model_digest, backend, target, toolchain, ctx_model FROM artifacts"
+            f" WHERE model_digest IN ({placeholders}) AND status = 'active' AND backend = 'qnn'", params)).items():
+        if (unverified_cell := index.get((m, b, soc, tc))) is not None and unverified_cell["state"] == "built":
+            unverified_cell["unverified"] = why
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

@@ -35,7 +35,9 @@ COUNTERS = ("cells", "built", "building", "broken", "failed", "probe_verified", 
 
 # Per cell, from its builds (``b``) and their artifacts (``a``); ``t`` is the cell's target (a
 # SoC; ``b.target`` may be a multi-SoC target naming it): device-verified when a device of that
-# SoC reported (registry.reports, not revoked) that it loaded the artifact.
+# SoC reported (registry.reports: admitted, not struck) that it loaded the artifact (migration
+# 0010: the report's own SoC, never the build's). No column newer than 0008 here: the migrations
+# before 0010 run this code too.
 def cell_counts(t: str) -> str:
     return f"""
 count(*) AS builds,
@@ -49,7 +51,7 @@ coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS 
   THEN 1 ELSE 0 END), 0) AS probe_verified,
 coalesce(sum(CASE WHEN b.state = 'succeeded' AND a.status = 'active' AND EXISTS (
   SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id AND r.outcome = 'loads' AND r.revoked_at IS NULL
-  AND (b.target = {t} OR r.soc = {t}))
+  AND r.soc = {t})
   THEN 1 ELSE 0 END), 0) AS device_verified"""
 
 
@@ -195,12 +197,44 @@ def rebuild(dialect: str) -> list[str]:
 _MODEL_TAGS = "SELECT DISTINCT model_digest, tag FROM tags"
 
 
+# ---- device reports: touch and bump only on what can change (issues 31, 33) -------------------------
+#
+# A fleet sends reports by the thousand: a touch (locks, a delta, a cell rewrite) and a generation
+# bump (every cached resolve answer of the model dropped) per report row was most of what a
+# report cost the database, and what made resolve's tail grow while reports arrived. A report row
+# changes a coverage cell only when it is the first live ``loads`` of its (artifact, SoC) (the
+# lowest id: in a multi-row insert the triggers see the whole statement), or when an update
+# changes its outcome, SoC or whether it is struck; it can change a resolve answer only when
+# another token has a live report in its (artifact, runtime, SoC) group: device evidence counts
+# from two distinct tokens on (registry.reports.MIN_TOKENS), so one token's reports never move it.
+# No column newer than 0008 is named here: the migrations before 0010 run this code too.
+
+def _first_live_loads(row: str) -> str:
+    return (f"{row}.outcome = 'loads' AND {row}.revoked_at IS NULL AND NOT EXISTS (SELECT 1 FROM device_reports r"
+            f" WHERE r.artifact_id = {row}.artifact_id AND r.soc = {row}.soc AND r.outcome = 'loads'"
+            f" AND r.revoked_at IS NULL AND r.id < {row}.id)")
+
+
+def _another_token(row: str) -> str:
+    # Two range seeks on ix_device_reports_group_token (below and above this token), not a scan of
+    # every report of one token.
+    group = (f"SELECT 1 FROM device_reports r WHERE r.artifact_id = {row}.artifact_id"
+             f" AND r.runtime_backend = {row}.runtime_backend AND r.runtime_version = {row}.runtime_version"
+             f" AND r.soc = {row}.soc AND r.revoked_at IS NULL AND r.token_id")
+    return f"(EXISTS ({group} < {row}.token_id) OR EXISTS ({group} > {row}.token_id))"
+
+
+def _report_changed(distinct: str) -> str:
+    return (f"(OLD.outcome {distinct} NEW.outcome OR OLD.soc {distinct} NEW.soc"
+            f" OR (OLD.revoked_at IS NULL) <> (NEW.revoked_at IS NULL))")
+
+
 # ---- PostgreSQL ---------------------------------------------------------------------------------
 
 _PG_FUNCTIONS = ("coverage_touch(varchar, varchar, varchar, varchar)",
                  "coverage_touch_build(varchar, varchar, varchar, varchar)", "model_generation_bump(varchar)",
                  "coverage_builds_trigger()", "coverage_artifacts_trigger()", "coverage_verdicts_trigger()",
-                 "coverage_tags_trigger()",
+                 "coverage_reports_trigger()", "coverage_tags_trigger()",
                  "coverage_signatures_trigger()")
 _PG_TRIGGERS = (("coverage_builds", "builds"), ("coverage_builds_state", "builds"),
                 ("coverage_artifacts", "artifacts"), ("coverage_artifacts_status", "artifacts"),
@@ -296,6 +330,34 @@ BEGIN
   PERFORM model_generation_bump(a.model_digest) FROM artifacts a WHERE a.id = aid;
   RETURN NULL;
 END $$""",
+        f"""CREATE FUNCTION coverage_reports_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  row_ device_reports%ROWTYPE;
+  touch boolean;
+  bump boolean;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    row_ := OLD;
+    touch := OLD.outcome = 'loads' AND OLD.revoked_at IS NULL;
+    bump := true;
+  ELSIF TG_OP = 'UPDATE' AND {_report_changed("IS DISTINCT FROM")} THEN
+    row_ := NEW;
+    touch := true;
+    bump := true;
+  ELSE  -- a new report, or a device reporting again (a replay)
+    row_ := NEW;
+    touch := TG_OP = 'INSERT' AND {_first_live_loads("NEW")};
+    bump := {_another_token("NEW")};
+  END IF;
+  IF touch THEN
+    PERFORM coverage_touch_build(a.model_digest, a.backend, a.target, a.toolchain) FROM artifacts a
+      WHERE a.id = row_.artifact_id;
+  END IF;
+  IF bump THEN
+    PERFORM model_generation_bump(a.model_digest) FROM artifacts a WHERE a.id = row_.artifact_id;
+  END IF;
+  RETURN NULL;
+END $$""",
         """CREATE FUNCTION coverage_signatures_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   subject varchar;
@@ -319,7 +381,7 @@ END $$""",
         "CREATE TRIGGER coverage_verdicts AFTER INSERT OR UPDATE OR DELETE ON compat_verdicts"
         " FOR EACH ROW EXECUTE FUNCTION coverage_verdicts_trigger()",
         "CREATE TRIGGER coverage_reports AFTER INSERT OR UPDATE OR DELETE ON device_reports"
-        " FOR EACH ROW EXECUTE FUNCTION coverage_verdicts_trigger()",
+        " FOR EACH ROW EXECUTE FUNCTION coverage_reports_trigger()",
         "CREATE TRIGGER coverage_signatures AFTER INSERT OR UPDATE OR DELETE ON signatures"
         " FOR EACH ROW EXECUTE FUNCTION coverage_signatures_trigger()",
         "CREATE TRIGGER coverage_tags AFTER INSERT OR UPDATE OR DELETE ON tags"
@@ -338,6 +400,7 @@ _SQLITE_TRIGGERS = ("coverage_builds_insert", "coverage_builds_delete", "coverag
                     "coverage_artifacts_insert", "coverage_artifacts_delete", "coverage_artifacts_status",
                     "coverage_verdicts_insert", "coverage_verdicts_update", "coverage_verdicts_delete",
                     "coverage_reports_insert", "coverage_reports_update", "coverage_reports_delete",
+                    "coverage_reports_insert_bump", "coverage_reports_replay_bump", "coverage_reports_delete_bump",
                     "coverage_signatures_insert", "coverage_signatures_delete",
                     "coverage_tags_insert", "coverage_tags_delete", "coverage_tags_update",
                     "coverage_touches_do", "coverage_build_touches_do", "model_generation_bumps_do")
@@ -360,6 +423,14 @@ def _sqlite_install() -> list[str]:
         return ("INSERT INTO coverage_build_touches (model_digest, backend, target, toolchain)"
                 f" SELECT model_digest, backend, target, toolchain FROM artifacts WHERE id = {row}.artifact_id;"
                 " INSERT INTO model_generation_bumps (model_digest)"
+                f" SELECT model_digest FROM artifacts WHERE id = {row}.artifact_id;")
+
+    def touch_only(row: str) -> str:
+        return ("INSERT INTO coverage_build_touches (model_digest, backend, target, toolchain)"
+                f" SELECT model_digest, backend, target, toolchain FROM artifacts WHERE id = {row}.artifact_id;")
+
+    def bump_only(row: str) -> str:
+        return ("INSERT INTO model_generation_bumps (model_digest)"
                 f" SELECT model_digest FROM artifacts WHERE id = {row}.artifact_id;")
 
     def tags(row: str, sign: int) -> str:
@@ -399,9 +470,17 @@ def _sqlite_install() -> list[str]:
         f"CREATE TRIGGER coverage_verdicts_insert AFTER INSERT ON compat_verdicts BEGIN {via_artifact('NEW')} END",
         f"CREATE TRIGGER coverage_verdicts_update AFTER UPDATE ON compat_verdicts BEGIN {via_artifact('NEW')} END",
         f"CREATE TRIGGER coverage_verdicts_delete AFTER DELETE ON compat_verdicts BEGIN {via_artifact('OLD')} END",
-        f"CREATE TRIGGER coverage_reports_insert AFTER INSERT ON device_reports BEGIN {via_artifact('NEW')} END",
-        f"CREATE TRIGGER coverage_reports_update AFTER UPDATE ON device_reports BEGIN {via_artifact('NEW')} END",
-        f"CREATE TRIGGER coverage_reports_delete AFTER DELETE ON device_reports BEGIN {via_artifact('OLD')} END",
+        f"CREATE TRIGGER coverage_reports_insert AFTER INSERT ON device_reports WHEN {_first_live_loads('NEW')}"
+        f" BEGIN {touch_only('NEW')} END",
+        f"CREATE TRIGGER coverage_reports_insert_bump AFTER INSERT ON device_reports WHEN {_another_token('NEW')}"
+        f" BEGIN {bump_only('NEW')} END",
+        f"CREATE TRIGGER coverage_reports_update AFTER UPDATE ON device_reports WHEN {_report_changed('IS NOT')}"
+        f" BEGIN {via_artifact('NEW')} END",
+        "CREATE TRIGGER coverage_reports_replay_bump AFTER UPDATE ON device_reports"
+        f" WHEN NOT {_report_changed('IS NOT')} AND {_another_token('NEW')} BEGIN {bump_only('NEW')} END",
+        "CREATE TRIGGER coverage_reports_delete AFTER DELETE ON device_reports"
+        f" WHEN OLD.outcome = 'loads' AND OLD.revoked_at IS NULL BEGIN {touch_only('OLD')} END",
+        f"CREATE TRIGGER coverage_reports_delete_bump AFTER DELETE ON device_reports BEGIN {bump_only('OLD')} END",
         f"CREATE TRIGGER coverage_tags_insert AFTER INSERT ON tags BEGIN {tags('NEW', 1)} END",
         f"CREATE TRIGGER coverage_tags_delete AFTER DELETE ON tags BEGIN {tags('OLD', -1)} END",
         "CREATE TRIGGER coverage_tags_update AFTER UPDATE OF model_digest, tag ON tags"

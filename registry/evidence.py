@@ -162,52 +162,92 @@ def model_inputs(model_path: Any) -> list[tuple[str, str | None, list[int | str 
     return out
 
 
+MAX_SAMPLE_MEMBERS = 1024  # arrays in one .npz: one per model input
+SAMPLES_HINT = "np.savez('inputs.npz', **{input_name: array}): one array per input of the one model"
+
+
 def check_samples(npz_path: Any, model_path: Any, *, max_bytes: int = MAX_SAMPLE_BYTES) -> list[dict[str, Any]]:
     """Validate an uploaded ``.npz`` against the model's inputs, as any upload: bounded size (the
-    file and every array it expands to), ``allow_pickle=False``, one array per input with its
-    name, dtype, rank and fixed dims, nothing else. Returns the arrays' (name, dtype, shape)."""
-    import zipfile
+    file and every array it expands to), at most ``MAX_SAMPLE_MEMBERS`` arrays (counted before
+    the directory is parsed: ``farm.core.archives``), ``allow_pickle=False``, one array per input
+    with its name, dtype, rank and fixed dims, nothing else; every array read to its end, so a bad
+    CRC or a cut member is found. Returns the arrays' (name, dtype, shape). Refusals are
+    ``bad-samples`` (``too-large`` past the size)."""
     from pathlib import Path
 
     import numpy as np
 
-    from farm.core.errors import TooLargeError, UsageError
+    from farm.core.archives import ZIP_ERRORS, open_zip, reason
+    from farm.core.errors import BadSamplesError, TooLargeError
 
     path = Path(npz_path)
     size = path.stat().st_size
     if size > max_bytes:
         raise TooLargeError(f"the sample inputs are {size} bytes, over {max_bytes}")
     try:
-        with zipfile.ZipFile(path) as z:
-            members = z.infolist()
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise UsageError(f"the sample inputs are not an .npz (numpy.savez) file: {exc}",
-                         hint="np.savez('inputs.npz', **{input_name: array})") from None
-    if sum(m.file_size for m in members) > max_bytes:
-        raise TooLargeError(f"the sample arrays expand to over {max_bytes} bytes")
-    names = [m.filename for m in members]
-    if any(not n.endswith(".npy") or "/" in n or "\\" in n for n in names):
-        raise UsageError(f"the .npz holds members that are not plain arrays: {names[:5]}")
-    wanted = model_inputs(model_path)
-    got_names = sorted(n.removesuffix(".npy") for n in names)
-    if got_names != sorted(w[0] for w in wanted):
-        raise UsageError(f"the sample arrays {got_names[:20]} are not the model's inputs "
-                         f"{sorted(w[0] for w in wanted)[:20]}", hint="one array per model input, named as it")
+        wanted = model_inputs(model_path)
+    except Exception as exc:  # a graph onnx cannot read (or a group's manifest): no inputs to check against
+        raise BadSamplesError(f"the model's inputs could not be read to check the samples against: "
+                              f"{type(exc).__name__}", hint="sample inputs are for a single .onnx model") from None
     out = []
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            for name, dtype, dims in wanted:
-                arr = z[name]
-                if dtype is None or arr.dtype != np.dtype(dtype):
-                    raise UsageError(f"sample {name!r} is {arr.dtype}, the model's input is {dtype}")
-                if arr.ndim != len(dims) or any(isinstance(d, int) and d > 0 and d != n
-                                                for d, n in zip(dims, arr.shape, strict=True)):
-                    raise UsageError(f"sample {name!r} has shape {list(arr.shape)}, the model's input is "
-                                     f"{[d if d else '?' for d in dims]}")
-                out.append({"name": name, "dtype": str(arr.dtype), "shape": list(arr.shape)})
-    except (ValueError, OSError, EOFError) as exc:  # pickled objects, truncated arrays
-        raise UsageError(f"the sample inputs could not be read as plain arrays: {str(exc)[:200]}") from None
+    with open_zip(path, max_members=MAX_SAMPLE_MEMBERS, error=BadSamplesError, what=".npz (numpy.savez) file",
+                  hint=SAMPLES_HINT) as z:
+        members = z.infolist()
+        if sum(m.file_size for m in members) > max_bytes:
+            raise TooLargeError(f"the sample arrays expand to over {max_bytes} bytes")
+        names = [m.filename for m in members]
+        if any(not n.endswith(".npy") or "/" in n or "\\" in n for n in names):
+            raise BadSamplesError(f"the .npz holds members that are not plain arrays: {names[:5]}", hint=SAMPLES_HINT)
+        got_names = sorted(n.removesuffix(".npy") for n in names)
+        if got_names != sorted(w[0] for w in wanted):
+            raise BadSamplesError(f"the sample arrays {got_names[:20]} are not the model's inputs "
+                                  f"{sorted(w[0] for w in wanted)[:20]}", hint="one array per model input, named as it")
+        for name, dtype, dims in wanted:
+            try:
+                arr = _read_npy(z, z.getinfo(f"{name}.npy"))
+            except ValueError as exc:  # pickled objects, a bad .npy header, too few bytes
+                raise BadSamplesError(f"sample {name!r} could not be read as a plain array: {str(exc)[:200]}",
+                                      hint=SAMPLES_HINT) from None
+            except ZIP_ERRORS as exc:
+                raise BadSamplesError(f"sample {name!r} is damaged in the .npz: {reason(exc)}",
+                                      hint="the file is corrupt (a bad CRC, cut short): save it again") from None
+            if dtype is None or arr.dtype != np.dtype(dtype):
+                raise BadSamplesError(f"sample {name!r} is {arr.dtype}, the model's input is {dtype}")
+            if arr.ndim != len(dims) or any(isinstance(d, int) and d > 0 and d != n
+                                            for d, n in zip(dims, arr.shape, strict=True)):
+                raise BadSamplesError(f"sample {name!r} has shape {list(arr.shape)}, the model's input is "
+                                      f"{[d if d else '?' for d in dims]}")
+            out.append({"name": name, "dtype": str(arr.dtype), "shape": list(arr.shape)})
     return out
+
+
+def _read_npy(z: Any, info: Any) -> Any:
+    """One ``.npy`` member, its header read first: an object dtype (a pickle) or a shape that
+    needs more bytes than the member holds is refused before anything is allocated; then read to
+    the member's end, where zipfile checks the CRC."""
+    import math
+
+    import numpy as np
+
+    fmt = np.lib.format
+    with z.open(info) as src:
+        version = fmt.read_magic(src)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(src)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(src)
+        else:
+            raise ValueError(f".npy format version {version} is not read here (1.0 and 2.0 are)")
+        if dtype.hasobject:
+            raise ValueError("the array holds Python objects (a pickle): plain numeric arrays only")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > info.file_size:
+            raise ValueError(f"its header declares {nbytes} bytes of data, the member holds {info.file_size}")
+        data = src.read(nbytes)
+        if len(data) != nbytes:
+            raise ValueError(f"the array is cut short ({len(data)} of {nbytes} bytes)")
+        src.read()  # to the member's end: its CRC is checked there
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def record_samples(s: Session, model_digest: str, digest: str, size: int, inputs: list[dict[str, Any]]) -> None:

@@ -273,11 +273,14 @@ def get_build(session: Session, build_id: int) -> Build:
 def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, manifest_size: int,
                     ctx_model: str, files: list[dict[str, Any]], ep_sdk_version: str | None,
                     compile_seconds: float, nodes_ep: int, nodes_cpu: int,
-                    description: dict[str, Any] | None = None) -> Artifact:
+                    description: dict[str, Any] | None = None, cpu_op_types: list[str] | None = None,
+                    compatibility: dict[str, str] | None = None) -> Artifact:
     """Insert the artifact of a build, in the caller's transaction (which also moves the build
     to succeeded, guarded). A previous artifact of the build that was marked broken is replaced:
     its rows go, its blobs stay for gc. Call only after every blob is in the store. The targets
-    it serves (``artifact_targets``): its own, or each SoC of a multi-SoC target (``A+B``)."""
+    it serves (``artifact_targets``): its own, or each SoC of a multi-SoC target (``A+B``).
+    ``cpu_op_types``: the op types left on the CPU (the manifest's placement); ``compatibility``:
+    the EP's own compatibility string by EP name (the manifest's)."""
     from registry.models import ArtifactTarget
 
     build = get_build(session, build_id)
@@ -291,6 +294,8 @@ def insert_artifact(session: Session, build_id: int, *, manifest_digest: str, ma
         ctx_model=ctx_model, ep_sdk_version=ep_sdk_version, compile_seconds=compile_seconds,
         size=sum(int(f["size"]) for f in files if f["role"] in ("ctx-model", "context")),
         nodes_ep=nodes_ep, nodes_cpu=nodes_cpu, description=description,
+        cpu_op_types=list(cpu_op_types) if cpu_op_types is not None else None,
+        compatibility=dict(compatibility) if compatibility is not None else None,
     )
     artifact.files = [ArtifactFile(name=f["name"], role=f["role"], digest=f["digest"], size=f["size"],
                                    media_type=f["mediaType"]) for f in files]

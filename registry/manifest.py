@@ -32,15 +32,20 @@ def make_manifest(
     log: dict[str, Any] | None,
     graphs: list[dict[str, Any]] | None = None,
     description: dict[str, Any] | None = None,
+    compatibility: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``graphs``: a graph group's graphs in order (name, source model digest, its context model
     and the binaries it uses); ``description``: what the context binaries say about themselves
-    (QNN System API), checked against the request. Each key is present only when given."""
+    (QNN System API), checked against the request; ``compatibility``: the EP's own compatibility
+    string by EP name (``{"QNNExecutionProvider": "v2:6:2.51.0:..."}``, the context model's
+    ``ep_compatibility_info.<EP>``; {} where the EP wrote none). Each key is present only when given."""
     extra: dict[str, Any] = {}
     if graphs is not None:
         extra["graphs"] = graphs
     if description is not None:
         extra["description"] = description
+    if compatibility is not None:
+        extra["compatibility"] = dict(sorted(compatibility.items()))
     return {
         **extra,
         "schemaVersion": SCHEMA_VERSION,

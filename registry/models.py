@@ -148,6 +148,11 @@ class Artifact(Base):
     # toolchain that built them (graphs, inputs/outputs, SoC, sizes), the check against the
     # requested graphs, and ``unverified`` (why no runtime here can load it) where that applies.
     description: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The op types the build left on the CPU (partial offload; [] when fully offloaded), and the
+    # EP's own compatibility string by EP name (``ep_compatibility_info.<EP>`` of the context
+    # model): both also in the manifest; NULL for artifacts published before migration 0012.
+    cpu_op_types: Mapped[list[str] | None] = mapped_column(JSON)
+    compatibility: Mapped[dict[str, str] | None] = mapped_column(JSON)
 
     build: Mapped[Build] = relationship(back_populates="artifact")
     files: Mapped[list[ArtifactFile]] = relationship(
@@ -257,6 +262,11 @@ class Release(Base):
     label: Mapped[str | None] = mapped_column(String(255))
     matrix: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The token that submitted it through the service (None: a local `farm submit`): only it or an
+    # admin cancels it. A cancelled release no longer wants its builds; a build is cancelled once
+    # no release wants it (farm.pipeline.cancel).
+    owner_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ReleaseBuild(Base):
@@ -287,6 +297,20 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class UploadSession(Base):
+    """A resumable upload (``POST /v1/uploads``): owned by the token that opened it, its bytes
+    counted against that token's quota; untouched for FARM_UPLOAD_TTL_S it expires. The bytes
+    themselves are in ``FARM_HOME/uploads/session-ID`` (the id is the server's random hex)."""
+
+    __tablename__ = "upload_sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    touched_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 ACCURACY_STATUSES = ("ok", "runtime-crashed", "skipped", "unverified")
@@ -340,7 +364,7 @@ REPORT_OUTCOMES = ("loads", "fails", "crashed")
 class DeviceReport(Base):
     """What a device saw when it loaded an artifact (``POST /v1/reports``). One row per (artifact,
     token, device, runtime): a device reporting again replaces its row (``count`` goes up), so
-    one device never outvotes the fleet. ``revoked_at``: an admin struck the token's reports."""
+    one device never outvotes the fleet. ``revoked_at``: struck (``revoked_why`` says by what)."""
 
     __tablename__ = "device_reports"
     __table_args__ = (
@@ -348,6 +372,9 @@ class DeviceReport(Base):
                          name="uq_device_reports_key"),
         CheckConstraint(f"outcome IN {REPORT_OUTCOMES!r}", name="outcome_known"),
         Index(None, "artifact_id", "runtime_backend", "runtime_version"),
+        # The evidence group (artifact, runtime, SoC) by token: "another token reported here" is two
+        # index seeks (registry.coverage_sql; migration 0010).
+        Index("ix_device_reports_group_token", "artifact_id", "runtime_backend", "runtime_version", "soc", "token_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -357,6 +384,9 @@ class DeviceReport(Base):
     device_model: Mapped[str] = mapped_column(String(128))
     soc: Mapped[str] = mapped_column(String(64))
     os: Mapped[str] = mapped_column(String(128))
+    # The runtime's CPU architecture (issue 31, migration 0010): rows without one predate it and
+    # never count as device evidence.
+    arch: Mapped[str | None] = mapped_column(String(16))
     runtime_backend: Mapped[str] = mapped_column(String(16))
     runtime_version: Mapped[str] = mapped_column(String(64))
     ort_version: Mapped[str] = mapped_column(String(32))
@@ -374,6 +404,8 @@ class DeviceReport(Base):
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why it was struck: revoked by an admin, token revoked, quarantine lifted (migration 0010).
+    revoked_why: Mapped[str | None] = mapped_column(String(64))
 
 
 class CoverageCell(Base):
@@ -427,3 +459,23 @@ class ModelGeneration(Base):
 
     model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
     generation: Mapped[int] = mapped_column(BigInteger)
+
+
+class ModelPackageRow(Base):
+    """An ORT model package (issue 30, ``farm.core.packages``): made from a model's published
+    builds, verified, its files in the store. ``digest`` is its record's (a blob); ``inputs`` what
+    it was made from (model, NAME:TAG, every artifact digest): UNIQUE, so the same inputs are
+    answered from the index and a new build makes a new package."""
+
+    __tablename__ = "model_packages"
+    __table_args__ = (UniqueConstraint("digest"), UniqueConstraint("inputs"), _digest_check("digest"),
+                      Index(None, "model_digest"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    inputs: Mapped[str] = mapped_column(String(64))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))
+    ref: Mapped[str] = mapped_column(String(400))
+    size: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -63,6 +63,10 @@ class Candidate:
     build: BuildRef
     probe: Probe | None = None
     status: str = "active"
+    nodes_ep: int | None = None
+    nodes_cpu: int | None = None
+    cpu_op_types: list[str] | None = None  # None: published before they were recorded (migration 0012)
+    compatibility: dict[str, str] | None = None  # EP name -> the EP's own compatibility string
     files: list[FileRow] = field(default_factory=list)
     signatures: list[tuple[str, str]] = field(default_factory=list)  # (public key, signature), oldest first
 
@@ -78,7 +82,7 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
     (indexes: artifacts (model_digest, backend, target, toolchain), compat_verdicts
     (artifact_id); the UNIQUE verdict key makes the outer join one row per artifact)."""
     sql = ("SELECT a.id, a.digest, a.target, a.toolchain, a.options_digest, a.ctx_model, a.created_at, b.options,"
-           " v.verdict, v.detail, v.recorded_at"
+           " v.verdict, v.detail, v.recorded_at, a.nodes_ep, a.nodes_cpu, a.cpu_op_types, a.compatibility"
            " FROM artifacts a JOIN builds b ON b.id = a.build_id"
            " LEFT JOIN compat_verdicts v ON v.artifact_id = a.id AND v.runtime_backend = :backend"
            " AND v.runtime_version = :runtime AND v.source = :probe"
@@ -93,7 +97,8 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
     return [Candidate(id=r[0], digest=r[1], model_digest=model_digest, backend=backend, target=r[2],
                       toolchain=r[3], options_digest=r[4], ctx_model=r[5], created_at=as_datetime(r[6]),
                       build=BuildRef(as_json(r[7]) or {}),
-                      probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None)
+                      probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None,
+                      nodes_ep=r[11], nodes_cpu=r[12], cpu_op_types=as_json(r[13]), compatibility=as_json(r[14]))
             for r in rows.rows(sql, params)]
 
 
@@ -214,6 +219,7 @@ class BuildAnswer:
     target: str = ""
     attempts: int = 0
     worker: str | None = None
+    cpu_op_types: list[str] | None = None
 
 
 def builds_by_key(rows: Rows, keys: list[str]) -> dict[str, BuildAnswer]:
@@ -221,10 +227,12 @@ def builds_by_key(rows: Rows, keys: list[str]) -> dict[str, BuildAnswer]:
     if not keys:
         return {}
     placeholders, params = in_params("k", list(dict.fromkeys(keys)))
-    return {r[0]: BuildAnswer(*r[1:]) for r in rows.rows(
+    from dataclasses import replace
+
+    return {r[0]: replace(BuildAnswer(*r[1:16]), cpu_op_types=as_json(r[16])) for r in rows.rows(
         "SELECT b.build_key, b.id, b.toolchain, b.state, b.error_code, b.error_message, a.digest, a.status,"
-        " a.compile_seconds, a.size, a.nodes_ep, a.nodes_cpu, b.backend, b.target, b.attempts, b.worker"
-        f" FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id WHERE b.build_key IN ({placeholders})",
+        " a.compile_seconds, a.size, a.nodes_ep, a.nodes_cpu, b.backend, b.target, b.attempts, b.worker,"
+        f" a.cpu_op_types FROM builds b LEFT JOIN artifacts a ON a.build_id = b.id WHERE b.build_key IN ({placeholders})",
         params)}
 
 

@@ -1,15 +1,26 @@
-"""Device reports (issue 23): what a device saw when it loaded an artifact, and what the fleet's
-reports add up to.
+"""Device reports (issues 23 and 31): what a device saw when it loaded an artifact, and what the
+fleet's reports add up to.
 
 A report is attributed to the token that sent it and the device id it names. One row per
 (artifact, token, device, runtime): a device that reports again replaces its row (``count`` goes
 up), so one device counts once however often it reports. Aggregates count distinct devices per
-artifact x runtime (x SoC) by outcome, with load time p50/p90 and peak memory; revoked reports
-(an admin struck a token's, or one report) count for nothing.
+artifact x runtime (x SoC) by outcome, with load time p50/p90 and peak memory.
 
-What resolve reads (``device_verdicts``): per artifact, for one runtime, how many distinct devices
-loaded it and how many failed or crashed. Device evidence beats probes, probes beat the rules; an
-artifact that failed on ``fail_devices`` devices of a runtime and loaded on none is not served to it.
+What counts as device evidence (issue 31, docs/evidence.md "What makes reports independent"):
+
+- only reports that say their platform (``arch``) and were admitted: not from a host the farm
+  itself could be (QNN on x86_64/x86 is the HTP simulator: refused, ``not-device-evidence``), for
+  an SoC the artifact covers, from a runtime the compatibility rule allows for that build
+  (``registry.resolve.admit``). Rows stored before migration 0010 have no platform: shown, never counted;
+- not struck (``revoked_at``: an admin struck them, a quarantine was lifted, or their token was
+  revoked) and sent by a token that is not revoked;
+- **independent**: device ids are whatever a token says, so distinct ids behind one token are
+  not independent devices. Evidence changes what resolve serves only when it comes from at least
+  ``MIN_TOKENS`` distinct tokens: a token can't make resolve prefer an artifact, nor take one
+  away from the fleet, however many ids it invents.
+
+What resolve reads (``device_verdicts``): per artifact, for one runtime and SoC, distinct devices
+(and distinct tokens) that loaded it or failed. The rule stays the floor (``registry.resolve``).
 """
 
 from __future__ import annotations
@@ -25,25 +36,76 @@ OUTCOMES = ("loads", "fails", "crashed")
 FAILED = ("fails", "crashed")
 
 # The fields a report carries (besides artifact, token and timestamps), as stored.
-FIELDS = ("device_id", "device_model", "soc", "os", "runtime_backend", "runtime_version", "ort_version", "ep_package",
-          "ep_version", "driver", "outcome", "error", "load_ms", "first_inference_ms", "peak_memory_mb",
+FIELDS = ("device_id", "device_model", "soc", "os", "arch", "runtime_backend", "runtime_version", "ort_version",
+          "ep_package", "ep_version", "driver", "outcome", "error", "load_ms", "first_inference_ms", "peak_memory_mb",
           "fingerprint", "psnr_db", "reported_at")
+
+
+# Distinct report tokens evidence must come from before it changes what resolve serves (either
+# way: preferred as device-verified, or withheld as failing). Not a setting: one is never enough.
+MIN_TOKENS = 2
+
+# CPU architectures a report may name, by the spellings platforms use (uname -m, Android ABIs,
+# Windows' PROCESSOR_ARCHITECTURE, Python's platform.machine()) -> the one stored.
+ARCHES = {"aarch64": "aarch64", "arm64": "aarch64", "arm64-v8a": "aarch64", "armv8": "aarch64", "armv8l": "aarch64",
+          "armv7": "armv7", "armv7l": "armv7", "armeabi-v7a": "armv7", "arm": "armv7",
+          "x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "x86-64": "x86_64",
+          "x86": "x86", "i386": "x86", "i686": "x86",
+          "riscv64": "riscv64"}
+# Hosts the farm itself could be, per backend: a QNN HTP "device" on x86 is the simulator the
+# farm probes with. (TensorRT devices are GPUs on any CPU; the farm has none, and its rule binds
+# an engine to the runtime's platform already.)
+FARM_HOSTS = {"qnn": frozenset({"x86_64", "x86"})}
+
+
+def canonical_arch(raw: str) -> str | None:
+    """The stored name of a CPU architecture (``arm64`` -> ``aarch64``); None if unknown."""
+    return ARCHES.get(raw.strip().lower())
+
+
+def is_farm_host(backend: str, arch: str) -> bool:
+    """Whether a runtime on ``arch`` could be the farm itself for ``backend`` (never device evidence)."""
+    return arch in FARM_HOSTS.get(backend, frozenset())
 
 
 @dataclass(frozen=True)
 class DeviceEvidence:
-    """What devices said about one artifact under one runtime version."""
+    """What devices said about one artifact under one runtime version (counted reports only)."""
 
     loads: int = 0  # distinct devices
     fails: int = 0  # distinct devices that failed or crashed
     last_error: str | None = None
     last_at: datetime | None = None
+    load_tokens: int = 0  # distinct tokens behind ``loads``
+    fail_tokens: int = 0  # distinct tokens behind ``fails``
 
 
-def artifact_ref(rows: Rows, digest: str) -> tuple[int, str, str] | None:
-    """(id, backend, target) of an artifact by its manifest digest."""
-    hit = rows.rows("SELECT id, backend, target FROM artifacts WHERE digest = :d", {"d": digest})
-    return (int(hit[0][0]), str(hit[0][1]), str(hit[0][2])) if hit else None
+@dataclass(frozen=True)
+class ArtifactRef:
+    """What admitting a report needs of its artifact (immutable by digest: cached by the service)."""
+
+    id: int
+    backend: str
+    target: str
+    toolchain: str
+    ctx_model: str
+    options: dict[str, Any]
+
+
+def artifact_ref(rows: Rows, digest: str) -> ArtifactRef | None:
+    """An artifact by its manifest digest, with its build's options (the TensorRT rule reads them)."""
+    import json
+
+    hit = rows.rows("SELECT a.id, a.backend, a.target, a.toolchain, a.ctx_model, b.options FROM artifacts a"
+                    " LEFT JOIN builds b ON b.id = a.build_id WHERE a.digest = :d", {"d": digest})
+    if not hit:
+        return None
+    aid, backend, target, toolchain, ctx_model, options = hit[0]
+    if isinstance(options, str):
+        options = json.loads(options)
+    return ArtifactRef(int(aid), str(backend), str(target), str(toolchain), str(ctx_model or ""),
+                       dict(options or {}))
+
 
 
 def record(s: Any, artifact_id: int, token_id: int, fields: dict[str, Any]) -> int:
@@ -106,7 +168,17 @@ def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[
            f" RETURNING id, {', '.join(KEY)}")
     if dialect == "postgresql":
         sql = pyformat(sql)
-    ids = {tuple(r[1:]): int(r[0]) for r in s.connection().exec_driver_sql(sql, params).fetchall()}
+    conn = s.connection()
+    ids = {tuple(r[1:]): int(r[0]) for r in conn.exec_driver_sql(sql, params).fetchall()}
+    # A token revoked while its reports waited here (the service caches identities for seconds):
+    # what it said is withdrawn in the same transaction, so it never counts, even for a moment.
+    tokens = sorted({t for _a, t, _f in reports})
+    strike = (f"UPDATE device_reports SET revoked_at = :now, revoked_why = 'token revoked'"
+              f" WHERE revoked_at IS NULL AND token_id IN ({', '.join(f':t{i}' for i in range(len(tokens)))})"
+              " AND token_id IN (SELECT id FROM api_tokens WHERE revoked_at IS NOT NULL)")
+    strike_params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(tokens)}
+    strike_params["now"] = (now.astimezone(UTC).replace(tzinfo=None).isoformat(" ") if dialect == "sqlite" else now)
+    conn.exec_driver_sql(pyformat(strike) if dialect == "postgresql" else strike, strike_params)
     return [ids[k] for k in keys]
 
 
@@ -116,9 +188,11 @@ _COLUMNS = (*FIELDS, "artifact_id", "token_id", "received_at", "revoked_at", "co
 class ReportWriter:
     """Writes reports in batches from one thread: every report that arrives while a batch is
     being written goes into the next one (one statement, one commit), so a burst of devices
-    costs a few transactions, not one each. On PostgreSQL the commit does not wait for the WAL
-    flush (``synchronous_commit = off``): a report is telemetry, and a crash of the database
-    server loses at most the last moments of them, never the index's consistency."""
+    costs a few transactions, not one each. A report is answered 201 only once its batch has
+    committed: a crash of the service never loses an answered report (an unanswered one was never
+    acknowledged, and a device that sends it again counts once). On PostgreSQL the commit does not
+    wait for the WAL flush (``synchronous_commit = off``): a crash of the *database server* may
+    lose the last moments of answered reports (a few hundred ms), never the index's consistency."""
 
     def __init__(self, db: Any, max_batch: int = 500, linger: float = 0.02):
         import queue
@@ -175,7 +249,8 @@ class ReportWriter:
 
 
 def revoke(s: Any, *, token_name: str | None = None, report_id: int | None = None) -> int:
-    """Strike a token's reports (all of them) or one report; returns how many were struck."""
+    """Strike a token's reports (all of them) or one report; returns how many were struck.
+    (Revoking the token itself, ``registry.tokens.revoke_token``, strikes them too.)"""
     from sqlalchemy import select, update
 
     from registry.models import ApiToken, DeviceReport
@@ -190,37 +265,111 @@ def revoke(s: Any, *, token_name: str | None = None, report_id: int | None = Non
         q = q.where(DeviceReport.id == report_id)
     else:
         raise UsageError("name a token or a report id to revoke")
-    n = s.execute(q.values(revoked_at=datetime.now(UTC)).execution_options(synchronize_session=False)).rowcount
+    n = s.execute(q.values(revoked_at=datetime.now(UTC), revoked_why="revoked by an admin")
+                  .execution_options(synchronize_session=False)).rowcount
     if report_id is not None and not n:
         raise NotFoundError(f"no active report {report_id}")
     return int(n or 0)
 
 
+# The reports that count (module docstring): admitted with a platform, not struck, their token live.
+COUNTED = ("r.revoked_at IS NULL AND r.arch IS NOT NULL"
+           " AND EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = r.token_id AND t.revoked_at IS NULL)")
+
+
 def device_verdicts(rows: Rows, artifact_ids: list[int], backend: str, runtime: str, soc: str
                     ) -> dict[int, DeviceEvidence]:
-    """Artifact id -> distinct devices with ``soc`` that loaded it / failed, under exactly this
-    runtime (one statement)."""
+    """Artifact id -> distinct devices (and tokens) with ``soc`` that loaded it / failed, under
+    exactly this runtime, counted reports only (one statement)."""
+    from registry.lite import as_datetime
+
     if not artifact_ids:
         return {}
     placeholders, params = in_params("a", artifact_ids)
     out: dict[int, dict[str, Any]] = {}
-    for artifact_id, outcome, n, last_error, last_at in rows.rows(
-            "SELECT artifact_id, outcome, COUNT(*), MAX(error), MAX(received_at) FROM device_reports"
-            f" WHERE artifact_id IN ({placeholders}) AND runtime_backend = :backend AND runtime_version = :runtime"
-            " AND soc = :soc AND revoked_at IS NULL GROUP BY artifact_id, outcome",
+    for artifact_id, failed, n, tokens, last_error, last_at in rows.rows(
+            "SELECT r.artifact_id, CASE WHEN r.outcome = 'loads' THEN 0 ELSE 1 END AS failed, COUNT(*),"
+            " COUNT(DISTINCT r.token_id), MAX(r.error), MAX(r.received_at) FROM device_reports r"
+            f" WHERE r.artifact_id IN ({placeholders}) AND r.runtime_backend = :backend"
+            f" AND r.runtime_version = :runtime AND r.soc = :soc AND {COUNTED}"
+            " GROUP BY r.artifact_id, CASE WHEN r.outcome = 'loads' THEN 0 ELSE 1 END",
             {**params, "backend": backend, "runtime": runtime, "soc": soc}):
-        d = out.setdefault(int(artifact_id), {"loads": 0, "fails": 0, "last_error": None, "last_at": None})
-        if outcome == "loads":
-            d["loads"] += int(n)
+        d = out.setdefault(int(artifact_id), {})
+        if int(failed):
+            d.update(fails=int(n), fail_tokens=int(tokens), last_error=last_error)
         else:
-            d["fails"] += int(n)
-            d["last_error"] = d["last_error"] or last_error
-        from registry.lite import as_datetime
-
+            d.update(loads=int(n), load_tokens=int(tokens))
         at = as_datetime(last_at)
-        if at is not None and (d["last_at"] is None or at > d["last_at"]):
+        if at is not None and (d.get("last_at") is None or at > d["last_at"]):
             d["last_at"] = at
     return {k: DeviceEvidence(**v) for k, v in out.items()}
+
+
+def independent(ev: DeviceEvidence, fail_devices: int) -> str | None:
+    """What counted evidence says, once it is independent (``MIN_TOKENS`` distinct tokens):
+    ``loads``, ``fails`` (failed on ``fail_devices`` distinct devices and not independently
+    loaded: withheld from that runtime and SoC), or None (not enough to change anything)."""
+    if ev.loads and ev.load_tokens >= MIN_TOKENS:
+        return "loads"
+    if ev.fails >= fail_devices and ev.fail_tokens >= MIN_TOKENS:
+        return "fails"
+    return None
+
+
+def quarantined(rows: Rows, fail_devices: int) -> list[dict[str, Any]]:
+    """Every (artifact, runtime, SoC) that counted, independent reports withhold from resolve,
+    with why: devices and tokens that failed, devices that loaded, the last error, since when."""
+    from farm.core.times import iso
+    from registry.lite import as_datetime
+
+    cells: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for aid, digest, model, target, toolchain, backend, version, soc, failed, n, tokens, last_error, first, last in \
+            rows.rows(
+                "SELECT r.artifact_id, a.digest, a.model_digest, a.target, a.toolchain, r.runtime_backend,"
+                " r.runtime_version, r.soc, CASE WHEN r.outcome = 'loads' THEN 0 ELSE 1 END, COUNT(*),"
+                " COUNT(DISTINCT r.token_id), MAX(r.error), MIN(r.received_at), MAX(r.received_at)"
+                f" FROM device_reports r JOIN artifacts a ON a.id = r.artifact_id WHERE {COUNTED}"
+                " GROUP BY r.artifact_id, a.digest, a.model_digest, a.target, a.toolchain, r.runtime_backend,"
+                " r.runtime_version, r.soc, CASE WHEN r.outcome = 'loads' THEN 0 ELSE 1 END", {}):
+        key = (int(aid), backend, version, soc)
+        c = cells.setdefault(key, {"artifact": digest, "model": model, "target": target, "toolchain": toolchain,
+                                   "runtime": f"{backend}:{version}", "soc": soc, "ev": {}})
+        if int(failed):
+            c["ev"].update(fails=int(n), fail_tokens=int(tokens), last_error=last_error)
+            c["since"] = iso(as_datetime(first))
+            c["last_report_at"] = iso(as_datetime(last))
+        else:
+            c["ev"].update(loads=int(n), load_tokens=int(tokens))
+    out = []
+    for c in cells.values():
+        ev = DeviceEvidence(**c.pop("ev"))
+        if independent(ev, fail_devices) != "fails":
+            continue
+        c.update(failed_devices=ev.fails, failed_tokens=ev.fail_tokens, loaded_devices=ev.loads,
+                 loaded_tokens=ev.load_tokens, last_error=(ev.last_error or "")[:500] or None,
+                 why=f"failed on {ev.fails} device(s) behind {ev.fail_tokens} token(s) with {c['soc']} and "
+                     f"{c['runtime']}; loaded on {ev.loads} device(s) behind {ev.load_tokens} token(s) "
+                     f"(needs {MIN_TOKENS})")
+        out.append(c)
+    return sorted(out, key=lambda c: (c["artifact"], c["runtime"], c["soc"]))
+
+
+def lift(s: Any, artifact_id: int, backend: str, runtime: str, soc: str) -> int:
+    """Lift a quarantine: strike the failed reports of (artifact, runtime, SoC) (``revoked_why``
+    says so); new independent failures quarantine it again. Returns how many were struck."""
+    from sqlalchemy import update
+
+    from registry.models import DeviceReport
+
+    n = s.execute(update(DeviceReport).where(
+        DeviceReport.artifact_id == artifact_id, DeviceReport.runtime_backend == backend,
+        DeviceReport.runtime_version == runtime, DeviceReport.soc == soc, DeviceReport.outcome.in_(FAILED),
+        DeviceReport.revoked_at.is_(None)).values(revoked_at=datetime.now(UTC), revoked_why="quarantine lifted")
+        .execution_options(synchronize_session=False)).rowcount
+    if not n:
+        raise NotFoundError(f"no failed reports to lift for {soc} and {backend}:{runtime}",
+                            hint="`farm reports quarantined` lists what is withheld")
+    return int(n)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -231,7 +380,8 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def summary(s: Any, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """Artifact id -> one entry per (runtime, SoC): distinct devices by outcome, load time p50/p90,
+    """Artifact id -> one entry per (runtime, SoC), counted reports only: distinct devices by outcome
+    (and the distinct tokens behind them), load time p50/p90,
     first-inference p50, peak memory max, device models, the last error; what `farm show`,
     resolve's answer, the API and the coverage data show."""
     from sqlalchemy import select
@@ -242,9 +392,15 @@ def summary(s: Any, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     if not artifact_ids:
         return out
+    from sqlalchemy import exists
+
+    from registry.models import ApiToken
+
     groups: dict[tuple[int, str, str, str], list[Any]] = {}
+    live = exists().where(ApiToken.id == DeviceReport.token_id, ApiToken.revoked_at.is_(None))
     for r in s.scalars(select(DeviceReport).where(DeviceReport.artifact_id.in_(artifact_ids),
-                                                  DeviceReport.revoked_at.is_(None))
+                                                  DeviceReport.revoked_at.is_(None), DeviceReport.arch.is_not(None),
+                                                  live)
                        .order_by(DeviceReport.received_at)):
         groups.setdefault((r.artifact_id, r.runtime_backend, r.runtime_version, r.soc), []).append(r)
     for (artifact_id, backend, version, soc), rs in sorted(groups.items()):
@@ -252,7 +408,8 @@ def summary(s: Any, artifact_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         failed = [r for r in rs if r.outcome in FAILED]
         out.setdefault(artifact_id, []).append({
             "runtime": f"{backend}:{version}", "soc": soc,
-            "devices": len(rs), "loads": len(loads), "fails": sum(r.outcome == "fails" for r in rs),
+            "devices": len(rs), "tokens": len({r.token_id for r in rs}), "loads": len(loads),
+            "fails": sum(r.outcome == "fails" for r in rs),
             "crashed": sum(r.outcome == "crashed" for r in rs), "reports": sum(r.count for r in rs),
             "load_ms_p50": _pct([r.load_ms for r in loads if r.load_ms is not None], 0.5),
             "load_ms_p90": _pct([r.load_ms for r in loads if r.load_ms is not None], 0.9),

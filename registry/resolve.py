@@ -155,8 +155,10 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
     """(loadable best-first, not loadable nearest-first). Device reports for exactly this runtime
     version and SoC (``devices``: ``registry.reports.DeviceEvidence`` by artifact id) beat a probe,
     a probe beats the rule: an artifact devices loaded is ``device``-verified; one that failed on
-    ``fail_devices`` distinct devices and loaded on none is not served. A different SoC is never
-    served, whatever a probe or report said."""
+    ``fail_devices`` distinct devices and loaded on none is not served; either only once the
+    evidence comes from ``registry.reports.MIN_TOKENS`` distinct tokens, and only where the rule
+    serves it (devices refine the rule, never override it). A different SoC is never served,
+    whatever a probe or report said."""
     default_opts = _default_options_digest(device.backend, device.target)
     probes = probes or {}
     devices = devices or {}
@@ -172,7 +174,9 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
                         + (f" ({probe.detail})" if probe.detail and probe.verdict == "fails" else ""),
                         probe.recorded_at)
         dev = devices.get(a.id)
-        if dev is not None and device.target.name in a.target.split("+"):  # never another SoC
+        # Devices refine the rule, never override it: evidence counts only where the rule serves
+        # this artifact to this device (same SoC or a multi-SoC build naming it, runtime new enough).
+        if dev is not None and device.target.name in a.target.split("+") and verdict(a, device).loads:
             v = _device_verdict(dev, device, fail_devices) or v
         judged.append((a, v))
     good = [(a, v) for a, v in judged if v.loads]
@@ -189,15 +193,21 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
 
 
 def _device_verdict(dev: Any, device: Device, fail_devices: int) -> Verdict | None:
+    """What independent device evidence says (``registry.reports.independent``: at least
+    ``MIN_TOKENS`` distinct report tokens), or None: one token alone changes nothing."""
+    from farm.core.text import printable
+    from registry.reports import independent
+
     runtime = f"{RUNTIME_NAMES[device.backend]} {device.runtime}"
-    if dev.loads:
+    said = independent(dev, fail_devices)
+    if said == "loads":
         failed = f"; {dev.fails} failed" if dev.fails else ""
-        return Verdict(True, "device", f"loaded on {dev.loads} device(s) with {device.target.name} and {runtime}"
-                       f"{failed}", dev.last_at)
-    if dev.fails >= fail_devices:
-        why = f": {dev.last_error.strip().splitlines()[0][:200]}" if (dev.last_error or "").strip() else ""
-        return Verdict(False, "device", f"failed on {dev.fails} device(s) with {device.target.name} and {runtime}, "
-                       f"loaded on none{why}", dev.last_at)
+        return Verdict(True, "device", f"loaded on {dev.loads} device(s) ({dev.load_tokens} report tokens) with "
+                       f"{device.target.name} and {runtime}{failed}", dev.last_at)
+    if said == "fails":
+        why = f": {printable(dev.last_error.strip().splitlines()[0][:200])}" if (dev.last_error or "").strip() else ""
+        return Verdict(False, "device", f"failed on {dev.fails} device(s) ({dev.fail_tokens} report tokens) with "
+                       f"{device.target.name} and {runtime}, loaded on none independently{why}", dev.last_at)
     return None
 
 
@@ -251,19 +261,68 @@ def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
     if device.backend == "trt":
         return (f"needed: a build for {device.target.ref} with TensorRT {device.runtime} "
                 f"(a TRT {device.runtime} worker on a {device.target.name} GPU), or a hardware-compatible one")
-    if same and device.backend == "qnn":
-        oldest = min(same, key=lambda a: parse_version(a.toolchain))
+    withheld = [a for a, v in bad if v.source == "device" and a.target == device.target.name]
+    if withheld and len(withheld) == len(same):
+        # Not a version problem: a newer runtime would not help the device that has one already.
+        return (f"needed: a build that loads on {device.target.name} with QNN {device.runtime} (devices reported these "
+                "failing: `farm reports quarantined` says why; `farm reports lift` if they were wrong)")
+    too_new = [a for a in same if parse_version(a.toolchain) > parse_version(device.runtime)]
+    if too_new and device.backend == "qnn":
+        oldest = min(too_new, key=lambda a: parse_version(a.toolchain))
         return (f"needed: a build for {device.target.name} with QNN <= {device.runtime} "
                 f"(e.g. farm build --target {device.target.ref} on a QNN {device.runtime} worker), "
                 f"or a device runtime >= {oldest.toolchain}")
+    if same and device.backend == "qnn":
+        return f"needed: a build for {device.target.name} with QNN <= {device.runtime}"
     return f"needed: a build for {device.target.ref}"
 
 
 def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
     """The answer as JSON: which artifact, and what picked it (``source`` rule or probe, the
-    ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null)."""
+    ``reason`` without the source, ``probed_at`` ISO 8601 UTC for a probe, else null), how much of
+    it the EP took (``offload``) and the EP's own compatibility string (``compatibility``)."""
     return {"artifact": artifact.digest, "backend": artifact.backend, "target": artifact.target,
             "toolchain": artifact.toolchain,
             "verdict": ("unverified" if v.unverified else "loads") if v.loads else "fails", "source": v.source,
             "reason": v.reason, "probed_at": iso(v.recorded_at),
-            **({"unverified": v.unverified} if v.unverified else {})}
+            **({"unverified": v.unverified} if v.unverified else {}),
+            "offload": offload(getattr(artifact, "nodes_ep", None), getattr(artifact, "nodes_cpu", None),
+                               getattr(artifact, "cpu_op_types", None)),
+            "compatibility": dict(getattr(artifact, "compatibility", None) or {})}
+
+
+def offload(nodes_ep: int | None, nodes_cpu: int | None, cpu_op_types: list[str] | None) -> dict[str, Any]:
+    """``{"full": false, "ep_nodes": 1, "cpu_nodes": 1, "cpu_op_types": ["Gemm"]}``: whether the EP
+    took the whole model, else how many nodes stay on the device's CPU and their op types
+    (``cpu_op_types`` null where the artifact predates their recording: its manifest's placement
+    says). ``full`` is null where the counts are unknown."""
+    return {"full": None if nodes_cpu is None else nodes_cpu == 0, "ep_nodes": nodes_ep, "cpu_nodes": nodes_cpu,
+            "cpu_op_types": None if cpu_op_types is None else list(cpu_op_types)}
+
+
+def admit(ref: Any, soc: Any, runtime: str, arch: str) -> None:
+    """Refuse a report that can't be device evidence for ``ref``: from a host the farm could be
+    (``not-device-evidence``), for an SoC the artifact does not cover (``report-soc-mismatch``), or
+    from a runtime the compatibility rule refuses for that build (``report-runtime-mismatch``):
+    device evidence refines the rule, never overrides it. ``soc``: the catalog Target."""
+    from types import SimpleNamespace
+
+    from farm.core.errors import NotDeviceEvidenceError, ReportRuntimeMismatchError, ReportSocMismatchError
+    from registry.reports import is_farm_host
+
+    if is_farm_host(ref.backend, arch):
+        raise NotDeviceEvidenceError(
+            f"a {RUNTIME_NAMES.get(ref.backend, ref.backend)} runtime on {arch} is the HTP simulator, a host the farm "
+            "itself could be: not device evidence")
+    covers = ref.target.split("+") if ref.backend == "qnn" else [ref.target]
+    hardware_compatible = ref.backend == "trt" and ref.options.get("hardware_compatibility_level") == "ampere_plus"
+    if soc.name not in covers and not hardware_compatible:
+        raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}")
+    art = SimpleNamespace(target=ref.target, toolchain=ref.toolchain, ctx_model=ref.ctx_model,
+                          build=SimpleNamespace(options=ref.options))
+    v = verdict(art, Device(ref.backend, soc, runtime))
+    if not v.loads:
+        if ref.backend == "trt" and soc.name not in covers:
+            raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}: {v.reason}")
+        raise ReportRuntimeMismatchError(f"the compatibility rule refuses runtime {runtime} for this build: "
+                                         f"{v.reason}")

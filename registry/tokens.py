@@ -55,10 +55,19 @@ def list_tokens(session: Session) -> list[TokenInfo]:
 
 
 def revoke_token(session: Session, name: str) -> None:
-    n = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
-                        .values(revoked_at=datetime.now(UTC)).execution_options(synchronize_session=False))
-    if not n.rowcount:  # type: ignore[attr-defined]
+    """Revoke a token, and withdraw what it said: its device reports are struck (``revoked_why``
+    ``token revoked``) in the same transaction, so no artifact stays quarantined or preferred on
+    its word (issue 31)."""
+    from registry.models import DeviceReport
+
+    now = datetime.now(UTC)
+    token_id = session.scalar(select(ApiToken.id).where(ApiToken.name == name, ApiToken.revoked_at.is_(None)))
+    n = session.execute(update(ApiToken).where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
+                        .values(revoked_at=now).execution_options(synchronize_session=False))
+    if token_id is None or not n.rowcount:  # type: ignore[attr-defined]
         raise NotFoundError(f"no active token named {name!r}", hint="`farm token list` shows them")
+    session.execute(update(DeviceReport).where(DeviceReport.token_id == token_id, DeviceReport.revoked_at.is_(None))
+                    .values(revoked_at=now, revoked_why="token revoked").execution_options(synchronize_session=False))
 
 
 def scope_of(session: Session, token: str) -> str | None:

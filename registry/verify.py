@@ -118,10 +118,15 @@ class GcReport:
 
 def referenced_digests(session: Session) -> set[str]:
     """Every blob digest the index points at: artifact files (incl. manifests and logs), broken
-    artifacts too (their evidence), and stored model bundle files."""
+    artifacts too (their evidence), stored model bundle files, and every file of an ORT model
+    package (its record too)."""
     refs = set(session.scalars(select(ArtifactFile.digest)))
     for files in session.scalars(select(Model.files)):
         refs.update(f["digest"] for f in files if f.get("stored"))
+    from registry.models import ModelPackageRow
+
+    for files in session.scalars(select(ModelPackageRow.files)):  # ORT model packages (issue 30)
+        refs.update(f["digest"] for f in files)
     return refs
 
 

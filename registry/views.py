@@ -90,6 +90,13 @@ def artifact_document(session: Session, store: Any, ref: str) -> dict[str, Any]:
                    "mediaType": f.media_type} for f in a.files],
         "manifest": manifest,
     }
+    # How much the EP took, and the EP's own compatibility string: the index's columns, else (an
+    # artifact published before migration 0012) what its manifest says.
+    from registry.resolve import offload
+
+    cpu_ops = a.cpu_op_types if a.cpu_op_types is not None else (manifest.get("placement") or {}).get("cpu_op_types")
+    doc["offload"] = offload(a.nodes_ep, a.nodes_cpu, cpu_ops)
+    doc["compatibility"] = dict(a.compatibility if a.compatibility is not None else manifest.get("compatibility") or {})
     if getattr(a, "description", None) is not None:  # the context binaries' own description (QNN System API)
         doc["description"] = a.description
     # Evidence beyond "it loads" (issue 23): accuracy against the CPU reference, device reports.

@@ -15,13 +15,39 @@ EPCONTEXT_ATTRS = ("source", "ep_sdk_version", "embed_mode", "partition_name", "
                    "ep_cache_context", "hardware_architecture", "onnx_model_filename")
 
 
+COMPAT_PREFIX = "ep_compatibility_info."
+
+
 def read_epcontext(ctx_model: Path, model: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(EPContext node attributes, placement) of a context model written by an EP (``model``:
     the ModelProto when already loaded)."""
+    nodes, placement, _compat = read_context(ctx_model, model)
+    return nodes, placement
+
+
+def read_context(ctx_model: Path, model: Any = None
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
+    """``read_epcontext`` and the EP's own compatibility strings, from one read of the model:
+    ``{"QNNExecutionProvider": "v2:6:2.51.0:..."}`` from its ``ep_compatibility_info.<EP>``
+    metadata (what onnxruntime's ``GetCompiledModelCompatibilityInfo`` returns, and what an ORT
+    model package's variant gives as its ``compatibility_string``); {} where the EP wrote none."""
     import onnx
 
     if model is None:
         model = onnx.load(str(ctx_model), load_external_data=False)
+    nodes, placement = _placement(model)
+    return nodes, placement, compatibility_info({p.key: p.value for p in model.metadata_props})
+
+
+def compatibility_info(metadata: dict[str, str]) -> dict[str, str]:
+    """EP name -> compatibility string, from a context model's metadata_props."""
+    return {k.removeprefix(COMPAT_PREFIX): v for k, v in sorted(metadata.items())
+            if k.startswith(COMPAT_PREFIX) and len(k) > len(COMPAT_PREFIX)}
+
+
+def _placement(model: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import onnx
+
     nodes: list[dict[str, Any]] = []
     other: list[str] = []
     for node in model.graph.node:
@@ -38,7 +64,10 @@ def read_epcontext(ctx_model: Path, model: Any = None) -> tuple[list[dict[str, A
             nodes.append(attrs)
         else:
             other.append(node.op_type)
-    placement = {"ep_nodes": len(nodes), "cpu_nodes": len(other), "cpu_op_types": sorted(set(other))}
+    # cpu_op_counts: how many nodes of each op type stayed on the CPU (partial offload, shown by
+    # build, resolve, show and coverage).
+    placement = {"ep_nodes": len(nodes), "cpu_nodes": len(other), "cpu_op_types": sorted(set(other)),
+                 "cpu_op_counts": {op: other.count(op) for op in sorted(set(other))}}
     return nodes, placement
 
 

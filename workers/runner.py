@@ -104,6 +104,9 @@ class CompileOutput:
     description: dict[str, Any] | None = None
     # Why no runtime here can load it (weight-shared, multi-SoC): no self-probe verdict then.
     unverified: str | None = None
+    # The EP's own compatibility string(s) the context model carries (``ep_compatibility_info.<EP>``
+    # metadata), by EP name: recorded in the manifest and the index.
+    compatibility: dict[str, str] = field(default_factory=dict)
 
 class Runner(Protocol):
     backend: str
@@ -132,7 +135,7 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
     ``delete``d (TensorRT leaves profiles).
     """
     from farm.core.errors import UnsupportedOpsError
-    from workers.epcontext import read_epcontext, referenced_files
+    from workers.epcontext import read_context, referenced_files
 
     ctx_path = out_dir / ctx_name
     if not ctx_path.exists():
@@ -141,14 +144,16 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
         # ops HTP has no kernel for; deterministic, so not retried.
         op_types = _op_types(job.model_path)
         raise UnsupportedOpsError(
-            f"the {ep} EP took no node of this model: it wrote no context model",
+            f"the {ep} EP took no node of this model ({', '.join(op_types) or 'op types unknown'}): "
+            "it wrote no context model",
             hint=f"ops in the model: {', '.join(op_types) or 'unknown'}; none of them runs on {ep}",
             details={"log": log, "cpu_op_types": op_types},
         )
-    nodes, placement = read_epcontext(ctx_path)
+    nodes, placement, compatibility = read_context(ctx_path)
     if not nodes:
         raise UnsupportedOpsError(
-            f"the {ep} EP took no node of this model: nothing to put in a context binary",
+            f"the {ep} EP took no node of this model ({', '.join(placement['cpu_op_types'])}): "
+            "nothing to put in a context binary",
             hint=f"ops in the model: {', '.join(placement['cpu_op_types'])}",
             details={"log": log, "cpu_op_types": placement["cpu_op_types"]},
         )
@@ -162,7 +167,7 @@ def collect_output(ep: str, job: CompileJob, out_dir: Path, ctx_name: str, resul
     for p in extra:
         p.unlink()
     return CompileOutput(out_dir, ctx_name, files, float(result["compile_seconds"]), wall, nodes, placement,
-                         toolchain, log, result.get("self_load"))
+                         toolchain, log, result.get("self_load"), compatibility=compatibility)
 
 
 def _op_types(model_path: Path) -> list[str]:

@@ -8,6 +8,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,12 +25,12 @@ _MISS = object()
 
 
 class TokenCache:
-    """Token -> scope (or None for unknown), for a few seconds: a device's resolve and its blob
+    """Token -> (id, scope) (or None for unknown), for a few seconds: a device's resolve and its blob
     GETs cost one token lookup, not one each. Keyed by the token's sha256, bounded in size."""
 
     def __init__(self, ttl: float, size: int = 10_000):
         self.ttl, self.size = ttl, size
-        self.items: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
+        self.items: OrderedDict[str, tuple[float, tuple[int, str] | None]] = OrderedDict()
         self.lock = threading.Lock()
 
     @staticmethod
@@ -43,9 +44,9 @@ class TokenCache:
             return _MISS
         return hit[1]
 
-    def put(self, token: str, scope: str | None) -> None:
+    def put(self, token: str, identity: tuple[int, str] | None) -> None:
         with self.lock:
-            self.items[self._key(token)] = (time.monotonic() + self.ttl, scope)
+            self.items[self._key(token)] = (time.monotonic() + self.ttl, identity)
             if len(self.items) > self.size:
                 self.items.popitem(last=False)
 
@@ -74,18 +75,25 @@ MetricsDep = Annotated[Any, Depends(get_metrics)]
 RunnerDep = Annotated[Any, Depends(get_runner)]
 
 
-def token_scope(request: Request, raw: str) -> str | None:
-    """The scope of token ``raw`` (None: unknown or revoked), cached a few seconds."""
-    from registry.tokens import scope_of
+def token_identity(request: Request, raw: str) -> tuple[int, str] | None:
+    """(id, scope) of token ``raw`` (None: unknown or revoked), cached a few seconds."""
+    from registry.tokens import token_identity as lookup
 
     cache: TokenCache = request.app.state.tokens
     got = cache.get(raw)
     if got is _MISS:
         reg: Registry = request.app.state.registry
         with reg.db.session() as s:
-            got = scope_of(s, raw)
+            found = lookup(s, raw)
+        got = None if found is None else (found[0], found[2])
         cache.put(raw, got)
     return got  # type: ignore[no-any-return]
+
+
+def token_scope(request: Request, raw: str) -> str | None:
+    """The scope of token ``raw`` (None: unknown or revoked), cached a few seconds."""
+    got = token_identity(request, raw)
+    return None if got is None else got[1]
 
 
 # OpenAPI: components.securitySchemes.bearer, and ``security: [{"bearer": []}]`` on every route
@@ -100,24 +108,45 @@ session_cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name
                               description="set by /coverage?token=... (HttpOnly, SameSite=Strict), read only by /coverage")
 
 
-def _allow(request: Request, raw: str, needed: str) -> str:
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the token's id (what it creates is owned by it) and scope."""
+
+    token_id: int
+    scope: str
+
+    @property
+    def admin(self) -> bool:
+        return self.scope == "admin"
+
+
+def _caller(request: Request, raw: str, needed: str) -> Caller:
     from registry.tokens import allows
 
-    got = token_scope(request, raw)
+    got = token_identity(request, raw)
     if got is None:
         raise E.UnauthorizedError("unknown or revoked token")
-    if not allows(got, needed):
-        raise E.ForbiddenError(f"a {got} token can't do this (needs {needed})")
-    return got
+    if not allows(got[1], needed):
+        raise E.ForbiddenError(f"a {got[1]} token can't do this (needs {needed})")
+    return Caller(got[0], got[1])
+
+
+def _allow(request: Request, raw: str, needed: str) -> str:
+    return _caller(request, raw, needed).scope
+
+
+def refuse_query_token(request: Request) -> None:
+    """401 for a token in the URL: tokens in URLs end up in proxy logs and shell history, so only
+    the coverage page takes one (``page_reader``). Checked for every route by ``RouteGuard``."""
+    # A route may have a ``token`` parameter of its own, a token's name: that is no secret.
+    if any(v.startswith(TOKEN_PREFIX) for v in request.query_params.getlist("token")):
+        raise E.UnauthorizedError("a token in the URL (?token=) is accepted only by the /coverage page",
+                                  hint="send it as a header: Authorization: Bearer <token>")
 
 
 def bearer_token(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
     """The token of the Authorization header; 401 for another scheme or a token in the URL."""
-    if any(v.startswith(TOKEN_PREFIX) for v in request.query_params.getlist("token")):
-        # Tokens in URLs end up in proxy logs and shell history: only the page takes one. (A
-        # route may have a ``token`` parameter of its own, a token's name: that is no secret.)
-        raise E.UnauthorizedError("a token in the URL (?token=) is accepted only by the /coverage page",
-                                  hint="send it as a header: Authorization: Bearer <token>")
+    refuse_query_token(request)
     if creds is not None:
         return creds.credentials.strip() or None
     header = (request.headers.get("authorization") or "").strip()
@@ -137,6 +166,20 @@ def scope(needed: str) -> Any:
             raise E.UnauthorizedError("no token")
         return _allow(request, raw, needed)
 
+    check.needed = needed  # type: ignore[attr-defined]  # RouteGuard checks it before the body
+    return Depends(check)
+
+
+def caller(needed: str) -> Any:
+    """As ``scope(needed)``, answering the ``Caller`` (for routes that record or check an owner)."""
+
+    def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
+        raw = bearer_token(request, creds)
+        if not raw:
+            raise E.UnauthorizedError("no token")
+        return _caller(request, raw, needed)
+
+    check.needed = needed  # type: ignore[attr-defined]
     return Depends(check)
 
 
@@ -179,18 +222,20 @@ def submit_before_body(limit_of: Any) -> Any:
     body is read; when it is refused, the body is drained (up to the upload cap) so the client
     sees the 401/403."""
 
-    async def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    async def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
         from starlette.concurrency import run_in_threadpool
 
         try:
             raw = bearer_token(request, creds)
             if not raw:
                 raise E.UnauthorizedError("no token")
-            return await run_in_threadpool(_allow, request, raw, "submit")
+            return await run_in_threadpool(_caller, request, raw, "submit")
         except (E.UnauthorizedError, E.ForbiddenError):
             await drain(request, limit_of(request))
             raise
 
+    check.needed = "submit"  # type: ignore[attr-defined]
+    check.body_limit = limit_of  # type: ignore[attr-defined]  # the route streams its body up to this
     return Depends(check)
 
 
@@ -223,5 +268,154 @@ def page_reader(request: Request, creds: Annotated[HTTPAuthorizationCredentials 
                                                "session cookie), or send Authorization: Bearer <token>")
 
 
+page_reader.page = True  # type: ignore[attr-defined]  # the one route that takes ?token= (once)
 read, submit, admin = scope("read"), scope("submit"), scope("admin")
 read_page = Depends(page_reader)
+submitter = caller("submit")  # a submit token, as a Caller: routes that own what they create
+
+
+# ---- every route: the token before the body, the body within its cap ---------------------------
+
+JSON_MAX_BODY = 256 * 1024  # a JSON body (a release, a group of 64 graphs: a few KiB)
+NO_BODY = 0  # a route that takes no body reads none
+
+
+def _dependencies(route: Any) -> list[Any]:
+    out, todo = [], list(getattr(getattr(route, "dependant", None), "dependencies", []))
+    while todo:
+        dep = todo.pop()
+        out.append(dep.call)
+        todo.extend(dep.dependencies)
+    return out
+
+
+class RouteGuard:
+    """Pure ASGI, around one route: refuses a token in the URL (but on the coverage page), checks
+    the route's token *before* a byte of the body is read (a refused one: its body drained up to
+    the cap, then 401/403), refuses a declared size past the route's cap (413 ``too-large``,
+    nothing read), and counts what the route then reads, stopping at the cap. A JSON body is read
+    here, capped, and handed to FastAPI (which would otherwise read it whole before any
+    dependency runs). ``guard_routes`` puts one around every route of the app."""
+
+    def __init__(self, route: Any, inner: Any):
+        from fastapi.routing import APIRoute
+
+        calls = _dependencies(route)
+        self.inner = inner
+        self.methods = set(route.methods or ())
+        self.page = any(getattr(c, "page", False) for c in calls)
+        self.needed = next((c.needed for c in calls if hasattr(c, "needed")), None)
+        streamed = next((c.body_limit for c in calls if hasattr(c, "body_limit")), None)
+        self.buffered = streamed is None and isinstance(route, APIRoute) and route.body_field is not None
+        # A plain Starlette route (the device reports' fast path; the API document) checks its own
+        # token and declared size (reports: 16 KiB) in that order; here only what it reads is counted.
+        self.own_checks = not isinstance(route, APIRoute)
+        if streamed is not None:
+            self.limit_of: Any = streamed
+        elif self.buffered or self.own_checks:
+            self.limit_of = lambda _request: JSON_MAX_BODY
+        else:
+            self.limit_of = lambda _request: NO_BODY
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or (self.methods and scope["method"] not in self.methods):
+            await self.inner(scope, receive, send)  # the route answers 405 itself
+            return
+        request = Request(scope, receive)
+        limit = int(self.limit_of(request))
+        too_large = f"{request.method} {request.url.path[:80]} takes at most {limit} bytes of body"
+        counted = _capped(receive, limit, too_large)
+        request = Request(scope, counted)
+        if not self.page:
+            refuse_query_token(request)
+        if self.needed is not None:
+            try:
+                await self._check(request, self.needed)
+            except (E.UnauthorizedError, E.ForbiddenError):
+                await drain(request, limit)
+                raise
+        if self.own_checks:
+            await self.inner(scope, counted, send)
+            return
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise E.TooLargeError(f"{too_large} ({declared[:20]} declared)")
+        if limit == NO_BODY and declared is None and "transfer-encoding" in request.headers:
+            raise E.TooLargeError(f"{request.method} {request.url.path[:80]} takes no body")  # nothing acts on it
+        if self.buffered:
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+            await self.inner(scope, _replay(bytes(body), receive), send)
+            return
+        await self.inner(scope, counted, send)
+
+    @staticmethod
+    async def _check(request: Request, needed: str) -> Caller:
+        from starlette.concurrency import run_in_threadpool
+
+        header = (request.headers.get("authorization") or "").strip()
+        if len(header) > 300:
+            raise E.UnauthorizedError("the Authorization header is too long")
+        scheme, _, raw = header.partition(" ")
+        if not header:
+            raise E.UnauthorizedError("no token")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise E.UnauthorizedError("the Authorization header must use the Bearer scheme",
+                                      hint="send Authorization: Bearer <token>")
+        cache: TokenCache = request.app.state.tokens
+        if cache.get(raw.strip()) is not _MISS:  # cached: no pool thread
+            return _caller(request, raw.strip(), needed)
+        return await run_in_threadpool(_caller, request, raw.strip(), needed)
+
+
+def _capped(receive: Any, limit: int, too_large: str) -> Any:
+    seen = 0
+
+    async def wrapped() -> Any:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise E.TooLargeError(too_large)
+        return message
+
+    return wrapped
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    sent = False
+
+    async def wrapped() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # then the disconnect, when it comes
+
+    return wrapped
+
+
+def app_routes(app: Any) -> list[Any]:
+    """Every route of ``app``, those of included routers too (FastAPI keeps an included router
+    as one entry whose own router holds its routes)."""
+    from starlette.routing import Route
+
+    out, todo = [], list(app.router.routes)
+    while todo:
+        route = todo.pop(0)
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            todo[:0] = list(inner.routes)
+        elif isinstance(route, Route):
+            out.append(route)
+    return out
+
+
+def guard_routes(app: Any) -> None:
+    """A ``RouteGuard`` around every route of ``app`` (its ``handle``, which the router calls
+    for a direct route and an included one alike). Called once the routes are all included."""
+    for route in app_routes(app):
+        if not isinstance(route.handle, RouteGuard):
+            route.handle = RouteGuard(route, route.handle)

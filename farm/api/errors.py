@@ -21,6 +21,9 @@ STATUS = {
     "timeout": 504, "interrupted": 503, "install-conflict": 409, "lease-lost": 409, "missing-extra": 501,
     "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
     "accuracy-below-threshold": 422, "accuracy-unverified": 422, "cancelled": 409,
+    "no-published-builds": 404, "package-files-missing": 409, "package-verify-failed": 500,
+    "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # issue 31
+    "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # issue 32
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the

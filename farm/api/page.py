@@ -23,6 +23,7 @@ table{border-collapse:collapse;margin-bottom:16px}th,td{border:1px solid #d0d7de
 vertical-align:top}th{background:#f6f8fa}td{white-space:nowrap}
 td.built{background:#dafbe1}td.failed{background:#ffebe9}td.missing{background:#fff8c5}
 td.building{background:#ddf4ff}td.broken{background:#ffd8b5}td.model{text-align:left}
+td.partial{outline:2px dashed #9a6700;outline-offset:-3px}
 .v{font-size:12px;color:#57606a}.n{display:block}.n.zero{color:#8c959f}
 span.built{color:#1a7f37}span.failed{color:#cf222e}span.missing{color:#9a6700}span.broken{color:#bc4c00}
 span.building{color:#0969da}
@@ -39,7 +40,11 @@ LEGEND = (
     ("missing", "the model was built for this SoC with another SDK, not with this one"),
     ("\u2713probe", "a probe on the farm loaded the built artifact (its verdicts per runtime are listed)"),
     ("\u2713device", "a device reported that it loaded the artifact (POST /v1/reports)"),
+    ("unverified", "built only as weight-shared graph groups or multi-SoC binaries: the x86_64 simulator can't load "
+                   "them, so only devices can confirm the cell (hover for why)"),
     ("loads / fails", "what probes measured under a runtime version: QNN 2.51.0 loads"),
+    ("+cpu (ops)", "partial offload: a built artifact leaves these ops on the device's CPU (built without "
+                   "--require-full-offload)"),
 )
 RUNTIME_NAMES = {"qnn": "QNN", "trt": "TensorRT"}
 
@@ -170,14 +175,21 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                 if c and c.get("device_verified"):  # how many distinct devices said it loads (issue 23)
                     n = int(c.get("devices") or 0)
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
+                if c and c.get("unverified"):  # built only as groups / multi-SoC binaries (issue 31)
+                    label += " unverified"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
+                if c and c.get("partial_offload"):  # ops left on the device's CPU (issue 30)
+                    label += " +cpu (" + (", ".join(c.get("cpu_op_types") or []) or "ops not recorded") + ")"
                 verdicts = "".join(
                     f"<div class='v'>{e(RUNTIME_NAMES.get(p['runtime_backend'], p['runtime_backend']))} "
                     f"{e(p['runtime'])} {e(p['verdict'])}"
                     + (f" ({p['loads']}/{p['loads'] + p['fails']})" if p["verdict"] == "mixed" else "") + "</div>"
                     for p in (c or {}).get("verdicts", []))
-                out.append(f"<td class='{e(st)}' data-target='{e(t)}' data-sdk='{e(v)}'>{e(label)}{verdicts}</td>")
+                partial = " partial" if c and c.get("partial_offload") else ""
+                why = f" title='{e(c['unverified'])}'" if c and c.get("unverified") else ""
+                out.append(f"<td class='{e(st)}{partial}' data-target='{e(t)}' data-sdk='{e(v)}'{why}>"
+                           f"{e(label)}{verdicts}</td>")
             out.append("</tr>")
         out.append("</table>")
     if page.next_cursor:

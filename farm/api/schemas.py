@@ -56,6 +56,9 @@ class BuildOut(BaseModel):
     compile_seconds: float | None = None
     worker: str | None = None
     log: str | None = None
+    # The artifact's placement: nodes left on the CPU (> 0: a partial offload) and their op types.
+    nodes_cpu: int | None = None
+    cpu_op_types: list[str] | None = None
 
 
 class BuildDetailOut(BuildOut):

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from zlib import error as zlib_error
 
+from farm.core.archives import MAX_MEMBERS, ZIP_ERRORS, zip_directory
+from farm.core.archives import reason as _reason
 from farm.core.errors import InvalidModelError
 from farm.core.names import UnsafePathError, inside, safe_relative
 
-MAX_MEMBERS = 4096
 MAX_HEADER = 1024 * 1024  # a pax / GNU long-name header's data, read whole by tarfile
 OVERHEAD = 16 * 1024 * 1024  # tar headers and padding on top of the files' bytes
 RATIO_FLOOR = 256 * 1024 * 1024  # expansions up to this are never refused for their ratio
@@ -200,36 +201,14 @@ def _untar(upload: Path, dest: Path, budget: Budget) -> None:
                         raise InvalidModelError(f"cannot read archive member {m.name[:80]!r}")
                     _copy(src, inside(dest, m.name), budget)
     except (tarfile.TarError, EOFError, OSError, UnsafePathError, lzma.LZMAError, zlib_error) as exc:
-        raise InvalidModelError(f"not a readable tar archive: {_reason(exc)}") from None
-
-
-MAX_ZIP_DIRECTORY = 8 * 1024 * 1024  # a central directory of MAX_MEMBERS entries with long names fits
+        raise InvalidModelError(f"not a readable tar archive: {_reason(exc)}",
+                                hint="the archive is damaged (cut short, a bad header): make it again") from None
 
 
 def _zip_directory(upload: Path) -> None:
-    """Refuse a zip whose central directory is too big *before* zipfile parses it into objects
-    (a few hundred bytes of memory per 46-byte entry). Read from the end-of-directory records."""
-    import struct
-
-    size = upload.stat().st_size
-    with open(upload, "rb") as f:
-        f.seek(max(0, size - (65535 + 22 + 20)))
-        tail = f.read()
-        at = tail.rfind(b"PK\x05\x06")
-        if at < 0 or len(tail) - at < 22:
-            return  # not a zip: zipfile says so
-        entries, cd_size = struct.unpack("<HI", tail[at + 10:at + 16])
-        if (entries == 0xFFFF or cd_size == 0xFFFFFFFF) and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
-            (zip64_at,) = struct.unpack("<Q", tail[at - 12:at - 4])  # the locator: PK\6\7, disk, offset
-            if zip64_at + 56 <= size:
-                f.seek(zip64_at)
-                record = f.read(56)
-                if record[:4] == b"PK\x06\x06":
-                    entries, cd_size = struct.unpack("<QQ", record[32:48])
-    if entries > MAX_MEMBERS:
-        raise InvalidModelError(f"the archive has more than {MAX_MEMBERS} members")
-    if cd_size > MAX_ZIP_DIRECTORY:
-        raise InvalidModelError(f"the archive's directory is {cd_size} bytes (over {MAX_ZIP_DIRECTORY})")
+    """Refuse a zip whose central directory is too big before zipfile parses it (the one
+    reader: ``farm.core.archives``)."""
+    zip_directory(upload, max_members=MAX_MEMBERS, error=InvalidModelError)
 
 
 def _unzip(upload: Path, dest: Path, budget: Budget) -> None:
@@ -256,13 +235,6 @@ def _unzip(upload: Path, dest: Path, budget: Budget) -> None:
                 # Headers can lie: what is decompressed is counted as it comes, member by member.
                 with zf.open(i) as src:
                     _copy(_Counted(src, budget), inside(dest, i.filename), budget)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, UnsafePathError, NotImplementedError,
-            lzma.LZMAError, zlib_error) as exc:
-        raise InvalidModelError(f"not a readable zip archive: {_reason(exc)}") from None
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a library refused the archive, without any path of this host (an OSError names one)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[:200]
-    return str(exc)[:200] or type(exc).__name__
+    except ZIP_ERRORS + (UnsafePathError,) as exc:
+        raise InvalidModelError(f"not a readable zip archive: {_reason(exc)}",
+                                hint="the archive is damaged (a bad CRC, cut short): make it again") from None

@@ -42,8 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("service_cmd", "HTTP service tokens: create (shown once), list, revoke"),
     "install": ("service_cmd", "device: install an artifact from the HTTP service (URL + read token only)"),
     "report": ("report_cmd", "device: report what loading an artifact did (loads, fails, crashed; times)"),
-    "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one"),
+    "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one; "
+                              "what reports quarantine, and lift it"),
     "help": ("help_cmd", "the error codes (farm help errors) or a command's arguments (farm help COMMAND)"),
+    "package": ("package_cmd", "an ORT model package (onnxruntime >= 1.32) of a model's published builds, into -d DIR"),
 }
 
 # Short flags mean one thing on every command (a test walks every parser): -t --target, -m --model,
@@ -243,10 +245,13 @@ def _broken_pipe() -> int:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], out: Any = None) -> None:
-    """Print rows as an aligned text table."""
+    """Print rows as an aligned text table (stored text escaped: no control, format or bidi character
+    reaches the terminal, ``farm.core.text.printable``)."""
+    from farm.core.text import printable
+
     out = out or sys.stdout
-    cells = [[str(c).upper() for c in columns]] + [["" if r.get(c) is None else str(r.get(c)) for c in columns]
-                                                    for r in rows]
+    cells = [[str(c).upper() for c in columns]] + [["" if r.get(c) is None else printable(str(r.get(c)))
+                                                     for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)

@@ -84,7 +84,10 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
     group = group_of(args, settings)
     if group is not None:
-        return run_group(group, args, settings)
+        try:
+            return run_group(group, args, settings)
+        finally:
+            group.cleanup()  # its temporary group.json, on success, refusal and Ctrl-C alike
     if not args.model:
         from farm.core.errors import UsageError
 
@@ -163,6 +166,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 where = f"{label} {o.target}" if several else o.target
                 print(f"error[{o.error_code}] {where}: {strip_ansi(o.error_message or '')}{cached}",
                       file=sys.stderr)
+    _warn_partial(reports, labels if several else None)
     print(f"{sum(len(r.outcomes) for r in reports)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if all(r.ok for r in reports) else 1
 
@@ -267,8 +271,23 @@ def run_group(group: Any, args: argparse.Namespace, settings: Settings) -> int:
     for o in report.outcomes:
         if o.state == "failed":
             print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}", file=sys.stderr)
+    _warn_partial([report], None)
     print(f"{len(report.outcomes)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if report.ok else 1
+
+
+def _warn_partial(reports: list[Any], labels: list[str] | None) -> None:
+    """``warning[partial-offload] TARGET: ...`` (stderr) for each built or cached build that left
+    nodes on the CPU: the table's placement column says it, this says what it means."""
+    from farm.cli.offload import build_warning
+
+    for i, report in enumerate(reports):
+        for o in report.outcomes:
+            if o.state in ("built", "cached"):
+                where = f"{labels[i]} {o.target}" if labels else o.target
+                message = build_warning(where, o.nodes_cpu, o.cpu_op_types)
+                if message is not None:
+                    print(message, file=sys.stderr)
 
 
 def model_labels(models: list[str]) -> list[str]:
@@ -278,17 +297,21 @@ def model_labels(models: list[str]) -> list[str]:
 
 
 def build_json(report: Any, elapsed: float) -> dict[str, Any]:
-    """`farm build --json` (schema: farm/cli/schemas/build.json)."""
+    """`farm build --json` (schema: farm/cli/schemas/build.json). ``warnings``: a built or cached
+    build that left nodes on the CPU (partial-offload)."""
+    from farm.cli.offload import warnings_of
+
+    builds = [{"target": o.target, "toolchain": o.toolchain, "state": o.state, "build_id": o.build_id,
+               "artifact": o.artifact,
+               "compile_seconds": None if o.compile_seconds is None else float(o.compile_seconds),
+               "wall_seconds": None if o.wall_seconds is None else float(o.wall_seconds),
+               "size_bytes": None if o.size is None else int(o.size), "nodes_ep": o.nodes_ep,
+               "nodes_cpu": o.nodes_cpu, "cpu_op_types": o.cpu_op_types, "error_code": o.error_code,
+               "error_message": None if o.error_message is None else strip_ansi(o.error_message),
+               "cached_failure": o.cached_failure, "accuracy": o.accuracy}
+              for o in report.outcomes]
     return {
         "model": report.model_digest, "name": report.name, "tag": report.tag, "ok": report.ok,
-        "seconds": round(elapsed, 6), "tag_moved": report.tag_moved,
-        "builds": [{"target": o.target, "toolchain": o.toolchain, "state": o.state, "build_id": o.build_id,
-                    "artifact": o.artifact,
-                    "compile_seconds": None if o.compile_seconds is None else float(o.compile_seconds),
-                    "wall_seconds": None if o.wall_seconds is None else float(o.wall_seconds),
-                    "size_bytes": None if o.size is None else int(o.size), "nodes_ep": o.nodes_ep,
-                    "nodes_cpu": o.nodes_cpu, "error_code": o.error_code,
-                    "error_message": None if o.error_message is None else strip_ansi(o.error_message),
-                    "cached_failure": o.cached_failure, "accuracy": o.accuracy}
-                   for o in report.outcomes],
+        "seconds": round(elapsed, 6), "tag_moved": report.tag_moved, "builds": builds,
+        "warnings": warnings_of(builds, ("built", "cached")),
     }

@@ -46,5 +46,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     else:
         table(rows, ["build", "was", "now"])
         stopped = sum(1 for r in rows if r.get("now") == "cancelled")
-        print(f"{stopped} build(s) cancelled, {len(rows) - stopped} already finished")
+        kept = sum(1 for r in rows if r.get("now") == "kept")
+        print(f"{stopped} build(s) cancelled, {len(rows) - stopped - kept} already finished"
+              + (f", {kept} kept (another release still wants them)" if kept else ""))
     return 0

@@ -97,9 +97,12 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "server", None):
         return _submit_group_remote(args, settings)
     group = group_of(args, settings)
-    st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
-                        tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
-                        force_tag=args.force_tag, require_full_offload=args.require_full_offload)
+    try:
+        st = submit_release(settings, group, list(args.target), list(args.sdk), list(args.option), name=args.name,
+                            tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
+                            force_tag=args.force_tag, require_full_offload=args.require_full_offload)
+    finally:
+        group.cleanup()  # its temporary group.json, however the submit ends
     if not args.json:
         print(f"release {st.release_id} ({st.model}): group of {len(group.names)} graphs "
               f"({', '.join(group.names)}): {_counts_text(st.builds)}", file=sys.stderr)
@@ -266,9 +269,11 @@ def release_json(release: int, model: str, builds: list[dict[str, Any]], *,
     counts: dict[str, int] = {}
     for b in rows:
         counts[b["state"]] = counts.get(b["state"], 0) + 1
+    from farm.cli.offload import warnings_of
+
     return {"release": int(release), "model": model, "done": all(b["state"] in FINAL for b in rows),
             "ok": all(b["state"] == "succeeded" for b in rows), "counts": counts, "tag_moved": tag_moved,
-            "builds": rows}
+            "builds": rows, "warnings": warnings_of(rows, ("succeeded",))}
 
 
 FINAL = ("succeeded", "failed")
@@ -282,7 +287,15 @@ def build_json(b: dict[str, Any]) -> dict[str, Any]:
             "error_message": None if b.get("error_message") is None else strip_ansi(b["error_message"]),
             "artifact": b.get("artifact"),
             "compile_seconds": None if b.get("compile_seconds") is None else float(b["compile_seconds"]),
-            "worker": b.get("worker")}
+            "worker": b.get("worker"), **_placement(b)}
+
+
+def _placement(b: dict[str, Any]) -> dict[str, Any]:
+    """A build's ``nodes_cpu`` and ``cpu_op_types`` (from the index or a service: checked types)."""
+    n = b.get("nodes_cpu")
+    ops = b.get("cpu_op_types")
+    return {"nodes_cpu": n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None,
+            "cpu_op_types": [str(o)[:64] for o in ops[:64] if isinstance(o, str)] if isinstance(ops, list) else None}
 
 
 def _counts_text(builds: list[dict[str, Any]]) -> str:
@@ -324,6 +337,9 @@ def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True,
     for b in doc["builds"]:
         if b["state"] == "failed":
             print(f"error[{b['error_code']}] {b['target']} {b['toolchain']}: {b['error_message']}", file=sys.stderr)
+    from farm.cli.offload import print_warnings
+
+    print_warnings(doc.get("warnings") or [])
 
 
 def _submit(args: argparse.Namespace, settings: Settings) -> int:

@@ -256,6 +256,10 @@ def _print_resolved(info: dict[str, Any]) -> None:
     runtime = {"qnn": "QNN", "trt": "TensorRT"}.get(info.get("backend", ""), "")
     print(f"{info['artifact'][7:19]}  {info.get('backend', '')}:{info['target']}  {runtime} {info['toolchain']}")
     print(f"  {_picked_text(info)}")
+    from farm.cli.offload import offload_text
+
+    if (partial := offload_text(info.get("offload"))) is not None:
+        print(f"  {partial}")
     acc = info.get("accuracy")
     if isinstance(acc, dict):  # the local index's (the service's answer has none)
         figure = f"{acc.get('min_psnr_db')} dB (worst output {acc.get('worst_output')!r})" \

@@ -214,7 +214,15 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
         row = rows.setdefault((c["model"], c["target"]), {"model": c["model"][7:19], "tags": ", ".join(c["tags"]),
                                                           "target": c["target"]})
         label = f"failed({','.join(c['codes'])})" if c["state"] == "failed" else c["state"]
-        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label + (" \u2713" if c["probe_verified"] else "")
+        label += " +cpu" if c.get("partial_offload") else ""
+        label += " \u2713" if c["probe_verified"] else ""
+        if c.get("devices"):  # device confirmations, as the page shows them
+            label += f" \u2713device\u00d7{c['devices']}"
+        if c.get("unverified"):  # built only as groups / multi-SoC binaries: nothing here can load it
+            label += " unverified"
+        if c.get("via"):  # built as a multi-SoC binary, as the page and the JSON say
+            label += " via " + ",".join(v.partition(":")[2] for v in c["via"])
+        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label
     for (_m, target), row in rows.items():
         for b, v in columns:
             if target.startswith(b + ":"):
@@ -223,6 +231,13 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     _table_with_headers(list(rows.values()), ["model", "tags", "target", *headers],
                         {h: f"{names.get(h.split()[0], h.split()[0])} {h.split()[1]}" for h in headers})
     print("\u2713: a probe loaded a built artifact of the cell (farm coverage --verdicts shows every verdict)")
+    partial = sorted({op for c in cov["cells"] if c.get("partial_offload") for op in c.get("cpu_op_types") or []})
+    if any(c.get("partial_offload") for c in cov["cells"]):
+        print("+cpu: partial offload, a built artifact leaves ops on the device's CPU ("
+              + (", ".join(partial) or "op types not recorded") + "; farm coverage --json names them per cell)")
+    if any(c.get("unverified") for c in cov["cells"]):
+        print("unverified: built only as weight-shared graph groups or multi-SoC binaries, which the x86_64 simulator "
+              "can't load (--json says why per cell); via: the multi-SoC build it counts")
     return 0
 
 

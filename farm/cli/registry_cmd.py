@@ -125,6 +125,9 @@ def _checked_show(doc: Any) -> dict[str, Any]:
 def _show(info: dict[str, Any], as_json: bool) -> int:
     """`farm show`: the document of registry.views.artifact_document (schema show.json), from the
     index or the service."""
+    from farm.cli.offload import offload_text
+    from farm.core.untrusted import clean_text
+
     if as_json:
         print(json.dumps(info, indent=2))
         return 0
@@ -141,6 +144,10 @@ def _show(info: dict[str, Any], as_json: bool) -> int:
           f"(all: {json.dumps(options, sort_keys=True)})")
     print(f"compile   {info['compile_seconds']:.3f} s   placement {info['nodes_ep']} ctx / {info['nodes_cpu']} cpu "
           f"{manifest['placement']['cpu_op_types'] or ''}".rstrip())
+    if (partial := offload_text(info.get("offload"))) is not None:
+        print(f"offload   {partial}")
+    for ep, value in sorted((info.get("compatibility") or {}).items()):
+        print(f"compat    {clean_text(ep, 80)}: {clean_text(value, 400)}")
     print(f"created   {_when(info['created_at'])}")
     for n in manifest["epcontext"]:
         print(f"epcontext source={n.get('source')} ep_sdk_version={n.get('ep_sdk_version')} "
@@ -224,6 +231,8 @@ def _show_evidence(info: dict[str, Any]) -> None:
         print("accuracy  not checked (farm build --accuracy, --min-psnr, or FARM_ACCURACY=after)")
     for d in info.get("devices") or []:
         times = f", load p50 {d['load_ms_p50']:g} ms" if d.get("load_ms_p50") is not None else ""
-        err = f", last error: {d['last_error'][:80]}" if d.get("last_error") else ""
+        from farm.core.text import printable  # stored device text: escaped (issue 31)
+
+        err = f", last error: {printable(d['last_error'][:80])}" if d.get("last_error") else ""
         print(f"devices   {d['runtime']} {d['soc']}: {d['loads']} load, {d['fails']} fail, {d['crashed']} crashed "
               f"({d['devices']} device(s)){times}{err}")

@@ -29,7 +29,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         return
     # install
     add_server_arguments(p)
-    p.add_argument("--model", "-m", required=True, help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--model", "-m", help="NAME:TAG, NAME or a model digest")
+    p.add_argument("--package", metavar="NAME:TAG",
+                   help="instead of --model and the device's SoC: the ORT model package of NAME:TAG (farm package "
+                        "made it), every variant in one folder; onnxruntime >= 1.32 picks one on the device")
     p.add_argument("--soc", help="device SoC, e.g. SM8650")
     p.add_argument("--qnn", metavar="VERSION", help="QNN runtime version on the device, e.g. 2.51.0")
     p.add_argument("--detect", action="store_true", help="read --qnn from the onnxruntime-qnn installed here")
@@ -126,6 +129,13 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
 
     if not args.server:
         raise UsageError("farm install needs --server (or FARM_SERVER)", hint="e.g. --server http://farm:8080")
+    if bool(args.model) == bool(args.package):
+        raise UsageError("farm install needs --model NAME:TAG (one artifact) or --package NAME:TAG (an ORT model "
+                         "package), one of them", hint="e.g. farm install --model mynet:stable --soc SM8650 -d DIR")
+    if args.package:
+        if getattr(args, "report", False):
+            raise UsageError("--report reports one artifact's load: it does not apply to --package")
+        return _install_package(args, settings)
     qnn = detect_qnn() if args.detect else args.qnn
     result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn, gpu=args.gpu,
                      trt=args.trt, platform=args.platform, trusted_keys=list(settings.trusted_keys),
@@ -133,11 +143,22 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                      allow_unsigned=args.allow_unsigned or settings.allow_unsigned, connections=args.connections)
     reported = None
     if getattr(args, "report", False):
-        from farm.cli.report_cmd import install_report
+        # A report that can't be sent (or won't be: a simulator host) never fails a good install:
+        # the exit status and stdout stay as without --report, a warning says why (issue 32).
+        from farm.cli.report_cmd import NotReportingError, install_report
+        from farm.core.errors import translate
+        from farm.core.text import printable
 
-        reported = install_report(args, result, qnn)
-        if not args.json:
-            print(f"reported {reported['outcome']} (report {reported['report']})", file=sys.stderr)
+        try:
+            reported = install_report(args, result, qnn)
+        except NotReportingError as exc:
+            print(f"warning: not reporting: {exc}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - any failure of the report is a warning here
+            err = translate(exc)
+            print(f"warning: the report was not sent ({err.code}): {printable(err.message)}", file=sys.stderr)
+        else:
+            if not args.json:
+                print(f"reported {reported['outcome']} (report {reported['report']})", file=sys.stderr)
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
@@ -146,6 +167,22 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                           **({"report": reported} if reported is not None else {})}, indent=2))
     else:
         print(str(result.ctx_model))
+    return 0
+
+
+def _install_package(args: argparse.Namespace, settings: Settings) -> int:
+    from farm.client import install_package
+
+    result = install_package(args.server, args.token, args.package, dest=args.dest,
+                             trusted_keys=list(settings.trusted_keys),
+                             require_signature=args.require_signature or settings.require_signature,
+                             allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
+    if args.json:  # install.json: artifact is the package's digest, ctx_model its manifest.json
+        print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
+                          "files": [str(p) for p in result.files], "bytes": int(result.bytes),
+                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by}, indent=2))
+    else:
+        print(str(result.ctx_model.parent))
     return 0
 
 

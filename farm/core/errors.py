@@ -49,8 +49,18 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
+    ├── NoPublishedBuildsError   no-published-builds  farm package: the model has no published build to package
+    ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
+    ├── PackageVerifyError       package-verify-failed  farm package: the package failed its check (not published)
+    ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
+    ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
+    ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
+    (UsageError ─ BadSamplesError bad-samples       sample inputs that are not a readable .npz for the model)
+    (RateLimitedError ─ QuotaUploadsError      quota-uploads       a token over FARM_QUOTA_UPLOADS open upload sessions)
+    (RateLimitedError ─ QuotaUploadBytesError  quota-upload-bytes  a token's upload sessions over FARM_QUOTA_UPLOAD_MB)
+    (RateLimitedError ─ QuotaReleasesError     quota-releases      a token over FARM_QUOTA_RELEASES releases in progress)
 """
 
 from __future__ import annotations
@@ -404,6 +414,69 @@ class RateLimitedError(FarmError):
     summary = ("HTTP: a token over a limit: more device reports than `FARM_REPORTS_PER_MINUTE`, or too many "
                "long polls waiting (429, with Retry-After)")
     default_hint = "wait a minute and send again; reports of one device are counted once anyway"
+
+
+class NoPublishedBuildsError(FarmError):
+    code = "no-published-builds"
+    summary = "`farm package`: the model has no published (active) build to put in an ORT model package"
+    exit_code = 3  # nothing to answer with, like no-match
+    default_hint = "build it first (farm build / farm submit), then package it"
+
+
+class PackageFilesMissingError(FarmError):
+    code = "package-files-missing"
+    summary = "`farm package`: a published build's files are missing or corrupt in the store (nothing published)"
+    default_hint = "run `farm registry verify --repair` (it marks the broken artifact), then package again"
+
+
+class PackageVerifyError(FarmError):
+    code = "package-verify-failed"
+    summary = ("`farm package`: the package failed its check before publication (ORT could not open it, a file "
+               "did not hash right, or the CPU variant was not selected or did not run); nothing was published")
+    default_hint = "this is a ctxfarm or onnxruntime bug for this model: the message names the failed check"
+class NotDeviceEvidenceError(FarmError):
+    code = "not-device-evidence"
+    summary = ("a device report from a host the farm itself could be (QNN on x86_64/x86: the HTP simulator): "
+               "never device evidence (422)")
+    default_hint = "report from the device (aarch64/armv7); the farm's own probes already cover the simulator"
+    exit_code = 2
+
+
+class ReportSocMismatchError(FarmError):
+    code = "report-soc-mismatch"
+    summary = "a device report naming an SoC the artifact was not built for (a multi-SoC build: none of its SoCs) (422)"
+    default_hint = "report the artifact your device resolved for its own SoC"
+    exit_code = 2
+
+
+class ReportRuntimeMismatchError(FarmError):
+    code = "report-runtime-mismatch"
+    summary = "a device report from a runtime the compatibility rule refuses for that build (e.g. older SDK) (422)"
+    default_hint = "devices refine the rule, never override it: resolve for this runtime and report what it answered"
+    exit_code = 2
+class BadSamplesError(UsageError):
+    code = "bad-samples"
+    summary = ("sample inputs that are not a readable `.npz` of plain arrays for this model (too many members, "
+               "a bad CRC, truncated, a group's digest)")
+    default_hint = "np.savez('inputs.npz', **{input_name: array}) with one array per input of the one model"
+
+
+class QuotaUploadsError(RateLimitedError):
+    code = "quota-uploads"
+    summary = "HTTP: the token holds `FARM_QUOTA_UPLOADS` open upload sessions (429)"
+    default_hint = "complete or abandon this token's open uploads (they expire after FARM_UPLOAD_TTL_S)"
+
+
+class QuotaUploadBytesError(RateLimitedError):
+    code = "quota-upload-bytes"
+    summary = "HTTP: the token's open upload sessions would hold over `FARM_QUOTA_UPLOAD_MB` (429)"
+    default_hint = "complete this token's open uploads first (they expire after FARM_UPLOAD_TTL_S)"
+
+
+class QuotaReleasesError(RateLimitedError):
+    code = "quota-releases"
+    summary = "HTTP: the token has `FARM_QUOTA_RELEASES` releases with builds still queued or running (429)"
+    default_hint = "wait for this token's releases to finish (or cancel some), then submit again"
 
 
 class Interrupted(KeyboardInterrupt):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,14 +87,48 @@ def parse_graph_args(values: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+MAX_GROUP_FILE = 1024 * 1024  # bytes: a group file names a few dozen graphs
+MAX_GROUP_DEPTH = 16  # nesting of lists and tables: the file needs 3
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside quoted strings (JSON's and TOML's quotes),
+    counted before a parser recurses into it."""
+    deepest = depth = 0
+    quote = ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def read_group_file(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """A group file: JSON ``{"graphs": [{"name": N, "path": P}, ...]}`` or TOML with
-    ``[[graphs]]`` tables of the same keys. Relative paths are relative to the file."""
+    ``[[graphs]]`` tables of the same keys. Relative paths are relative to the file. At most
+    ``MAX_GROUP_FILE`` bytes, nested at most ``MAX_GROUP_DEPTH`` deep (else ``bad-group``)."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_GROUP_FILE:
+            raise BadGroupError(f"the group file {p} is over {MAX_GROUP_FILE} bytes")
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeError) as exc:
         raise BadGroupError(f"cannot read the group file {p}: {exc}") from None
+    if _depth(text) > MAX_GROUP_DEPTH:
+        raise BadGroupError(f"the group file {p} nests lists or tables over {MAX_GROUP_DEPTH} deep",
+                            hint='{"graphs": [{"name": "prefill", "path": "prefill.onnx"}, ...]}')
     try:
         if p.suffix.lower() == ".toml":
             import tomllib
@@ -101,9 +136,9 @@ def read_group_file(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
             doc: Any = tomllib.loads(text)
         else:
             doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BadGroupError(f"group file {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: "
-                            f"{str(exc)[:200]}") from None
+                            f"{str(exc)[:200] or type(exc).__name__}") from None
     graphs = doc.get("graphs") if isinstance(doc, dict) else None
     if not isinstance(graphs, list):
         raise BadGroupError(f"group file {p} has no 'graphs' list",
@@ -159,6 +194,12 @@ class GroupBundle:
     @property
     def path(self) -> Path:
         return self._dir / GROUP_FILE
+
+    def cleanup(self) -> None:
+        """Remove the temporary directory that holds group.json (the CLI calls it when the
+        command ends, however it ends: success, refusal or Ctrl-C)."""
+        if self._dir.name.startswith("ctxfarm-group-"):
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def files_json(self) -> list[dict[str, Any]]:
         out = [{"path": GROUP_FILE, "digest": self.onnx.digest, "size": self.onnx.size}]

@@ -88,6 +88,12 @@ class Settings:
     # runtime, and loading on none, is not served to that runtime again.
     reports_per_minute: int = 600
     report_fail_devices: int = 3
+    # Per-token quotas of the HTTP service (issue 32): open upload sessions, the bytes they hold,
+    # and releases with builds still queued or running; upload sessions untouched this long expire.
+    quota_uploads: int = 4
+    quota_upload_mb: int = 8192
+    quota_releases: int = 64
+    upload_ttl_s: float = 86400.0
 
     @property
     def worker_stale_after(self) -> float:
@@ -173,6 +179,10 @@ class Settings:
             accuracy_budget=number("FARM_ACCURACY_BUDGET", 300.0),
             reports_per_minute=integer("FARM_REPORTS_PER_MINUTE", 600),
             report_fail_devices=integer("FARM_REPORT_FAIL_DEVICES", 3),
+            quota_uploads=integer("FARM_QUOTA_UPLOADS", 4),
+            quota_upload_mb=integer("FARM_QUOTA_UPLOAD_MB", 8192),
+            quota_releases=integer("FARM_QUOTA_RELEASES", 64),
+            upload_ttl_s=number("FARM_UPLOAD_TTL_S", 86400.0),
         )
 
 

@@ -13,3 +13,40 @@ ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)
 def strip_ansi(text: str) -> str:
     """``text`` without terminal escape sequences."""
     return ANSI_RE.sub("", text) if "\x1b" in text else text
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of ``text`` that is not printable text, as ``U+XXXX``; None when all
+    are. Not printable: controls (C0 with tab, CR and LF; DEL; C1, so a lone CSI ``\\x9b`` too),
+    format characters (bidi overrides and isolates, zero-width joiners, BOM), line and paragraph
+    separators, surrogates, private-use and unassigned code points (Unicode categories Cc, Cf, Zl,
+    Zp, Cs, Co, Cn). What a device sends as "printable" fields is held to this (issue 31)."""
+    import unicodedata
+
+    if text.isascii() and text.isprintable():  # the common case: no per-character lookups
+        return None
+    for ch in text:
+        if ch.isprintable() and unicodedata.category(ch) not in _HIDDEN:
+            continue
+        if ch == " ":
+            continue
+        return f"U+{ord(ch):04X}"
+    return None
+
+
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal or in a log line: every character ``unprintable`` names
+    is written as ``\\uXXXX``, so stored text can neither move the cursor,
+    recolour the screen, reorder a line (bidi) nor forge a second line."""
+    if text.isascii() and text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch != " " and unprintable(ch) is not None:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -102,7 +102,7 @@ def answer(settings: Settings, model: str | Path, target_refs: Sequence[str], op
                 return None
             outcome = BuildOutcome(t.ref, b.toolchain, "cached", b.id, artifact=b.artifact,
                                    compile_seconds=b.compile_seconds, size=b.size, nodes_ep=b.nodes_ep,
-                                   nodes_cpu=b.nodes_cpu)
+                                   nodes_cpu=b.nodes_cpu, cpu_op_types=b.cpu_op_types)
             outcomes.append(gate_outcome(outcome, _op_types(settings, b.artifact)) if gated else outcome)
         elif b.state == "failed" and not retry_failed and b.error_code in DETERMINISTIC_FAILURES:
             outcomes.append(BuildOutcome(t.ref, b.toolchain, "failed", b.id, error_code=b.error_code,
@@ -213,7 +213,8 @@ def resubmit(settings: Settings, model: str | Path, target_refs: Sequence[str], 
         views = []
         for b in sorted(builds, key=lambda b: (b.target, b.toolchain)):
             ok = b.state == "succeeded"
-            view = build_view_of(b, b.artifact if ok else None, b.compile_seconds if ok else None)
+            view = build_view_of(b, b.artifact if ok else None, b.compile_seconds if ok else None,
+                                 nodes_cpu=b.nodes_cpu if ok else None, cpu_op_types=b.cpu_op_types if ok else None)
             if request.require_full_offload and ok and b.artifact is not None:
                 # Before the commit, as the full path: a manifest that cannot be read records nothing.
                 view = gate_view(view, b.nodes_cpu, _op_types(settings, b.artifact))

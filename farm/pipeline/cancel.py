@@ -25,17 +25,23 @@ from registry.index import Registry
 class Cancelled:
     build: int
     was: str  # the state read before cancelling
-    now: str  # "cancelled", or the final state it already had
+    now: str  # "cancelled", "kept" (another release still wants it), or the final state it already had
 
     def to_dict(self) -> dict[str, Any]:
         return {"build": self.build, "was": self.was, "now": self.now}
 
 
 def cancel(settings: Settings, *, release_id: int | None = None, build_id: int | None = None,
-           registry: Registry | None = None, reason: str = "farm cancel") -> list[Cancelled]:
-    """Cancel one build, or every build of a release (a build the release shares with another
-    release is cancelled for both: it is one build)."""
-    from sqlalchemy import select
+           registry: Registry | None = None, reason: str = "farm cancel", caller: int | None = None,
+           admin: bool = True) -> list[Cancelled]:
+    """Cancel one build, or every build of a release. ``caller``/``admin``: the token asking
+    through the service (a local ``farm cancel`` is admin). A release is cancelled by its owner or
+    an admin; to anyone else it does not exist (``not-found``). A cancelled release no longer
+    wants its builds; a build another release still wants is kept (``now: kept``) and cancelled
+    when the last release that wants it is. ``--build`` by an admin cancels the build outright;
+    by a submit token only when every release still wanting it is that token's (else ``kept``),
+    and not at all (``not-found``) when none of them is."""
+    from sqlalchemy import select, update
 
     from farm.core.errors import NotFoundError, UsageError
     from registry.models import Release, ReleaseBuild
@@ -47,18 +53,31 @@ def cancel(settings: Settings, *, release_id: int | None = None, build_id: int |
     try:
         with reg.db.session() as s:
             if release_id is not None:
-                if s.get(Release, release_id) is None:
-                    raise NotFoundError(f"no release {release_id}", hint="`farm submit` prints a release's id")
+                release = s.get(Release, release_id)
+                if release is None or not (admin or release.owner_token_id == caller):
+                    raise NotFoundError(f"no release {release_id}", hint="`farm submit` prints a release's id "
+                                                                         "(a token sees only its own releases)")
+                # Guarded: a second cancel finds it cancelled and changes nothing.
+                s.execute(update(Release).where(Release.id == release_id, Release.cancelled_at.is_(None))
+                          .values(cancelled_at=states.now()).execution_options(synchronize_session=False))
                 ids = list(s.scalars(select(ReleaseBuild.build_id).where(ReleaseBuild.release_id == release_id)
                                      .order_by(ReleaseBuild.build_id)))
             else:
                 assert build_id is not None
                 ids = [states.get_build(s, build_id).id]
+                if not admin:
+                    owners = _wanting(s, build_id, live_only=False)
+                    if caller not in owners:
+                        raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's "
+                                                                         "builds (a token sees only its own)")
         out: list[Cancelled] = []
         events = Publisher(settings.broker_url)
         for bid in ids:
             with reg.db.session() as s:
                 was = str(states.get_build(s, bid).state)
+                if was in ("queued", "running") and _kept(s, bid, build_id is not None, admin, caller):
+                    out.append(Cancelled(bid, was, "kept"))
+                    continue
                 now = states.cancel(s, bid, reason)
             out.append(Cancelled(bid, was, now))
             if now == "cancelled":
@@ -67,3 +86,23 @@ def cancel(settings: Settings, *, release_id: int | None = None, build_id: int |
     finally:
         if own:
             reg.close()
+
+
+def _wanting(s: Any, build_id: int, *, live_only: bool) -> list[int | None]:
+    """The owners of the releases that want ``build_id`` (live: not cancelled)."""
+    from sqlalchemy import select
+
+    from registry.models import Release, ReleaseBuild
+
+    q = (select(Release.owner_token_id).join(ReleaseBuild, ReleaseBuild.release_id == Release.id)
+         .where(ReleaseBuild.build_id == build_id))
+    if live_only:
+        q = q.where(Release.cancelled_at.is_(None))
+    return list(s.scalars(q))
+
+
+def _kept(s: Any, build_id: int, by_build: bool, admin: bool, caller: int | None) -> bool:
+    """Whether a release the cancel does not speak for still wants the build."""
+    if by_build:
+        return not admin and any(o != caller for o in _wanting(s, build_id, live_only=True))
+    return bool(_wanting(s, build_id, live_only=True))  # the cancelled release is no longer live

@@ -276,7 +276,7 @@ def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Targ
                 toolchain=out.toolchain.to_dict(), options=row.options, options_digest=row.options_digest,
                 ctx_model=out.ctx_model, files=files, epcontext=out.epcontext, placement=out.placement,
                 compile_seconds=out.compile_seconds, built_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                log=log_info, graphs=out.graphs, description=out.description,
+                log=log_info, graphs=out.graphs, description=out.description, compatibility=out.compatibility,
             )
             data, manifest_digest = mf.encode(manifest)
             blobs += [("build.log", log_data, log_digest), ("manifest.json", data, manifest_digest)]
@@ -292,7 +292,8 @@ def publish(registry: Registry, lease: states.Lease, row: BuildRow, target: Targ
         art = insert_artifact(s, lease.build_id, manifest_digest=manifest_digest, manifest_size=len(data),
                               ctx_model=out.ctx_model, files=all_files, ep_sdk_version=ep_sdk,
                               compile_seconds=out.compile_seconds, nodes_ep=out.placement["ep_nodes"],
-                              nodes_cpu=out.placement["cpu_nodes"], description=out.description)
+                              nodes_cpu=out.placement["cpu_nodes"], description=out.description,
+                              cpu_op_types=out.placement["cpu_op_types"], compatibility=out.compatibility)
         if signer is not None:
             add_signature(s, manifest_digest, signer.public_b64, signer.sign(manifest_digest))
         if probe_version is not None and not out.unverified:

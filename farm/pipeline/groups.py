@@ -18,7 +18,7 @@ def record_group(reg: Registry, graphs: list[tuple[str, str]], *, name: str | No
     """Record the group of ``graphs`` ((graph name, model digest or NAME:TAG) in order); returns
     ``{"digest", "graphs": [{"name", "model"}], "size", "tag_moved"}``. Each member must be a
     recorded, stored, single model (not itself a group)."""
-    from farm.pipeline.plan import check_name_tag, record_snapshot
+    from farm.pipeline.plan import check_name_tag, check_tag_free, record_snapshot
     from registry.index import resolve_model_ref
     from registry.models import Model
     from registry.store.base import put_bytes
@@ -36,6 +36,7 @@ def record_group(reg: Registry, graphs: list[tuple[str, str]], *, name: str | No
                 raise BadGroupError(f"graph {graph!r}: {digest[:19]} is itself a graph group")
             members.append((graph, digest, [dict(f) for f in m.files]))
     desc, digest, listing = group_listing(members)
+    check_tag_free(reg, digest, name, tag, force_tag)  # a refused group leaves no group.json blob
     put_bytes(reg.store, desc, expected=listing[0]["digest"])
     size = sum(int(f["size"]) for f in listing)  # as GroupBundle.size: each graph's bundle in full
     with reg.db.session() as s:

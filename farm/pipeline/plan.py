@@ -115,6 +115,22 @@ def record_snapshot(s: Any, digest: str, onnx_digest: str, size: int, files: lis
     return None
 
 
+def check_tag_free(reg: Registry, digest: str, name: str | None, tag: str | None, force_tag: bool) -> None:
+    """tag-conflict *before* any blob is stored, so a refused request leaves nothing in the store
+    (``record_snapshot`` checks again in its own transaction)."""
+    if not (name and tag) or force_tag:
+        return
+    from sqlalchemy import select
+
+    from registry.index import set_tag
+    from registry.models import Tag
+
+    with reg.db.session() as s:
+        current = s.scalar(select(Tag.model_digest).where(Tag.name == name, Tag.tag == tag))
+        if current is not None and current != digest:
+            set_tag(s, name, tag, digest)  # raises tag-conflict, having written nothing
+
+
 def check_support(matrix: Sequence[tuple[Target, str]], *, group: bool) -> None:
     """Weight sharing and multi-SoC refusals (``farm.core.groups.check_build_support``) for
     every (target, toolchain) asked for, before anything is written."""
@@ -180,6 +196,8 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
                       group=any(isinstance(b, GroupBundle) for b in bundles))
         reports: list[BuildReport] = []
         planned: list[tuple[Target, states.BuildSpec, int, Progress]] = []
+        for bundle in bundles:
+            check_tag_free(reg, bundle.digest, name, tag, force_tag)
         for i, bundle in enumerate(bundles):
             files = store_snapshot(reg, bundle)
             listen = progress[i] if i < len(progress) else no_progress
@@ -322,7 +340,7 @@ def outcome_from_row(reg: Registry, build_id: int, ref: str, *, cached: bool, ga
                                     hint="run `farm registry verify`")
             outcome = BuildOutcome(ref, b.toolchain, "cached" if cached else "built", b.id, artifact=a.digest,
                                    compile_seconds=a.compile_seconds, size=a.size, nodes_ep=a.nodes_ep,
-                                   nodes_cpu=a.nodes_cpu)
+                                   nodes_cpu=a.nodes_cpu, cpu_op_types=a.cpu_op_types)
             digest = a.digest
             return gate_outcome(outcome, lambda: cpu_op_types(reg.store, digest)) if gate else outcome
         return BuildOutcome(ref, b.toolchain, "failed", b.id, error_code=b.error_code,
@@ -369,10 +387,13 @@ def submit_release(settings: Settings, model: str | Path | GroupBundle, target_r
 def queue_release(settings: Settings, reg: Registry, model_digest: str, request: ReleaseRequest, *,
                   served: dict[tuple[str, str], list[str]], app: Any = None,
                   store: Callable[[], list[dict[str, Any]]] | None = None, display: str = "",
-                  onnx_digest: str = "", size: int = 0, dispatch: bool = True) -> ReleaseStatus:
+                  onnx_digest: str = "", size: int = 0, dispatch: bool = True,
+                  owner: int | None = None) -> ReleaseStatus:
     """Record the release and its queued builds in one transaction, then send the messages.
     ``store`` uploads the model snapshot (blobs first); a model already stored passes None.
     ``dispatch=False``: no broker, the caller runs the queued builds itself (the embedded service).
+    ``owner``: the id of the token that submitted it through the service (only it or an admin
+    cancels the release).
 
     A re-submission whose builds are all answered by the index (succeeded, or failed for a
     deterministic reason) is one transaction of a few statements: read the builds with their
@@ -395,19 +416,21 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
     with reg.db.session() as s:
         cached, needs_work = _answer_cached(s, model_digest, [spec.build_key for _, _, spec in specs], request,
                                             label, release_matrix, check_stored=store is not None,
-                                            blobs=reg.store)
+                                            blobs=reg.store, owner=owner)
     if cached is not None:
         return cached
     if needs_work and dispatch:
         # Something will be sent: the broker must answer before anything is written.
         app = app or shared_app(settings)
         check_broker(app)
+    if store is not None:
+        check_tag_free(reg, model_digest, request.name, request.tag, request.force_tag)
     files = store() if store is not None else None
     to_send: list[tuple[int, str]] = []
     with reg.db.session() as s:
         moved_from = record_snapshot(s, model_digest, onnx_digest, size, files, request.name, request.tag, display,
                                      force_tag=request.force_tag)
-        release = Release(model_digest=model_digest, label=label, matrix=release_matrix)
+        release = Release(model_digest=model_digest, label=label, matrix=release_matrix, owner_token_id=owner)
         s.add(release)
         s.flush()
         for t, version, spec in specs:
@@ -437,8 +460,8 @@ def queue_release(settings: Settings, reg: Registry, model_digest: str, request:
 
 
 def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseRequest, label: str,
-                   release_matrix: dict[str, Any], *, check_stored: bool, blobs: Any = None
-                   ) -> tuple[ReleaseStatus | None, bool]:
+                   release_matrix: dict[str, Any], *, check_stored: bool, blobs: Any = None,
+                   owner: int | None = None) -> tuple[ReleaseStatus | None, bool]:
     """In the caller's transaction: when every build of ``keys`` is final and stays so
     (``enqueue``'s rules reopen none) and the model snapshot is stored, record the tag and the
     release and return (its status, False). Else (None, whether some build needs work: new,
@@ -477,7 +500,8 @@ def _answer_cached(s: Any, model_digest: str, keys: list[str], request: ReleaseR
         move = set_tag(s, request.name, request.tag, model_digest, force=request.force_tag)
         moved_from = move.as_move()
     release_id = s.scalar(insert(Release).values(model_digest=model_digest, label=label, matrix=release_matrix,
-                                                 created_at=states.now()).returning(Release.id))
+                                                 created_at=states.now(), owner_token_id=owner)
+                          .returning(Release.id))
     s.execute(insert(ReleaseBuild), [{"release_id": release_id, "build_id": rows[k][0].id}
                                      for k in dict.fromkeys(keys)])
     st = ReleaseStatus(int(release_id), label, tag_moved=moved_from)
@@ -494,7 +518,8 @@ def build_view(b: Any, art: Any) -> dict[str, Any]:
         note = "lease expired, waiting for a worker"
     elif b.state == states.BuildState.QUEUED and b.error_code:
         note = f"retrying after {b.error_code}"
-    return build_view_of(b, art.digest if art else None, art.compile_seconds if art else None, note)
+    return build_view_of(b, art.digest if art else None, art.compile_seconds if art else None, note,
+                         nodes_cpu=art.nodes_cpu if art else None, cpu_op_types=art.cpu_op_types if art else None)
 
 
 def _gate_view(view: dict[str, Any], art: Any, blobs: Any) -> dict[str, Any]:

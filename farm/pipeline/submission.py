@@ -40,6 +40,8 @@ class BuildOutcome:
     size: int | None = None
     nodes_ep: int | None = None
     nodes_cpu: int | None = None
+    # The op types left on the CPU (partial offload; the index's, None where not recorded).
+    cpu_op_types: list[str] | None = None
     error_code: str | None = None
     error_message: str | None = None
     cached_failure: bool = False
@@ -147,13 +149,15 @@ def gate_outcome(outcome: BuildOutcome, cpu_op_types: Callable[[], Sequence[str]
     return outcome
 
 
-def build_view_of(b: Any, artifact: str | None, compile_seconds: float | None, note: str | None = None
-                  ) -> dict[str, Any]:
+def build_view_of(b: Any, artifact: str | None, compile_seconds: float | None, note: str | None = None,
+                  nodes_cpu: int | None = None, cpu_op_types: list[str] | None = None) -> dict[str, Any]:
     """One build of a release as status shows it, from a build row (the ORM's or the fast path's
-    plain one: both have these fields) and its artifact's digest and compile time."""
+    plain one: both have these fields) and its artifact's digest, compile time and placement
+    (``nodes_cpu`` > 0: a partial offload, whose ``cpu_op_types`` stay on the device's CPU)."""
     return {"build": b.id, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain, "state": b.state,
             "note": note, "attempts": b.attempts, "error_code": b.error_code, "error_message": b.error_message,
-            "artifact": artifact, "compile_seconds": compile_seconds, "worker": b.worker}
+            "artifact": artifact, "compile_seconds": compile_seconds, "worker": b.worker,
+            "nodes_cpu": nodes_cpu, "cpu_op_types": cpu_op_types}
 
 
 def gate_view(view: dict[str, Any], nodes_cpu: int | None, cpu_op_types: Callable[[], Sequence[str]]

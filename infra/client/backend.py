@@ -28,6 +28,7 @@ MODULES = [
     "farm/core/errors.py",
     "farm/core/keys.py",
     "farm/core/names.py",
+    "farm/core/packages.py",  # issue 30: ctxfarm-install --package (an ORT model package)
     "farm/core/placement.py",
     "farm/core/settings.py",
     "farm/core/untrusted.py",

@@ -116,6 +116,21 @@ def partly_unsupported(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def gemm_left_on_cpu(path: Path, *, seed: int = 0, size: int = 16) -> Path:
+    """A decode-style step, MatMul then a Gemm with alpha/beta != 1: the QNN EP takes the MatMul
+    and leaves the Gemm on the CPU (measured: QNN 2.51.0, SM8650, ``1 ctx / 1 cpu ['Gemm']``)."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("W0", (size, size)), ("W", (size, size)), ("B", (size,)))]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W0"], ["m"]),
+         helper.make_node("Gemm", ["m", "W", "B"], ["y"], alpha=0.5, beta=2.0)],
+        "gemm_left_on_cpu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, size])], initializer=inits)
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
 def memory_bomb(path: Path) -> Path:
     """A few hundred bytes that ask the compiler for a 2 GiB tensor (ConstantOfShape)."""
     shape = numpy_helper.from_array(np.array([1, 1 << 29], dtype=np.int64), "shape")

@@ -148,12 +148,12 @@ def test_sample_inputs_upload_is_validated_and_used(tmp_path: Path) -> None:
 
     x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32)
     hostile = [
-        (npz(x=x.astype(np.float64)), 400, "usage"),
-        (npz(x=x.reshape(64, 1)), 400, "usage"),
-        (npz(y=x), 400, "usage"),
-        (npz(x=x, extra=x), 400, "usage"),
-        (npz(x=np.array([{"a": 1}], dtype=object)), 400, "usage"),
-        (b"not a zip", 400, "usage"),
+        (npz(x=x.astype(np.float64)), 400, "bad-samples"),
+        (npz(x=x.reshape(64, 1)), 400, "bad-samples"),
+        (npz(y=x), 400, "bad-samples"),
+        (npz(x=x, extra=x), 400, "bad-samples"),
+        (npz(x=np.array([{"a": 1}], dtype=object)), 400, "bad-samples"),
+        (b"not a zip", 400, "bad-samples"),
         (b"\0" * (64 * 1024 * 1024 + 1), 413, "too-large"),
     ]
     with TestClient(create_app(settings, reg)) as client:
@@ -177,14 +177,14 @@ def test_sample_inputs_upload_is_validated_and_used(tmp_path: Path) -> None:
 
 def test_build_with_samples(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
     """farm build --samples: checked against the model before anything is built (a bad one is a
-    usage error and nothing is compiled), then fed to the check, whose inputs are its digest."""
+    bad-samples error and nothing is compiled), then fed to the check, whose inputs are its digest."""
     import numpy as np
 
     model = matmul_model(tmp_path / "m.onnx", seed=3)
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((1, 64), np.float64))
     proc = farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--samples", str(bad), check=False)
-    assert proc.returncode == 2 and "error[usage]" in proc.stderr and "float64" in proc.stderr
+    assert proc.returncode == 2 and "error[bad-samples]" in proc.stderr and "float64" in proc.stderr
     assert json.loads(farm(farm_env, "ls", "--json").stdout) == []
     good = tmp_path / "good.npz"
     np.savez(good, x=np.random.default_rng(9).standard_normal((1, 64)).astype(np.float32))

@@ -30,17 +30,24 @@ def service(settings: Settings) -> Iterator[dict[str, Any]]:
         yield svc
 
 
-def release_of_three(settings: Settings) -> tuple[int, list[int]]:
-    """A release with a queued build, a running one and a finished (failed) one."""
+def release_of_three(settings: Settings, owner: str = "ci") -> tuple[int, list[int]]:
+    """A release with a queued build, a running one and a finished (failed) one, submitted by the
+    token named ``owner`` (the service's submit token: only it or an admin may cancel it)."""
+    from sqlalchemy import select
+
+    from registry.models import ApiToken
+
     reg = Registry.open(settings)
     try:
+        with reg.db.session() as s:
+            owner_id = s.scalar(select(ApiToken.id).where(ApiToken.name == owner))
         with reg.db.session() as s:
             model = add_model(s, "m-cancel", name="m").digest
         ids = []
         with reg.db.session() as s:
             for target in ("SM8650", "SM8750", "SM8550"):
                 ids.append(states.enqueue(s, spec(model, target=target), "compile.qnn.2.51.0")[0])
-            release = Release(model_digest=model, label="m", matrix={})
+            release = Release(model_digest=model, label="m", matrix={}, owner_token_id=owner_id)
             s.add(release)
             s.flush()
             for b in ids:
@@ -61,6 +68,8 @@ def test_cancel_a_release_over_http(service: dict[str, Any], settings: Settings)
     reader = Client(service["url"], token(settings, "device", "read"))
     with pytest.raises(ForbiddenError):
         reader.json("POST", f"/v1/releases/{release_id}/cancel")
+    with pytest.raises(NotFoundError):  # another pipeline's submit token: not its release (issue 32)
+        Client(service["url"], token(settings, "other", "submit")).json("POST", f"/v1/releases/{release_id}/cancel")
     client = Client(service["url"], service["token"])
     answer = client.json("POST", f"/v1/releases/{release_id}/cancel")
     assert answer["builds"] == [{"build": queued, "was": "queued", "now": "cancelled"},

@@ -107,6 +107,34 @@ def test_the_client_wheel_has_no_dependencies_and_installs_from_a_live_service(
     assert not {"onnx", "numpy", "sqlalchemy", "alembic", "rich", "onnxruntime"} & set(json.loads(loaded))
 
 
+def test_the_client_wheel_installs_an_ort_model_package(bare_client: Path, live: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    """ctxfarm-install --package (issue 30): the package a pipeline made, with the wheel alone."""
+    from farm.pipeline.packages import make_package
+    from registry.index import Registry
+
+    reg = Registry.open(live["settings"])
+    try:
+        made = make_package(live["settings"], reg, "sq:stable")
+    finally:
+        reg.close()
+    dest = tmp_path / "device" / "sq-pkg"
+    proc = subprocess.run([str(bare_client / "ctxfarm-install"), "--server", live["url"], "--token", live["token"],
+                           "--package", "sq:stable", "--dest", str(dest), "--json"], capture_output=True, text=True,
+                          env=_bare_env(), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["artifact"] == made["digest"] and Path(got["ctx_model"]) == dest / "manifest.json"
+    on_disk = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    assert on_disk == {f["path"] for f in made["files"]}
+    for f in made["files"]:
+        assert "sha256:" + hashlib.sha256((dest / f["path"]).read_bytes()).hexdigest() == f["digest"]
+    both = subprocess.run([str(bare_client / "ctxfarm-install"), "--server", live["url"], "--package", "sq:stable",
+                           "--model", "sq:stable", "--dest", str(dest)], capture_output=True, text=True,
+                          env=_bare_env(), cwd=tmp_path, timeout=60)
+    assert both.returncode == 2 and "error[usage]" in both.stderr
+
+
 def test_device_hints_are_things_a_device_can_do(bare_client: Path, live: dict[str, Any], tmp_path: Path) -> None:
     """--detect without onnxruntime-qnn: usage, the runtime <-> SDK map in the hint (no compile
     toolchain talk); a wrong token: unauthorized; no traceback anywhere."""

@@ -191,8 +191,8 @@ def _one_node(path: Path, op: str, *, ir_version: int = 8, **attrs: object) -> P
 @pytest.mark.parametrize(("make", "code"), [
     # HTP has no kernel for Mod: the EP takes no node and writes no context model (measured).
     (lambda p: _one_node(p, "Mod", fmod=1), "unsupported-ops"),
-    # IR 14 is newer than onnxruntime 1.31 reads (its maximum is 13); onnx itself accepts it.
-    (lambda p: _one_node(p, "Relu", ir_version=14), "invalid-model"),
+    # IR 15 is newer than onnxruntime 1.32 reads (its maximum is 14; 1.31's was 13); onnx accepts it.
+    (lambda p: _one_node(p, "Relu", ir_version=15), "invalid-model"),
 ], ids=["no-node-for-the-ep", "ir-version-too-new"])
 def test_deterministic_model_failures_are_not_retried(settings: Settings, tmp_path: Path, make, code) -> None:  # type: ignore[no-untyped-def]
     """Both once failed as a retried toolchain-error (three attempts); the same model fails the

@@ -53,6 +53,12 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     text = farm(farm_env, "show", b["artifact"]).stdout
     assert "verdict   unverified: the x86_64 simulator cannot load weight-shared contexts" in text
     assert "graph decode" in text and "x float32[1,1,64]" in text
+    # Coverage says the cell can't be verified here, and why (issue 31): JSON and the table.
+    cov = json.loads(farm(farm_env, "coverage", "--json").stdout)
+    valid("coverage", cov)
+    (cell,) = [c for c in cov["cells"] if c["model"] == out["model"]]
+    assert cell["state"] == "built" and "weight-shared graph group" in cell["unverified"]
+    assert "built unverified" in farm(farm_env, "coverage").stdout
 
     # The same graphs elsewhere, and through a group file, are the same group: cached.
     other = tmp_path / "copy"

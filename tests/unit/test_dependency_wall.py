@@ -10,7 +10,7 @@ MODULES = ("farm", "farm.pipeline.plan", "registry.install", "farm.cli", "farm.c
            "registry.index", "registry.resolve", "registry.lite", "registry.reads", "farm.pipeline.cached",
            "registry.manifest", "registry.store.local", "workers", "workers.backends",
            "workers.runner", "workers.qnn.runner", "workers.qnn.accuracy", "workers.epcontext", "workers.host",
-           "workers.childproc")
+           "workers.childproc", "farm.core.packages", "farm.pipeline.packages", "workers.ortpackage")
 FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt")
 
 

@@ -45,7 +45,7 @@ def detect_toolchain() -> Toolchain:
     if qnn.get("package_name") != "onnxruntime-qnn" or not qnn.get("__version__"):
         raise MissingExtraError(
             "onnxruntime-qnn is not installed in this environment: no QNN toolchain to compile with",
-            hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.31.1 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
+            hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
         )
     ort = _build_info("onnxruntime", "capi/build_and_package_info.py")
     # onnxruntime-qnn needs the CPU onnxruntime: onnxruntime-gpu is the same module, another package.
@@ -140,6 +140,16 @@ def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
         return None
 
 
+def _model_op_types(path: Path) -> list[str]:
+    """The op types of a source model (its graph only), for an error message; [] if unreadable."""
+    try:
+        import onnx
+
+        return sorted({n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node})
+    except Exception:  # noqa: BLE001 - only for the message
+        return []
+
+
 def runtime_facts(toolchain: Toolchain) -> dict[str, Any]:
     """This machine's QNN runtime. On x86_64 the HTP backend is Qualcomm's simulator: it loads and
     runs contexts, but it is no device (not a phone's timings, and it has crashed running contexts
@@ -223,7 +233,7 @@ class QnnRunner:
         from farm.core.errors import UnsupportedOpsError
         from farm.core.groups import part_of, read_descriptor
         from farm.core.names import inside
-        from workers.epcontext import read_epcontext, referenced_files
+        from workers.epcontext import read_context, referenced_files
         from workers.runner import MEDIA_CTX_MODEL, OutputFile
 
         toolchain = self.toolchain()
@@ -249,26 +259,43 @@ class QnnRunner:
         graphs: list[dict[str, Any]] = []
         expected: list[description.Expected] = []
         cpu = 0
-        cpu_ops: set[str] = set()
+        cpu_ops: dict[str, int] = {}
+        compatibility: dict[str, str] = {}
         per_graph = result.get("graphs") or []
+        # Every graph's context model first: one the EP took nothing of is unsupported-ops (the
+        # binaries the other graphs name may then be missing: the graph that should have ended
+        # them wrote nothing; measured under onnxruntime 1.32's ModelCompiler).
+        read = []
+        for i, g in enumerate(doc["graphs"]):
+            ctx_path = out_dir / f"g{i}_ctx.onnx"
+            nodes, placement, compat = (read_context(ctx_path) if ctx_path.exists()
+                                        else ([], {"cpu_op_types": []}, {}))
+            if not nodes:
+                ops = placement["cpu_op_types"] or _model_op_types(Path(members[i]["model"]))
+                raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it "
+                                          f"({', '.join(ops) or 'op types unknown'})",
+                                          hint=f"ops left on the CPU: {', '.join(ops) or 'unknown'}; none of them "
+                                               "runs on the QNN EP",
+                                          details={"log": log, "cpu_op_types": ops})
+            read.append((nodes, placement, compat))
         for i, g in enumerate(doc["graphs"]):
             ctx_name = f"g{i}_ctx.onnx"
-            ctx_path = out_dir / ctx_name
-            nodes, placement = read_epcontext(ctx_path) if ctx_path.exists() else ([], {"cpu_op_types": []})
-            if not nodes:
-                raise UnsupportedOpsError(f"graph {g['name']!r}: the QNN EP took no node of it",
-                                          hint=f"ops left on the CPU: {', '.join(placement['cpu_op_types'])}",
-                                          details={"log": log})
+            nodes, placement, compat = read[i]
             bins = referenced_files(nodes, out_dir)
             files.append(OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL))
             files += [OutputFile(b, out_dir / b, "context", MEDIA_QNN_CONTEXT) for b in bins
                       if b not in {f.name for f in files}]
             nodes_all += [{**n, "graph": g["name"]} for n in nodes]
             cpu += placement["cpu_nodes"]
-            cpu_ops |= set(placement["cpu_op_types"])
+            for op, n in placement["cpu_op_counts"].items():
+                cpu_ops[op] = cpu_ops.get(op, 0) + n
+            # Every graph of a group shares its binaries' compiler settings: the first one's string
+            # is the group's (each graph keeps its own below).
+            for ep, value in compat.items():
+                compatibility.setdefault(ep, value)
             stats = per_graph[i] if i < len(per_graph) else {}
             graphs.append({"name": g["name"], "model": g["model"], "ctxModel": ctx_name, "contexts": bins,
-                           "placement": placement,
+                           "placement": placement, "compatibility": compat,
                            "compileSeconds": round(float(stats.get("compile_seconds") or 0), 6),
                            "peakRssKib": int(stats.get("peak_rss_kib") or 0)})
             whole = placement["cpu_nodes"] == 0 and len(nodes) == 1
@@ -280,9 +307,10 @@ class QnnRunner:
                        if p.is_file() and str(p.relative_to(out_dir)) not in known)
         if extra:
             raise ToolchainError(f"the QNN EP wrote files no graph of the group references: {extra}")
-        placement_all = {"ep_nodes": len(nodes_all), "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}
+        placement_all = {"ep_nodes": len(nodes_all), "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops),
+                         "cpu_op_counts": dict(sorted(cpu_ops.items()))}
         out = CompileOutput(out_dir, files[0].name, files, float(result["compile_seconds"]), wall, nodes_all,
-                            placement_all, toolchain, log, None)
+                            placement_all, toolchain, log, None, compatibility=compatibility)
         out.graphs = graphs
         out.description = description.check(result.get("descriptions"), expected)
         out.unverified = description.SHARED_UNVERIFIED

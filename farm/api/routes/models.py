@@ -95,6 +95,7 @@ def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: s
     if cancelled is not None and cancelled.is_set():
         raise E.InvalidModelError("the upload was abandoned by the client")
     bundle = inspect_model(model_path)
+    plan.check_tag_free(reg, bundle.digest, name, tag, force_tag)  # refused: no blob left behind
     files = plan.store_snapshot(reg, bundle)
     with reg.db.session() as s:
         moved = plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, files, name, tag, "upload",

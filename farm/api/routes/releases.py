@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from farm.api.deps import RegistryDep, RunnerDep, SettingsDep, read, submit
+from farm.api.deps import Caller, RegistryDep, RunnerDep, SettingsDep, read, submitter
 from farm.api.schemas import BuildOut, ErrorResponse, ReleaseIn, ReleaseOut
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -16,8 +16,13 @@ from registry.index import Registry
 router = APIRouter()
 
 
-@router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"], dependencies=[submit])
-def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep) -> ReleaseOut:
+@router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"],
+             responses={429: {"model": ErrorResponse, "description": "quota-releases: this token has "
+                                                                     "FARM_QUOTA_RELEASES releases in progress"}})
+def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep,
+                   who: Annotated[Caller, submitter]) -> ReleaseOut:
+    """Queue a release owned by this token (only it or an admin cancels it); at most
+    FARM_QUOTA_RELEASES of its releases may have builds queued or running (429 ``quota-releases``)."""
     from registry.index import resolve_model_ref
 
     request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, allow_queue=body.allow_queue,
@@ -26,10 +31,11 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
                                         min_psnr=body.min_psnr)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, body.model)
+        _check_quota(s, settings, who)
     served = _served(settings, reg, request)
     request.check_served(served)
     st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
-                            dispatch=runner is None)
+                            dispatch=runner is None, owner=who.token_id)
     if runner is not None:
         runner.submit([b["build"] for b in st.builds])
     return release_out(st)
@@ -52,6 +58,22 @@ async def get_release(request: Request, release_id: int, settings: SettingsDep, 
     polls = request.app.state.longpolls
     token = request.headers.get("authorization", "").partition(" ")[2].strip()
     return release_out(await polls.watch(release_id, wait, token, lambda: _disconnected(request)))
+
+
+def _check_quota(s: Any, settings: Settings, who: Caller) -> None:
+    """FARM_QUOTA_RELEASES: this token's releases, not cancelled, with a build queued or running."""
+    from sqlalchemy import func, select
+
+    from registry.models import Build, Release, ReleaseBuild
+
+    busy = s.scalar(select(func.count(func.distinct(Release.id)))
+                    .join(ReleaseBuild, ReleaseBuild.release_id == Release.id)
+                    .join(Build, Build.id == ReleaseBuild.build_id)
+                    .where(Release.owner_token_id == who.token_id, Release.cancelled_at.is_(None),
+                           Build.state.in_(("queued", "running")))) or 0
+    if busy >= settings.quota_releases:
+        raise E.QuotaReleasesError(f"this token has {busy} releases with builds queued or running "
+                                   f"(FARM_QUOTA_RELEASES={settings.quota_releases})")
 
 
 async def _disconnected(request: Request) -> None:

@@ -6,6 +6,10 @@ The body is read up to ``MAX_BODY`` bytes before anything is parsed (413 ``too-l
 then validated whole (unknown fields, wrong types, far-future timestamps: 400 ``usage``); an
 unknown artifact is 404 ``not-found``, an SoC the catalog lacks 400 ``unknown-target``. Each
 token may send ``FARM_REPORTS_PER_MINUTE`` reports a minute in this process (429 ``rate-limited``).
+A report that can't be device evidence for its artifact (issue 31: ``registry.resolve.admit``) is
+422 ``not-device-evidence`` (the simulator's host), ``report-soc-mismatch`` or
+``report-runtime-mismatch``. ``GET /v1/reports/quarantined`` and ``POST /v1/reports/lift`` (admin)
+show and lift what independent reports withhold from resolve.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.routing import Route
 
-from farm.api.deps import RegistryDep, admin, read, receive_body, submit
+from farm.api.deps import RegistryDep, admin, read, receive_body, submit_before_body
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -32,7 +36,9 @@ MAX_BODY = 16 * 1024  # bytes: a report is a few hundred
 FUTURE_SLACK = timedelta(minutes=10)  # device clocks drift; beyond this a timestamp is refused
 PAST_LIMIT = timedelta(days=365)
 IDENT = r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$"
-TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"  # printable (tabs and newlines allowed in error text)
+# Free-text fields: printable, one line (farm.core.text.unprintable: no C0/C1 control incl. CR, LF,
+# tab and a lone CSI, no format or bidi character, no line separator).
+TEXT_FIELDS = ("device_model", "os", "driver", "error")
 
 
 class ReportIn(BaseModel):
@@ -44,18 +50,22 @@ class ReportIn(BaseModel):
     device_id: str = Field(min_length=1, max_length=128, pattern=IDENT,
                            description="a stable id of this device (e.g. a hash of an install id); one device counts "
                                        "once per artifact and runtime, however often it reports")
-    device_model: str = Field(min_length=1, max_length=128, pattern=TEXT)
+    device_model: str = Field(min_length=1, max_length=128)
     soc: str = Field(min_length=1, max_length=64, description="Build.SOC_MODEL / part name, e.g. SM8650")
-    os: str = Field(min_length=1, max_length=128, pattern=TEXT, description="e.g. Android 15")
+    os: str = Field(min_length=1, max_length=128, description="e.g. Android 15")
+    arch: str = Field(min_length=1, max_length=16,
+                      description="the CPU architecture the runtime runs on (uname -m, an Android ABI: aarch64, "
+                                  "arm64-v8a, armv7l, x86_64...); a QNN runtime on x86_64/x86 is the HTP simulator, "
+                                  "never device evidence (422 not-device-evidence)")
     runtime_version: str = Field(pattern=r"^\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?$", max_length=64,
                                  description="the QNN SDK (or TensorRT) version the device runtime reports")
     onnxruntime: str = Field(min_length=1, max_length=32, pattern=IDENT)
     ep_package: str | None = Field(default=None, max_length=64, pattern=IDENT)
     ep_version: str | None = Field(default=None, max_length=32, pattern=IDENT)
-    driver: str | None = Field(default=None, max_length=128, pattern=TEXT)
+    driver: str | None = Field(default=None, max_length=128)
     outcome: Literal["loads", "fails", "crashed"]
-    error: str | None = Field(default=None, max_length=4000, pattern=TEXT,
-                              description="the runtime's error text (fails, crashed)")
+    error: str | None = Field(default=None, max_length=4000,
+                              description="the runtime's error text (fails, crashed), printable on one line")
     load_ms: float | None = Field(default=None, ge=0, le=3_600_000)
     first_inference_ms: float | None = Field(default=None, ge=0, le=3_600_000)
     peak_memory_mb: float | None = Field(default=None, ge=0, le=1_048_576)
@@ -75,6 +85,25 @@ class ReportIn(BaseModel):
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError("a finite number")
         return v
+
+    @field_validator(*TEXT_FIELDS)
+    @classmethod
+    def _printable(cls, v: Any) -> Any:
+        from farm.core.text import unprintable
+
+        if isinstance(v, str) and (bad := unprintable(v)) is not None:
+            raise ValueError(f"not printable text ({bad}): control, format, bidi and line-break characters are refused")
+        return v
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, v: str) -> str:
+        from registry.reports import ARCHES, canonical_arch
+
+        arch = canonical_arch(v)
+        if arch is None:
+            raise ValueError(f"an unknown CPU architecture (known: {', '.join(sorted(set(ARCHES.values())))})")
+        return arch
 
     @field_validator("reported_at", mode="before")
     @classmethod
@@ -170,7 +199,7 @@ class _State:
                                registry=registry)
         self.limiter = _Limiter()
         self.identities = _Identities()
-        self.artifacts: OrderedDict[str, tuple[int, str, str]] = OrderedDict()
+        self.artifacts: OrderedDict[str, Any] = OrderedDict()  # digest -> registry.reports.ArtifactRef
         self._writer: Any = None
 
     def writer(self, reg: Any) -> Any:
@@ -307,10 +336,12 @@ def _parse(raw: bytes) -> ReportIn:
 
 def _prepare(reg: Any, st: _State, report: ReportIn) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """(artifact id, the answer without its report id, the row's fields): the artifact by digest
-    (cached: artifacts are immutable) and the SoC by the catalog."""
+    (cached: artifacts are immutable), the SoC by the catalog, then ``registry.resolve.admit``:
+    refused unless it can be device evidence for that artifact (issue 31)."""
     from farm.core.catalog import load_catalog
     from registry.lite import SessionRows
     from registry.reports import artifact_ref
+    from registry.resolve import admit
 
     ref = st.artifacts.get(report.artifact)
     if ref is None:
@@ -322,12 +353,12 @@ def _prepare(reg: Any, st: _State, report: ReportIn) -> tuple[int, dict[str, Any
         st.artifacts[report.artifact] = ref  # artifacts are immutable by digest
         if len(st.artifacts) > 50_000:
             st.artifacts.popitem(last=False)
-    artifact_id, backend, _target = ref
-    soc = load_catalog().get(report.soc, backend=backend).name
+    target = load_catalog().get(report.soc, backend=ref.backend)
+    admit(ref, target, report.runtime_version, report.arch)
     fields = report.model_dump(exclude={"artifact", "onnxruntime"})
-    fields.update(soc=soc, runtime_backend=backend, ort_version=report.onnxruntime)
-    return artifact_id, {"report": 0, "artifact": report.artifact, "runtime": f"{backend}:{report.runtime_version}",
-                         "soc": soc, "outcome": report.outcome}, fields
+    fields.update(soc=target.name, runtime_backend=ref.backend, ort_version=report.onnxruntime)
+    return ref.id, {"report": 0, "artifact": report.artifact, "runtime": f"{ref.backend}:{report.runtime_version}",
+                    "soc": target.name, "outcome": report.outcome}, fields
 
 
 @router.get("/v1/reports", dependencies=[read])
@@ -341,7 +372,43 @@ def get_reports(reg: RegistryDep, artifact: Annotated[str, Query(pattern=r"^sha2
         ref = artifact_ref(SessionRows(s), artifact)
         if ref is None:
             raise E.NotFoundError(f"no artifact {artifact}")
-        return {"artifact": artifact, "devices": summary(s, [ref[0]]).get(ref[0], [])}
+        return {"artifact": artifact, "devices": summary(s, [ref.id]).get(ref.id, [])}
+
+
+@router.get("/v1/reports/quarantined", dependencies=[admin])
+def get_quarantined(request: Request, reg: RegistryDep) -> dict[str, Any]:
+    """What independent device reports withhold from resolve (docs/evidence.md): per artifact,
+    runtime and SoC, the devices and tokens that failed and loaded, the last error, since when."""
+    from registry.lite import SessionRows
+    from registry.reports import quarantined
+
+    with reg.db.session() as s:
+        return {"quarantined": quarantined(SessionRows(s), request.app.state.settings.report_fail_devices)}
+
+
+class LiftIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    artifact: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    soc: str = Field(min_length=1, max_length=64)
+    runtime: str = Field(pattern=r"^\d+(\.\d+){1,3}(\+[a-z0-9][a-z0-9-]{0,40})?$", max_length=64,
+                         description="the runtime version the quarantine is for, e.g. 2.51.0")
+
+
+@router.post("/v1/reports/lift", dependencies=[admin])
+def lift_quarantine(reg: RegistryDep, body: LiftIn) -> dict[str, Any]:
+    """Lift a quarantine: strike the failed reports of (artifact, runtime, SoC); new independent
+    failures quarantine it again."""
+    from farm.core.catalog import load_catalog
+    from registry.lite import SessionRows
+    from registry.reports import artifact_ref, lift
+
+    with reg.db.session() as s:
+        ref = artifact_ref(SessionRows(s), body.artifact)
+        if ref is None:
+            raise E.NotFoundError(f"no artifact {body.artifact}")
+        soc = load_catalog().get(body.soc, backend=ref.backend).name
+        return {"lifted": lift(s, ref.id, ref.backend, body.runtime, soc)}
 
 
 @router.delete("/v1/reports/{report_id}", dependencies=[admin])
@@ -365,7 +432,13 @@ def revoke_token_reports(reg: RegistryDep, token: Annotated[str, Query(min_lengt
         return {"revoked": revoke(s, token_name=token)}
 
 
-@router.post("/v1/models/{digest}/samples", dependencies=[submit], tags=["submit"])
+def _samples_cap(_request: Request) -> int:
+    from registry.evidence import MAX_SAMPLE_BYTES
+
+    return MAX_SAMPLE_BYTES
+
+
+@router.post("/v1/models/{digest}/samples", dependencies=[submit_before_body(_samples_cap)], tags=["submit"])
 async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[str, Any]:
     """The submitter's sample inputs for a model's accuracy checks (docs/evidence.md): an ``.npz``
     (``numpy.savez``) with one array per model input, checked against the model (names, dtypes,
@@ -392,6 +465,7 @@ async def post_samples(request: Request, reg: RegistryDep, digest: str) -> dict[
 
 def store_samples(reg: Any, model_digest: str, path: Any, work: Any) -> dict[str, Any]:
     """Check ``path`` against the stored model, store it as a blob, record it for the model."""
+    from farm.core.groups import GROUP_FILE
     from registry.evidence import check_samples, record_samples
     from registry.models import Model
     from registry.store.base import download, put_file
@@ -401,6 +475,9 @@ def store_samples(reg: Any, model_digest: str, path: Any, work: Any) -> dict[str
         if model is None or not model.files:
             raise E.NotFoundError(f"no model {model_digest}", hint="upload it first (POST /v1/models)")
         onnx_file = dict(model.files[0])
+    if onnx_file.get("path") == GROUP_FILE or not str(onnx_file.get("path", "")).endswith(".onnx"):
+        raise E.BadSamplesError(f"{model_digest} is not a single .onnx model (a graph group?): sample inputs are "
+                                "one model's", hint="post each graph's samples to that graph's own model digest")
     graph = work / "model.onnx"  # the graph only: external data is not needed to read the inputs
     download(reg.store, onnx_file["digest"], graph, size=int(onnx_file["size"]))
     inputs = check_samples(path, graph)

@@ -7,10 +7,15 @@ connection, as an OCI registry's blob upload does (``POST``, ``PATCH``…, then 
     POST  /v1/uploads/ID/complete?name&tag    -> the ModelOut of ``POST /v1/models`` (Content-Type: the bundle's)
 
 A session is a directory ``FARM_HOME/uploads/session-ID`` whose name is the server's own random
-hex id (never the client's), checked by shape before any path is made. A PATCH at another offset
-is refused (``usage``, naming the offset to resume from), so is a second request on a session
-while one writes it; at most ``MAX_SESSIONS`` are open (``rate-limited``); the total is capped at
-FARM_MAX_UPLOAD_MB; sessions untouched for ``SESSION_TTL_S`` are removed when a new one starts.
+hex id (never the client's), checked by shape before any path is made, and a row of
+``upload_sessions`` naming the token that opened it: only that token (or an admin) reads, appends
+to or completes it; to any other token it does not exist (404 ``not-found``, as an unknown id). A
+PATCH at another offset is refused (``usage``, naming the offset to resume from), so is a second
+request on a session while one writes it. Per token: at most ``FARM_QUOTA_UPLOADS`` open sessions
+(429 ``quota-uploads``) holding at most ``FARM_QUOTA_UPLOAD_MB`` together (429
+``quota-upload-bytes``); per service at most ``MAX_SESSIONS`` (429 ``rate-limited``). One upload
+is capped at FARM_MAX_UPLOAD_MB (413 ``too-large``); sessions untouched for ``FARM_UPLOAD_TTL_S``
+expire (rows and bytes removed) whenever a session starts.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import fcntl
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,18 +32,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 
-from farm.api.deps import RegistryDep, SettingsDep, drain, submit, submit_before_body
+from farm.api.deps import Caller, RegistryDep, SettingsDep, drain, submit_before_body, submitter
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
 from farm.core.names import inside
 from farm.core.settings import Settings
 from farm.pipeline import plan
+from registry.index import Registry
 
 router = APIRouter(tags=["submit"])
 
 SESSION_RE = re.compile(r"[0-9a-f]{32}")
-SESSION_TTL_S = 24 * 3600.0
-MAX_SESSIONS = 64  # open at once, per service: each may hold up to FARM_MAX_UPLOAD_MB on disk
+MAX_SESSIONS = 64  # open at once, per service (each token: FARM_QUOTA_UPLOADS)
 
 
 def _limit(request: Request) -> int:
@@ -52,13 +56,22 @@ def _root(settings: Settings) -> Path:
     return d
 
 
-def _session(settings: Settings, upload: str) -> Path:
+def _session(settings: Settings, reg: Registry, upload: str, who: Caller) -> Path:
+    """The session's directory, when ``who`` owns it (or is an admin); else 404 as for no session:
+    another token's upload is not this token's business, not even that it exists."""
+    from registry.models import UploadSession
+
+    missing = E.NotFoundError(f"no upload session {upload[:40]!r}", hint="it expired or completed (or was never "
+                                                                        "this token's): start one with POST /v1/uploads")
     if not SESSION_RE.fullmatch(upload):
-        raise E.NotFoundError(f"no upload session {upload[:40]!r}", hint="start one: POST /v1/uploads")
+        raise missing
+    with reg.db.session() as s:
+        row = s.get(UploadSession, upload)
+        if row is None or (row.owner_token_id != who.token_id and not who.admin):
+            raise missing
     d = inside(_root(settings), f"session-{upload}")
     if not (d / "data").is_file():
-        raise E.NotFoundError(f"no upload session {upload}", hint="it expired or completed: start one with "
-                                                                  "POST /v1/uploads")
+        raise missing
     return d
 
 
@@ -74,63 +87,146 @@ def _exclusive(d: Path) -> Iterator[None]:
         yield
 
 
-def _sweep(root: Path) -> None:
-    cutoff = time.time() - SESSION_TTL_S
+def _sweep(settings: Settings, reg: Registry) -> None:
+    """Expire the sessions untouched for FARM_UPLOAD_TTL_S: their rows and their bytes (and any
+    directory without a row, as old)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import delete, select
+
+    from registry.models import UploadSession
+
+    root = _root(settings)
+    cutoff = datetime.now(UTC) - timedelta(seconds=settings.upload_ttl_s)
+    with reg.db.session() as s:
+        gone = list(s.scalars(select(UploadSession.id).where(UploadSession.touched_at < cutoff)))
+        if gone:
+            s.execute(delete(UploadSession).where(UploadSession.id.in_(gone)))
+        live = set(s.scalars(select(UploadSession.id)))
     for d in root.glob("session-*"):
+        upload = d.name.removeprefix("session-")
         try:
-            if (d / "data").stat().st_mtime < cutoff:
-                shutil.rmtree(d, ignore_errors=True)
+            stale = upload in gone or (upload not in live and d.stat().st_mtime < cutoff.timestamp())
         except OSError:
             continue
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
 
 
-@router.post("/v1/uploads", status_code=201, dependencies=[submit])
-def start_upload(settings: SettingsDep) -> dict[str, Any]:
-    root = _root(settings)
-    _sweep(root)
-    if len(list(root.glob("session-*"))) >= MAX_SESSIONS:
-        raise E.RateLimitedError(f"{MAX_SESSIONS} upload sessions are open on this service",
-                                 hint="complete or let expire the open ones (a day untouched), then start again")
-    upload = secrets.token_hex(16)
-    d = root / f"session-{upload}"
+def _open(settings: Settings, reg: Registry, who: Caller) -> str:
+    from sqlalchemy import func, select
+
+    from registry.models import UploadSession
+
+    _sweep(settings, reg)
+    with reg.db.session() as s:
+        mine = s.scalar(select(func.count()).where(UploadSession.owner_token_id == who.token_id)) or 0
+        if mine >= settings.quota_uploads:
+            raise E.QuotaUploadsError(f"this token holds {mine} open upload sessions (FARM_QUOTA_UPLOADS="
+                                      f"{settings.quota_uploads})")
+        if (s.scalar(select(func.count()).select_from(UploadSession)) or 0) >= MAX_SESSIONS:
+            raise E.RateLimitedError(f"{MAX_SESSIONS} upload sessions are open on this service",
+                                     hint="wait for the open ones to complete or expire, then start again")
+        upload = secrets.token_hex(16)
+        s.add(UploadSession(id=upload, owner_token_id=who.token_id, size=0))
+    d = _root(settings) / f"session-{upload}"
     d.mkdir()
     (d / "data").touch()
-    return {"upload": upload, "offset": 0}
+    return upload
 
 
-@router.get("/v1/uploads/{upload}", dependencies=[submit])
-def upload_offset(upload: str, settings: SettingsDep) -> dict[str, Any]:
-    return {"upload": upload, "offset": (_session(settings, upload) / "data").stat().st_size}
+@router.post("/v1/uploads", status_code=201)
+def start_upload(settings: SettingsDep, reg: RegistryDep, who: Annotated[Caller, submitter]) -> dict[str, Any]:
+    """Open an upload session owned by this token (its quotas: FARM_QUOTA_UPLOADS sessions,
+    FARM_QUOTA_UPLOAD_MB held)."""
+    return {"upload": _open(settings, reg, who), "offset": 0}
+
+
+@router.get("/v1/uploads/{upload}")
+def upload_offset(upload: str, settings: SettingsDep, reg: RegistryDep,
+                  who: Annotated[Caller, submitter]) -> dict[str, Any]:
+    return {"upload": upload, "offset": (_session(settings, reg, upload, who) / "data").stat().st_size}
+
+
+def _held_elsewhere(reg: Registry, upload: str, owner: int) -> int:
+    """Bytes the owner's other open sessions hold."""
+    from sqlalchemy import func, select
+
+    from registry.models import UploadSession
+
+    with reg.db.session() as s:
+        return int(s.scalar(select(func.coalesce(func.sum(UploadSession.size), 0))
+                            .where(UploadSession.owner_token_id == owner, UploadSession.id != upload)) or 0)
+
+
+def _record(reg: Registry, upload: str, size: int) -> None:
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from registry.models import UploadSession
+
+    with reg.db.session() as s:
+        s.execute(update(UploadSession).where(UploadSession.id == upload)
+                  .values(size=size, touched_at=datetime.now(UTC)))
+
+
+def _owner(reg: Registry, upload: str) -> int:
+    from registry.models import UploadSession
+
+    with reg.db.session() as s:
+        row = s.get(UploadSession, upload)
+        return row.owner_token_id if row is not None else -1
 
 
 @router.patch("/v1/uploads/{upload}", dependencies=[submit_before_body(_limit)])
-async def append_upload(upload: str, request: Request, settings: SettingsDep,
+async def append_upload(upload: str, request: Request, settings: SettingsDep, reg: RegistryDep,
+                        who: Annotated[Caller, submitter],
                         upload_offset: Annotated[int, Header(ge=0)]) -> dict[str, Any]:
     """Append the body at ``Upload-Offset`` (which must be what the session holds)."""
+    from starlette.concurrency import run_in_threadpool
+
     limit = _limit(request)
     try:
-        d = _session(settings, upload)
+        d = await run_in_threadpool(_session, settings, reg, upload, who)
+        # The owner's quota, less what its other sessions hold, is this session's room.
+        room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
+            _held_elsewhere, reg, upload, await run_in_threadpool(_owner, reg, upload))
         with _exclusive(d):
-            return await _append(request, settings, upload, d / "data", upload_offset, limit)
+            try:
+                return await _append(request, settings, upload, d / "data", upload_offset, limit, room)
+            finally:
+                # What the session holds now, however the piece ended (a cut connection keeps
+                # what arrived): the quota counts it, and the session was touched.
+                await run_in_threadpool(_record, reg, upload, (d / "data").stat().st_size)
     except E.FarmError:
         await drain(request, limit)
         raise
 
 
 async def _append(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
-                  limit: int) -> dict[str, Any]:
+                  limit: int, room: int) -> dict[str, Any]:
     have = data.stat().st_size
     if upload_offset != have:
         raise E.UsageError(f"upload {upload} holds {have} bytes, the piece starts at {upload_offset}",
                            hint=f"GET /v1/uploads/{upload} says where to go on from")
+    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions would hold over {settings.quota_upload_mb} "
+                                         "MiB (FARM_QUOTA_UPLOAD_MB)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and have + int(declared) > limit:
+        raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
+    if declared.isdigit() and have + int(declared) > room:
+        raise over_quota
     size = have
     with open(data, "ab") as f:
         try:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limit:
+                if size > limit or size > room:
                     f.truncate(have)  # the piece is refused whole
-                    raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
+                    if size > limit:
+                        raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
+                    raise over_quota
                 f.write(chunk)
         except E.FarmError:
             raise
@@ -140,18 +236,21 @@ async def _append(request: Request, settings: Settings, upload: str, data: Path,
     return {"upload": upload, "offset": size}
 
 
-@router.post("/v1/uploads/{upload}/complete", response_model=ModelOut, dependencies=[submit])
+@router.post("/v1/uploads/{upload}/complete", response_model=ModelOut)
 async def complete_upload(upload: str, request: Request, settings: SettingsDep, reg: RegistryDep,
+                          who: Annotated[Caller, submitter],
                           name: Annotated[str | None, Query(max_length=255)] = None,
                           tag: Annotated[str | None, Query(max_length=128)] = None,
                           force_tag: bool = False,
                           bundle_type: Annotated[str, Query(max_length=64)] = "application/x-tar") -> ModelOut:
     """The session's bytes as one ``POST /v1/models`` body of type ``bundle_type``; the session
     is gone afterwards, whatever the answer."""
+    from starlette.concurrency import run_in_threadpool
+
     from farm.api.routes.models import UNPACKERS, _accept_upload
 
     name_, tag_ = plan.check_name_tag(name, tag)
-    d = _session(settings, upload)
+    d = await run_in_threadpool(_session, settings, reg, upload, who)
     with _exclusive(d):
         try:
             # On the uploads' own threads, as POST /v1/models: never in front of resolve.
@@ -160,3 +259,13 @@ async def complete_upload(upload: str, request: Request, settings: SettingsDep, 
                 name_, tag_, force_tag)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+            await run_in_threadpool(_forget, reg, upload)
+
+
+def _forget(reg: Registry, upload: str) -> None:
+    from sqlalchemy import delete
+
+    from registry.models import UploadSession
+
+    with reg.db.session() as s:
+        s.execute(delete(UploadSession).where(UploadSession.id == upload))

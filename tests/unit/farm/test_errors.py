@@ -53,11 +53,21 @@ STABLE_CODES = {
     "AccuracyBelowThresholdError": "accuracy-below-threshold",
     "AccuracyUnverifiedError": "accuracy-unverified",
     "RateLimitedError": "rate-limited",
+    "NoPublishedBuildsError": "no-published-builds",  # issue 30: farm package
+    "PackageFilesMissingError": "package-files-missing",
+    "PackageVerifyError": "package-verify-failed",
     "CancelledError": "cancelled",
     "SharingUnsupportedError": "sharing-unsupported",
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
     "LocalOnlyError": "local-only",
+    "NotDeviceEvidenceError": "not-device-evidence",  # issue 31
+    "ReportSocMismatchError": "report-soc-mismatch",
+    "ReportRuntimeMismatchError": "report-runtime-mismatch",
+    "BadSamplesError": "bad-samples",  # issue 32
+    "QuotaUploadsError": "quota-uploads",
+    "QuotaUploadBytesError": "quota-upload-bytes",
+    "QuotaReleasesError": "quota-releases",
 }
 
 

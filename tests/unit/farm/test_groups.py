@@ -116,3 +116,26 @@ def test_sharing_and_multi_soc_rules() -> None:
         check_build_support(multi, "2.51.0", group=True)
     with pytest.raises(SharingUnsupportedError, match="QNN only"):
         check_build_support(parse_target("trt:sm_90"), "10.14.1.48", group=True)
+
+
+@pytest.mark.parametrize("suffix,text", [
+    (".json", '{"graphs": ' + "[" * 50_000 + "]" * 50_000 + "}"),
+    (".toml", "graphs = " + "[" * 50_000 + "]" * 50_000),
+])
+def test_a_deeply_nested_group_file_is_bad_group_not_a_recursion_error(tmp_path: Path, suffix: str,
+                                                                       text: str) -> None:
+    """issue 32: a deeply nested group file crashed the CLI (exit 70, RecursionError)."""
+    from farm.core.errors import BadGroupError
+    from farm.core.groups import read_group_file
+
+    path = tmp_path / f"g{suffix}"
+    path.write_text(text)
+    with pytest.raises(BadGroupError, match="nests"):
+        read_group_file(path)
+
+
+def test_brackets_inside_names_and_paths_do_not_count_as_nesting(tmp_path: Path) -> None:
+    from farm.core.groups import _depth
+
+    assert _depth('{"graphs": [{"name": "a[[[[", "path": "p{{{{.onnx"}]}') == 3
+    assert _depth("[[graphs]]\nname = 'x[[[['\npath = \"p\\\"[[[\"\n") == 2

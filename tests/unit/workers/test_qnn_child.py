@@ -32,3 +32,33 @@ def test_the_prefault_limit_is_the_settings_default_and_reads_the_environment() 
     assert Settings.from_env({"FARM_HOME": "/tmp/x"}).prefault_mb == PREFAULT_DEFAULT_MB == prefault_limit_mb({})
     assert prefault_limit_mb({"FARM_PREFAULT_MB": "0"}) == 0
     assert prefault_limit_mb({"FARM_PREFAULT_MB": "300"}) == 300
+
+
+def test_compatibility_info_reads_every_ep_s_string() -> None:
+    from workers.epcontext import compatibility_info
+
+    meta = {"ep_compatibility_info.QNNExecutionProvider": "v2:6:2.51.0:5.51.0:0,0:57,69:0,0:0",
+            "ep_compatibility_info.": "no EP name", "other": "x", "ep_compatibility_info.NvTensorRTRTX": "y"}
+    assert compatibility_info(meta) == {"NvTensorRTRTX": "y",
+                                        "QNNExecutionProvider": "v2:6:2.51.0:5.51.0:0,0:57,69:0,0:0"}
+    assert compatibility_info({}) == {}
+
+
+def test_placement_counts_each_op_type_left_on_the_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import onnx
+    from onnx import TensorProto, helper
+
+    from workers.epcontext import read_context
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("EPContext", ["x"], ["a"], domain="com.microsoft", source="QNNExecutionProvider",
+                              embed_mode=1, ep_cache_context=b"ctx"),
+             helper.make_node("Gemm", ["a", "a"], ["b"]), helper.make_node("Gemm", ["b", "b"], ["c"]),
+             helper.make_node("Erf", ["c"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", 1, [1])]))
+    helper.set_model_props(m, {"ep_compatibility_info.QNNExecutionProvider": "v2:6:2.51.0"})
+    onnx.save(m, str(tmp_path / "m_ctx.onnx"))
+    eps, placement, compat = read_context(tmp_path / "m_ctx.onnx")
+    assert len(eps) == 1 and placement == {"ep_nodes": 1, "cpu_nodes": 3, "cpu_op_types": ["Erf", "Gemm"],
+                                           "cpu_op_counts": {"Erf": 1, "Gemm": 2}}
+    assert compat == {"QNNExecutionProvider": "v2:6:2.51.0"}

@@ -1,0 +1,87 @@
+"""farm package NAME:TAG -d DIR: an ORT model package of the model's published builds (issue 30).
+
+Here (the index and store of this machine: the package is made where onnxruntime >= 1.32 is) or
+through the service (``--server``: ``POST /v1/packages``, then the record and every file fetched
+by digest and verified, as ``farm install`` does). Either way ``-d DIR`` receives the package
+atomically; without ``-d`` it is only made (or found) and described.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from farm.cli import human_size, table
+from farm.cli.remote import add_server_arguments
+from farm.core.settings import Settings
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", metavar="NAME:TAG", help="the published model to package (NAME means NAME:latest)")
+    p.add_argument("--dest", "-d", "--out", dest="dest", metavar="DIR",
+                   help="directory that will hold exactly this package (swapped into place atomically)")
+    add_server_arguments(p)
+    p.add_argument("--json", action="store_true")
+
+
+def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    if args.server:
+        answer = remote_package(args.server, args.token, args.ref, args.dest, settings)
+    else:
+        answer = local_package(settings, args.ref, args.dest)
+    if args.json:
+        print(json.dumps(answer, default=str))
+        return 0
+    how = "cached: nothing new was published" if answer["cached"] else "made and verified"
+    print(f"package {answer['ref']} {answer['digest']} ({how})")
+    rows = [{"component": c["name"], "variant": v["name"], "ep": v["ep"], "device": v["device"],
+             "compatibility": v.get("compatibility_string") or ""}
+            for c in answer["components"] for v in c["variants"]]
+    table(rows, ["component", "variant", "ep", "device", "compatibility"])
+    shared = [d for d in answer["directories"] if d.startswith("shared_assets/")] or sorted(
+        {"/".join(f["path"].split("/")[:2]) for f in answer["files"] if f["path"].startswith("shared_assets/")})
+    print(f"{len(answer['files'])} files, {human_size(answer['size'])}; shared assets: {len(shared)}")
+    for line in answer["evidence"].get("checked", []):
+        print(f"checked   {line}")
+    unchecked = {v.get("unchecked") for v in answer["evidence"].get("variants", []) if v.get("unchecked")}
+    for line in sorted(unchecked):
+        print(f"unchecked {line}")
+    if answer.get("path"):
+        print(answer["path"])
+    return 0
+
+
+def local_package(settings: Settings, ref: str, dest: str | None) -> dict[str, Any]:
+    from farm.pipeline.execute import signer_for
+    from farm.pipeline.packages import install_package, make_package
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        answer = make_package(settings, reg, ref, signer=signer_for(settings))
+        if dest:
+            answer["path"] = str(install_package(reg, answer, Path(dest)))
+    finally:
+        reg.close()
+    return answer
+
+
+def remote_package(server: str, token: str | None, ref: str, dest: str | None, settings: Settings) -> dict[str, Any]:
+    """``POST /v1/packages``; then, with ``dest``, the record fetched by the digest the answer
+    names (at most its size read, checked against the digest), every file by its digest (each
+    verified), swapped into place."""
+    from farm.cli.remote import answer_of
+    from farm.client import Client, install_package_files
+
+    client = Client(server, token)
+    answer = client.json("POST", "/v1/packages", {"ref": ref})
+    with answer_of("package"):
+        digest, size = str(answer["digest"]), int(answer["record_size"])
+    if dest:
+        placed = install_package_files(client, digest, size, Path(dest), trusted=settings.trusted_keys,
+                                       signatures=answer.get("signatures") or [], required=settings.require_signature,
+                                       allow_unsigned=settings.allow_unsigned)
+        answer["path"] = str(placed.ctx_model.parent)
+    return answer
