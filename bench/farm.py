@@ -350,7 +350,10 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
     port = free_port()
     with workers(env, [venv], log_dir):
         wait_live(env, 1)
-        proc = serve({**os.environ, **env}, port, log_dir / f"serve-{port}.log")
+        # Six concurrent uploads under one submit token: above issue 32's default per-token quota of
+        # open upload sessions (FARM_QUOTA_UPLOADS=4), which this bench does not measure.
+        proc = serve({**os.environ, **env, "FARM_QUOTA_UPLOADS": str(max(8, 2 * len(models)))}, port,
+                     log_dir / f"serve-{port}.log")
         try:
             tok = token(settings, f"pipeline-{uuid.uuid4().hex[:6]}", "submit")
             client_env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
