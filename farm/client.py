@@ -16,8 +16,12 @@ until checked (docs/security.md, "Device client"). ``install``:
    stops at its declared size, checks the bytes hash to the artifact digest, its shape and every
    file name, digest and size (``farm.core.untrusted``), and that it says what the answer said;
    with trusted keys, requires a signature by one of them over that digest;
-3. downloads each file with resume (HTTP Range) into a partial directory named by the file's
-   checked digest, stopping at its declared size, and verifies size and sha256;
+3. takes each file --dest already holds at its name and size (a hard link, verified like a
+   download: a re-install of an up-to-date destination fetches nothing and changes nothing);
+   downloads the others with resume into a partial directory named by the file's checked
+   digest, a large file in ranges over ``connections`` connections at once (each range asked
+   exactly and accepted only as exactly that range; what was written recorded as it lands, so
+   an interruption loses nothing), stopping at its declared size; verifies size and sha256;
 4. places the files atomically (``farm.core.placement``), each path checked to stay under --dest.
 
 Redirects are followed to http(s) only (never https -> http), at most ``MAX_REDIRECTS``; the
@@ -33,7 +37,9 @@ import json
 import os
 import re
 import shutil
+import stat as stat_module
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -57,7 +63,7 @@ from farm.core.errors import (
 )
 from farm.core.keys import is_digest, parse_version
 from farm.core.names import inside, safe_relative
-from farm.core.placement import STAGING_MARK, destination, staged
+from farm.core.placement import STAGING_MARK, destination, file_lock, staged
 from farm.core.untrusted import (
     BACKENDS,
     check_digest,
@@ -76,12 +82,21 @@ MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KiB; its declared size must
 MAX_ERROR_BYTES = 64 << 10
 MAX_REDIRECTS = 5
 MAX_SIGNATURES = 64
+# Large files come in ranges over several connections at once (as S3 clients do: boto3's
+# transfer manager asks 8 MiB parts over 10 connections); a smaller file in one stream.
+RANGE_PART = 8 << 20
+RANGED_FROM = 2 * RANGE_PART
+CONNECTIONS = 4
+MAX_CONNECTIONS = 16
+RANGES_SUFFIX = ".ranges"  # partial/<hex>.ranges: the byte ranges of partial/<hex> written so far
+MAX_RANGES_BYTES = 1 << 20
 # Errors a service may relay to a client as themselves: its own failures (5xx: a bug, its
 # configuration, an interruption) are the service's problem, shown as server-error.
 _RELAYED_BELOW = 500
 _NOT_RELAYED = frozenset({"internal-error", "farm-error", "interrupted", "lease-lost", "bad-config", "missing-extra"})
 # What a device can do about an answer it refused: it can't repair the service.
 HINT_SERVER = "nothing was installed; the service sent an answer this client refuses: tell the service's operators"
+HINT_RESUME = "run the install again: it resumes where this one stopped"
 HINT_DIGEST = ("the downloaded copy was discarded and nothing was installed; run the install again, and if it fails "
                "the same way tell the service's operators (their copy may be corrupt)")
 
@@ -94,6 +109,8 @@ class InstallResult:
     bytes: int
     resumed_bytes: int
     signed_by: str | None
+    downloaded_bytes: int = 0  # received over the network for this install's files
+    reused_bytes: int = 0  # verified where --dest already held them: not fetched, not moved
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -195,6 +212,10 @@ class Client:
         if not isinstance(server, str) or not server.startswith(("http://", "https://")):
             raise UsageError(f"server {shown(server)} is not an http(s) URL", hint="e.g. --server http://127.0.0.1:8080")
         self.server, self.token, self.timeout = server.rstrip("/"), token, timeout
+        # What blob downloads cost: payload bytes received and requests made (an up-to-date
+        # destination costs neither).
+        self.received = self.requests = 0
+        self._counted = threading.Lock()
 
     def _request(self, method: str, path: str, *, body: Any = None, headers: dict[str, str] | None = None,
                  query: dict[str, Any] | None = None) -> Any:
@@ -334,16 +355,28 @@ class Client:
                                 "service named", hint=HINT_SERVER)
         return data
 
-    def download(self, digest: str, dest: Path, *, size: int) -> int:
-        """Resume into ``dest`` with a Range request, reading no byte past ``size``; verify size
-        and sha256. Returns the bytes that were already there (resumed). ``digest`` and ``size``
-        must already be checked; ``dest`` is named by the digest."""
-        if dest.is_symlink() or (dest.exists() and not dest.is_file()):
-            _remove(dest)
-        have = dest.stat().st_size if dest.exists() else 0
-        if have > size:
-            dest.unlink()
-            have = 0
+    def download(self, digest: str, dest: Path, *, size: int, connections: int = 1) -> int:
+        """Fetch blob ``digest`` into ``dest``, resuming what an earlier call kept there, reading
+        no byte past ``size``; verify size and sha256. Returns the bytes that were already there
+        (resumed). ``digest`` and ``size`` must already be checked; ``dest`` is named by the digest.
+
+        A blob of at least ``RANGED_FROM`` bytes with ``connections`` > 1 comes in ranges of
+        ``RANGE_PART`` bytes over that many connections at once (``_download_ranged``); a smaller
+        one, or one from a service that ignores ``Range``, in one stream."""
+        # Two installs into one place share the partial directory: one writes a blob at a time.
+        lock = dest.with_name(dest.name + ".lock")
+        if lock.is_symlink():
+            lock.unlink()
+        with file_lock(lock):
+            if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+                _remove(dest)
+            if connections > 1 and size >= RANGED_FROM:
+                return self._download_ranged(digest, dest, size=size, connections=min(connections, MAX_CONNECTIONS))
+            return self._download_stream(digest, dest, size=size)
+
+    def _download_stream(self, digest: str, dest: Path, *, size: int) -> int:
+        """One stream, resumed from the contiguous bytes kept at the start of ``dest``."""
+        have = _kept_prefix(dest, size)
         h = hashlib.sha256()
         if have:
             with open(dest, "rb") as f:
@@ -352,6 +385,7 @@ class Client:
         resumed = have
         if have < size:
             headers = {"Accept": "*/*", **({"Range": f"bytes={have}-"} if have else {})}
+            self._count(0, request=True)
             with self._request("GET", f"/v1/blobs/{digest}", headers=headers) as resp:
                 if have and not (resp.status == 206 and _range_start(resp) == have):
                     h, have, resumed = hashlib.sha256(), 0, 0  # the whole blob (or a range we did not ask): start over
@@ -365,22 +399,386 @@ class Client:
                             h.update(chunk)
                             out.write(chunk)
                             left -= len(chunk)
+                            self._count(len(chunk))
                     except _WIRE_ERRORS as exc:
                         raise ServerError(f"blob {digest[7:19]}: the download broke off "
                                           f"({clean_text(str(exc) or type(exc).__name__, 200)})",
-                                          hint="run the install again: it resumes where this one stopped") from None
+                                          hint=HINT_RESUME) from None
         got = dest.stat().st_size
         if got < size:
-            raise ServerError(f"blob {digest[7:19]}: the service sent {got} of {size} bytes",
-                              hint="run the install again: it resumes where this one stopped")
+            raise ServerError(f"blob {digest[7:19]}: the service sent {got} of {size} bytes", hint=HINT_RESUME)
         if "sha256:" + h.hexdigest() != digest:
             dest.unlink(missing_ok=True)
             if resumed:  # the bytes kept from before may be the bad ones: once more, from scratch
-                return self.download(digest, dest, size=size)
+                return self._download_stream(digest, dest, size=size)
             raise DigestMismatchError(f"blob {digest[7:19]}: downloaded content does not match its digest "
                                       f"({got} of {size} bytes)", hint=HINT_DIGEST)
         return resumed
 
+    def _download_ranged(self, digest: str, dest: Path, *, size: int, connections: int) -> int:
+        """The missing ranges of ``dest`` (``plan_ranges``: those an earlier call recorded as
+        written in ``dest``'s ``.ranges`` file are kept) over ``connections`` connections, each
+        range asked with ``Range`` and accepted only as a 206 whose ``Content-Range`` is exactly
+        that range of exactly ``size`` bytes, read up to its end and no further. The first range
+        goes to the service; where it redirected (a presigned S3 URL), the other ranges go
+        straight there, without the token. Meanwhile this thread hashes the file in order as its
+        prefix fills. What was written is recorded as it lands, so an interruption (a cut
+        connection, a refused answer, a kill) loses no range already written. A service that
+        answers the first range with the whole blob (200: it ignores ``Range``) gets one stream."""
+        done = _load_ranges(dest, size)
+        resumed = _covered(done)
+        plan = plan_ranges(size, done, RANGE_PART)
+        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            state = _RangeState(dest, size, done)
+            if plan:
+                state.save()  # before the first byte: holes in the file are never taken for data
+                url = self.server + f"/v1/blobs/{digest}"
+                first = plan[0]
+                resp = self._get_range(url, True, first)
+                if resp.status == 200:  # Range ignored: the whole blob in one stream, from scratch
+                    resp.close()
+                    os.close(fd)
+                    fd = -1
+                    _drop_ranges(dest)
+                    dest.unlink(missing_ok=True)
+                    return self._download_stream(digest, dest, size=size)
+                try:
+                    _check_range(resp, first, size, digest)
+                except BaseException:
+                    resp.close()
+                    raise
+                final = resp.url
+                state.direct = final if final != url else None
+                self._run_ranges(digest, url, fd, state, resp, plan, connections)
+            state.hash_upto(fd, size)
+            h = state.h
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if "sha256:" + h.hexdigest() != digest:
+            _drop_ranges(dest)
+            dest.unlink(missing_ok=True)
+            if resumed:  # the bytes kept from before may be the bad ones: once more, from scratch
+                return self._download_ranged(digest, dest, size=size, connections=connections)
+            raise DigestMismatchError(f"blob {digest[7:19]}: downloaded content does not match its digest "
+                                      f"({size} bytes in {len(plan)} ranges)", hint=HINT_DIGEST)
+        _drop_ranges(dest)
+        return resumed
+
+    def _run_ranges(self, digest: str, url: str, fd: int, state: _RangeState, first: Any,
+                    plan: list[tuple[int, int]], connections: int) -> None:
+        """Workers take the planned ranges in order (the first one's answer already open); the
+        first failure stops them all, what each wrote is recorded, and that failure is raised."""
+        import queue
+
+        todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        for r in plan[1:]:
+            todo.put(r)
+
+        def work(resp: Any, rng: tuple[int, int] | None) -> None:
+            try:
+                while not state.stop.is_set():
+                    if rng is None:
+                        try:
+                            rng = todo.get_nowait()
+                        except queue.Empty:
+                            return
+                        resp = self._range_answer(url, state, rng, size=state.size, digest=digest)
+                    with resp:
+                        self._copy_range(resp, fd, rng, state, digest)
+                    state.finished(rng)
+                    rng, resp = None, None
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+                if resp is not None:
+                    resp.close()
+                state.fail(exc)
+            finally:
+                state.leave()
+
+        threads = [threading.Thread(target=work, args=(first, plan[0]), daemon=True, name="ctxfarm-range-0")]
+        threads += [threading.Thread(target=work, args=(None, None), daemon=True, name=f"ctxfarm-range-{i}")
+                    for i in range(1, min(connections, len(plan)))]
+        state.enter(len(threads))
+        for t in threads:
+            t.start()
+        try:
+            state.hash_while_running(fd)
+        finally:
+            state.stop.set()  # all written by now, or a failure (or an interrupt here): the rest stop
+            for t in threads:
+                t.join()
+            state.save()
+        if state.error is not None:
+            raise state.error
+
+    def _get_range(self, url: str, with_token: bool, rng: tuple[int, int]) -> Any:
+        """GET bytes ``rng`` (start, end exclusive) of ``url`` through the guarded opener; the
+        token only to the service itself."""
+        headers = {"Accept": "*/*", "Range": f"bytes={rng[0]}-{rng[1] - 1}"}
+        if with_token and self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, headers=headers, method="GET")
+        self._count(0, request=True)
+        try:
+            return _OPENER.open(req, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise _error_of(exc) from None
+        except urllib.error.URLError as exc:
+            raise ServerError(f"cannot reach {shown(urllib.parse.urlsplit(url).netloc)}: "
+                              f"{clean_text(str(exc.reason), 200)}", hint=HINT_RESUME) from None
+        except _WIRE_ERRORS as exc:
+            raise ServerError(f"cannot reach {shown(urllib.parse.urlsplit(url).netloc)}: "
+                              f"{clean_text(str(exc) or type(exc).__name__, 200)}", hint=HINT_RESUME) from None
+
+    def _range_answer(self, url: str, state: _RangeState, rng: tuple[int, int], *, size: int, digest: str) -> Any:
+        """A checked 206 for ``rng``: straight from where the service redirected the first range
+        when it did; a refusal there (a presigned URL that expired) is asked once more of the
+        service, which redirects afresh."""
+        direct = state.direct
+        try:
+            resp = self._get_range(direct or url, direct is None, rng)
+        except FarmError:
+            if direct is None:
+                raise
+            resp = self._get_range(url, True, rng)
+            final = resp.url
+            state.direct = final if final != url else None
+        try:
+            if resp.status != 206:
+                raise ServerError(f"blob {digest[7:19]}: the service answered HTTP {resp.status} to a request for "
+                                  f"bytes {rng[0]}-{rng[1] - 1}, not 206 (partial content)", hint=HINT_SERVER)
+            _check_range(resp, rng, size, digest)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def _copy_range(self, resp: Any, fd: int, rng: tuple[int, int], state: _RangeState, digest: str) -> None:
+        """Bytes ``rng`` of ``resp`` to the same offsets of ``fd``, not one past the range's end,
+        each piece recorded as written."""
+        pos, end = rng
+        buf = bytearray(min(CHUNK, end - pos))
+        view = memoryview(buf)
+        try:
+            while pos < end and not state.stop.is_set():
+                n = resp.readinto(view[:min(len(buf), end - pos)])
+                if not n:
+                    break
+                os.pwrite(fd, view[:n], pos)
+                state.wrote(pos, pos + n)
+                self._count(n)
+                pos += n
+        except _WIRE_ERRORS as exc:
+            raise ServerError(f"blob {digest[7:19]}: the download broke off "
+                              f"({clean_text(str(exc) or type(exc).__name__, 200)})", hint=HINT_RESUME) from None
+        if pos < end and not state.stop.is_set():
+            raise ServerError(f"blob {digest[7:19]}: the service sent {pos - rng[0]} of the {end - rng[0]} bytes "
+                              f"asked at offset {rng[0]}", hint=HINT_RESUME)
+
+    def _count(self, n: int, *, request: bool = False) -> None:
+        with self._counted:
+            self.received += n
+            self.requests += request
+
+
+
+# ---- ranged downloads: the plan, what is kept, the shared state of one blob's workers ------------
+
+def merge_ranges(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """``ranges`` ([start, end) pairs) clipped to [0, size), sorted, empty ones dropped and
+    overlapping or touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted((max(a, 0), min(b, size)) for a, b in ranges):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def plan_ranges(size: int, done: list[tuple[int, int]], part: int) -> list[tuple[int, int]]:
+    """The bytes of [0, size) that ``done`` does not cover, as [start, end) ranges of at most
+    ``part`` bytes, in file order (so the prefix a hasher waits for fills first)."""
+    if part <= 0:
+        raise ValueError("part must be positive")
+    plan, pos = [], 0
+    for a, b in [*merge_ranges(done, size), (size, size)]:
+        while pos < a:
+            plan.append((pos, min(pos + part, a)))
+            pos = plan[-1][1]
+        pos = max(pos, b)
+    return plan
+
+
+def _covered(ranges: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in ranges)
+
+
+def _ranges_file(dest: Path) -> Path:
+    return dest.with_name(dest.name + RANGES_SUFFIX)
+
+
+def _drop_ranges(dest: Path) -> None:
+    _ranges_file(dest).unlink(missing_ok=True)
+
+
+def _load_ranges(dest: Path, size: int) -> list[tuple[int, int]]:
+    """What ``dest`` holds of a blob of ``size`` bytes: the ranges its ``.ranges`` file records,
+    or (none recorded: a one-stream download) its bytes from the start. A record that is not
+    exactly the expected shape, or a file longer than the blob, keeps nothing (both removed):
+    local files, but never trusted past what is checked here and by the digest at the end."""
+    record = _ranges_file(dest)
+    try:
+        st = os.stat(dest, follow_symlinks=False)
+    except FileNotFoundError:
+        _drop_ranges(dest)
+        return []
+    if st.st_size > size:
+        dest.unlink()
+        _drop_ranges(dest)
+        return []
+    if not record.exists() and not record.is_symlink():
+        return [(0, st.st_size)] if st.st_size else []
+    try:
+        if record.is_symlink() or record.stat().st_size > MAX_RANGES_BYTES:
+            raise ValueError("not a ranges record")
+        doc = json.loads(record.read_bytes())
+        if not isinstance(doc, dict) or doc.get("size") != size or not isinstance(doc.get("done"), list):
+            raise ValueError("another blob's record")
+        ranges = []
+        for r in doc["done"]:
+            if not (isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+                    and 0 <= r[0] < r[1] <= min(size, st.st_size)):
+                raise ValueError("a range out of bounds")
+            ranges.append((r[0], r[1]))
+        return merge_ranges(ranges, size)
+    except (OSError, ValueError, RecursionError):
+        dest.unlink(missing_ok=True)
+        _drop_ranges(dest)
+        return []
+
+
+def _kept_prefix(dest: Path, size: int) -> int:
+    """The bytes at the start of ``dest`` that a one-stream download goes on from: its whole
+    length, or where a ranged download left a hole (the file is cut there)."""
+    done = _load_ranges(dest, size)
+    have = done[0][1] if done and done[0][0] == 0 else 0
+    if dest.exists() and dest.stat().st_size != have:
+        os.truncate(dest, have)
+    _drop_ranges(dest)
+    return have
+
+
+def kept_bytes(dest: Path, size: int) -> int:
+    """How much of a blob of ``size`` bytes ``dest`` already holds (nothing is changed)."""
+    try:
+        st = os.stat(dest, follow_symlinks=False)
+    except FileNotFoundError:
+        return 0
+    if not os.path.isfile(dest) or st.st_size > size:
+        return 0
+    record = _ranges_file(dest)
+    if not record.exists():
+        return st.st_size
+    try:
+        doc = json.loads(record.read_bytes()[:MAX_RANGES_BYTES])
+        return _covered(merge_ranges([(int(a), int(b)) for a, b in doc["done"]], min(size, st.st_size)))
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return 0
+
+
+def _check_range(resp: Any, rng: tuple[int, int], size: int, digest: str) -> None:
+    """A 206 for ``rng`` of a blob of ``size`` bytes: ``Content-Range`` exactly that range of
+    exactly that size, and a ``Content-Length`` (when sent) of exactly the range's bytes."""
+    want = f"bytes {rng[0]}-{rng[1] - 1}/{size}"
+    got = (resp.headers.get("Content-Range") or "").strip()
+    if resp.status != 206 or got != want:
+        raise ServerError(f"blob {digest[7:19]}: asked for {want}, the service answered HTTP {resp.status} with "
+                          f"Content-Range {shown(got, 60)}", hint=HINT_SERVER)
+    _check_length(resp, rng[1] - rng[0], digest)
+
+
+class _RangeState:
+    """One blob's ranged download: the ranges written (shared by its workers and the hasher),
+    the first failure, and the stop every worker checks between pieces."""
+
+    def __init__(self, dest: Path, size: int, done: list[tuple[int, int]]):
+        self.dest, self.size, self.done = dest, size, list(done)
+        self.direct: str | None = None  # where the service redirected the first range
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.cond = threading.Condition()
+        self.running = 0
+        self.h = hashlib.sha256()
+        self.hashed = 0
+
+    def enter(self, n: int) -> None:
+        with self.cond:
+            self.running += n
+
+    def leave(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def wrote(self, a: int, b: int) -> None:
+        with self.cond:
+            if self.done and self.done[-1][1] == a:
+                self.done[-1] = (self.done[-1][0], b)  # the usual case: a range growing
+            else:
+                self.done = merge_ranges([*self.done, (a, b)], self.size)
+            self.cond.notify_all()
+
+    def finished(self, rng: tuple[int, int]) -> None:
+        self.save()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = exc
+            self.stop.set()
+            self.cond.notify_all()
+
+    def save(self) -> None:
+        """The ranges written so far, to the ``.ranges`` record beside the file (replaced whole:
+        a kill leaves the previous record or this one)."""
+        with self.cond:
+            doc = {"size": self.size, "done": [list(r) for r in merge_ranges(self.done, self.size)]}
+        record = _ranges_file(self.dest)
+        tmp = record.with_name(record.name + f".{threading.get_ident()}")
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
+        os.replace(tmp, record)
+
+    def _prefix(self) -> int:
+        for a, b in self.done:
+            if a <= self.hashed < b:
+                return b
+        return self.hashed
+
+    def hash_while_running(self, fd: int) -> None:
+        """Hash the file in order as its prefix fills, until it is whole, a worker failed or
+        every worker left."""
+        while True:
+            with self.cond:
+                while (upto := self._prefix()) == self.hashed and self.error is None and self.running:
+                    self.cond.wait(1.0)
+                if self.error is not None or upto == self.hashed:
+                    return
+            self.hash_upto(fd, upto)
+            if self.hashed >= self.size:
+                return
+
+    def hash_upto(self, fd: int, upto: int) -> None:
+        while self.hashed < upto:
+            data = os.pread(fd, min(4 * CHUNK, upto - self.hashed), self.hashed)
+            if not data:
+                raise ServerError(f"{self.dest.name}: the file being downloaded was cut short here",
+                                  hint=HINT_RESUME)
+            self.h.update(data)
+            self.hashed += len(data)
 
 def _range_start(resp: Any) -> int | None:
     m = re.fullmatch(r"bytes (\d{1,19})-\d{1,19}/(\d{1,19}|\*)", (resp.headers.get("Content-Range") or "").strip())
@@ -559,9 +957,15 @@ def _check_manifest_binding(manifest: dict[str, Any], res: dict[str, Any], q: Qu
 def install(server: str, token: str | None, model: str, *, dest: str | os.PathLike[str], soc: str | None = None,
             qnn: str | None = None, gpu: str | None = None, trt: str | None = None,
             platform: str = "linux-x86-64", trusted_keys: list[str] | None = None,
-            require_signature: bool = False, allow_unsigned: bool = False, timeout: float = 60.0) -> InstallResult:
+            require_signature: bool = False, allow_unsigned: bool = False, timeout: float = 60.0,
+            connections: int = CONNECTIONS) -> InstallResult:
     """Resolve, download (resuming), verify and place an artifact; see the module docstring.
-    ``timeout``: seconds any network operation may wait (an answer's body gets twice that)."""
+    ``timeout``: seconds any network operation may wait (an answer's body gets twice that);
+    ``connections``: how many ranges of one large file are fetched at once (1 to
+    ``MAX_CONNECTIONS``; 1: one stream per file)."""
+    if type(connections) is not int or not 1 <= connections <= MAX_CONNECTIONS:
+        raise UsageError(f"connections {shown(connections)} is not a whole number from 1 to {MAX_CONNECTIONS}",
+                         hint=f"e.g. --connections {CONNECTIONS}")
     q = question(model, soc, qnn, gpu, trt, platform)
     client = Client(server, token, timeout=timeout)
     res = check_answer(client.json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn, gpu=gpu, trt=trt,
@@ -578,18 +982,33 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     signed_by = _check_signatures(artifact, res.get("signatures", []), trusted_keys or [],
                                   required=require_signature, allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
+    files: list[dict[str, Any]] = manifest["files"]
+    sizes = {f["digest"]: f["size"] for f in files}
+    total = sum(f["size"] for f in files)
+    ctx_model = out / safe_relative(manifest["ctxModel"])
+    written = [out / safe_relative(f["name"]) for f in files]
     partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
         _remove(partial)
     partial.mkdir(exist_ok=True)
-    files: list[dict[str, Any]] = manifest["files"]
+    # Files --dest already holds at their names, of their declared sizes: taken as they are (a
+    # hard link, no byte fetched) and verified by their digest like any download.
+    reused = _take_placed(out, partial, files)
     _check_room(partial, files)
-    resumed = total = 0
-    for f in files:
+    resumed = kept = 0
+    received = client.received
+    for digest, size in sizes.items():
         # Named by the checked digest (64 hex digits), never by anything else the server said.
-        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"])
-        total += f["size"]
-    written = []
+        got = client.download(digest, partial / digest[7:], size=size, connections=connections)
+        if digest in reused and got == size:
+            kept += size
+        else:
+            resumed += got
+    downloaded = client.received - received
+    if kept == sum(sizes.values()) and _holds_exactly(out, files):
+        # Up to date: every file verified where it is, nothing else there; nothing is moved.
+        shutil.rmtree(partial, ignore_errors=True)
+        return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept)
     with staged(out) as staging:
         for f in files:
             target = inside(staging, f["name"])
@@ -601,9 +1020,72 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
                 os.link(source, target)
             except OSError:
                 shutil.copyfile(source, target)
-            written.append(out / safe_relative(f["name"]))
     shutil.rmtree(partial, ignore_errors=True)
-    return InstallResult(artifact, out / safe_relative(manifest["ctxModel"]), written, total, resumed, signed_by)
+    return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept)
+
+
+def _placed(out: Path, name: str) -> Path | None:
+    """``out/name`` where it is a regular file reached through no symlink, else None."""
+    path = out / safe_relative(name)
+    try:
+        if inside(out, name) != out.resolve() / safe_relative(name) or path.resolve() != path:
+            return None
+        return path if stat_module.S_ISREG(os.stat(path, follow_symlinks=False).st_mode) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _take_placed(out: Path, partial: Path, files: list[dict[str, Any]]) -> set[str]:
+    """Hard-link into ``partial`` each file ``out`` already holds at its name with its declared
+    size, where nothing is kept for its digest yet; the digests so taken. Not yet trusted: the
+    download verifies them (a wrong one is fetched again)."""
+    taken: set[str] = set()
+    if not out.is_dir() or out.is_symlink():
+        return taken
+    for f in files:
+        kept = partial / f["digest"][7:]
+        if f["digest"] in taken or kept.exists() or kept.is_symlink():
+            continue
+        path = _placed(out, f["name"])
+        if path is None or path.stat().st_size != f["size"]:
+            continue
+        try:
+            os.link(path, kept)
+        except OSError:
+            continue  # another filesystem, a link limit: downloaded instead
+        taken.add(f["digest"])
+    return taken
+
+
+def _holds_exactly(out: Path, files: list[dict[str, Any]]) -> bool:
+    """``out`` holds the manifest's files and nothing else (directories only on their paths),
+    none a symlink, each the very file taken from it (checked by ``_take_placed``'s links: the
+    same inode as the verified copy)."""
+    want = {f["name"]: f["digest"] for f in files}
+    dirs = {"/".join(n.split("/")[:i]) for n in want for i in range(1, n.count("/") + 1)}
+    seen = 0
+    for root, subdirs, names in os.walk(out):
+        rel_root = Path(root).relative_to(out).as_posix()
+        for d in subdirs:
+            rel = d if rel_root == "." else f"{rel_root}/{d}"
+            if rel not in dirs or os.path.islink(os.path.join(root, d)):
+                return False
+        for n in names:
+            rel = n if rel_root == "." else f"{rel_root}/{n}"
+            if rel not in want:
+                return False
+            seen += 1
+    if seen != len(want):
+        return False
+    partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
+    for name, digest in want.items():
+        path = _placed(out, name)
+        if path is None:
+            return False
+        a, b = os.stat(path, follow_symlinks=False), os.stat(partial / digest[7:], follow_symlinks=False)
+        if (a.st_ino, a.st_dev) != (b.st_ino, b.st_dev):
+            return False
+    return True
 
 
 def _check_room(partial: Path, files: list[dict[str, Any]]) -> None:
@@ -612,8 +1094,7 @@ def _check_room(partial: Path, files: list[dict[str, Any]]) -> None:
     downloads, so the artifact needs its size once."""
     need = 0
     for digest, size in {f["digest"]: f["size"] for f in files}.items():
-        kept = partial / digest[7:]
-        need += max(size - (kept.stat().st_size if kept.is_file() and not kept.is_symlink() else 0), 0)
+        need += max(size - kept_bytes(partial / digest[7:], size), 0)
     free = shutil.disk_usage(partial).free
     if need > free:
         raise StorageError(f"the artifact needs {need} more bytes, {free} are free where --dest is: nothing was "
@@ -733,6 +1214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-unsigned", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="how long any network operation may wait (default 60)")
+    p.add_argument("--connections", type=int, default=CONNECTIONS, metavar="N",
+                   help=f"ranges of one large file fetched at once (1 to {MAX_CONNECTIONS}, default {CONNECTIONS})")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     env = os.environ
@@ -753,7 +1236,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             qnn = detect_qnn() if args.detect else args.qnn
             result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn,
-                             gpu=args.gpu, trt=args.trt, platform=args.platform, **policy)
+                             gpu=args.gpu, trt=args.trt, platform=args.platform, connections=args.connections,
+                             **policy)
     except Exception as exc:  # the boundary: documented codes only
         from farm.core.errors import translate
 
@@ -769,7 +1253,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": result.bytes,
-                          "resumed_bytes": result.resumed_bytes, "signed_by": result.signed_by}, indent=2))
+                          "resumed_bytes": result.resumed_bytes, "downloaded_bytes": result.downloaded_bytes,
+                          "reused_bytes": result.reused_bytes, "signed_by": result.signed_by}, indent=2))
     else:
         print(str(result.ctx_model))
     return 0
@@ -805,9 +1290,9 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
     partial.mkdir(exist_ok=True)
     files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
     _check_room(partial, files)
-    resumed = 0
-    for f in files:
-        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"])
+    resumed, received = 0, client.received
+    for f in files:  # a large variant in parallel ranges, as an artifact's files
+        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"], connections=CONNECTIONS)
     with staged(out) as staging:
         for d in doc["directories"]:
             inside(staging, d).mkdir(parents=True, exist_ok=True)
@@ -820,7 +1305,7 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
                 shutil.copyfile(partial / f["digest"][7:], target)
     shutil.rmtree(partial, ignore_errors=True)
     return InstallResult(digest, out / MANIFEST, [out / safe_relative(f["name"]) for f in files],
-                         sum(int(f["size"]) for f in files), resumed, signed_by)
+                         sum(int(f["size"]) for f in files), resumed, signed_by, client.received - received)
 
 
 def install_package(server: str, token: str | None, ref: str, *, dest: str | os.PathLike[str],

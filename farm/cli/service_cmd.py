@@ -43,6 +43,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                    help="directory that will hold exactly this artifact (swapped into place atomically)")
     p.add_argument("--require-signature", action="store_true")
     p.add_argument("--allow-unsigned", action="store_true")
+    p.add_argument("--connections", type=int, default=4, metavar="N",
+                   help="ranges of one large file fetched at once (1 to 16, default 4; docs/device.md)")
     p.add_argument("--report", action="store_true",
                    help="then load it here (as farm load-check does) and report the outcome to the service "
                         "(needs a report token: --report-token or FARM_REPORT_TOKEN; docs/evidence.md)")
@@ -138,7 +140,7 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
     result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn, gpu=args.gpu,
                      trt=args.trt, platform=args.platform, trusted_keys=list(settings.trusted_keys),
                      require_signature=args.require_signature or settings.require_signature,
-                     allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
+                     allow_unsigned=args.allow_unsigned or settings.allow_unsigned, connections=args.connections)
     reported = None
     if getattr(args, "report", False):
         # A report that can't be sent (or won't be: a simulator host) never fails a good install:
@@ -160,6 +162,7 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
+                          "downloaded_bytes": int(result.downloaded_bytes), "reused_bytes": int(result.reused_bytes),
                           "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by,
                           **({"report": reported} if reported is not None else {})}, indent=2))
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.common.hostile_server import BIN, MODEL, Raw, Scenario, Slow, canonical
+from tests.common.hostile_server import BIN, MODEL, Raw, Scenario, Slow, canonical, ranged
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class Case:
     code: str  # the error the client must raise; "ok" for an answer it must accept
     mutate: Callable[[Scenario, Where], None]
     ask: dict[str, Any] = field(default_factory=dict)  # install() arguments over the defaults
+    # How the client fetches the blobs: "stream" (one request per file) and "ranged" (RANGE
+    # parts over several connections, tests/integration/test_hostile_server.py makes the
+    # small blobs of the scenario large enough for it). A case about ranges runs ranged only.
+    modes: tuple[str, ...] = ("stream", "ranged")
 
 
 def _file(s: Scenario, name: str) -> dict[str, Any]:
@@ -121,6 +125,102 @@ def _signature(sig: Any) -> Callable[[Scenario, Where], None]:
         s.answer["signatures"] = sig
     return mutate
 
+
+def _ranges(answer: Callable[[Any, bytes, bool], Raw]) -> Callable[[Scenario, Where], None]:
+    """The .bin's route answers each request with ``answer(request, BIN, first)``, ``first``
+    whether it asks from byte 0 (the first range, the one a client asks first)."""
+    def mutate(s: Scenario, w: Where) -> None:
+        s.seal()
+        s.routes[f"/v1/blobs/{s.digest_of('model_ctx_qnn.bin')}"] = lambda request: answer(
+            request, BIN, (request.headers.get("Range") or "bytes=0-").startswith("bytes=0-"))
+    return mutate
+
+
+def _later(bad: Callable[[Any, bytes], Raw]) -> Callable[[Any, bytes, bool], Raw]:
+    """Honest for the first range, ``bad`` for every later one."""
+    return lambda request, data, first: ranged(request, data) if first else bad(request, data)
+
+
+def _shifted(request: Any, data: bytes) -> Raw:
+    """The bytes asked, labelled one byte later than they are (a server off by one)."""
+    good = ranged(request, data)
+    start, end = (int(x) for x in dict(good.headers)["Content-Range"][6:].split("/")[0].split("-"))
+    return Raw(206, [("Content-Range", f"bytes {start + 1}-{end + 1}/{len(data)}")], good.body)
+
+
+def _range_headers(request: Any, data: bytes, **change: Any) -> Raw:
+    good = ranged(request, data)
+    return Raw(good.status, change.get("headers", good.headers), change.get("body", good.body),
+               change.get("length", True))
+
+
+def _content_range_total(request: Any, data: bytes) -> Raw:
+    good = ranged(request, data)
+    cr = dict(good.headers)["Content-Range"]
+    return Raw(206, [("Content-Range", cr.split("/")[0] + f"/{len(data) * 2}")], good.body)
+
+
+def _ranged_redirect(s: Scenario, w: Where) -> None:
+    """A presigned-URL style 307 for every request to the service; the store honours ranges.
+    After the first range, the client asks the store directly."""
+    s.seal()
+    digest = s.digest_of("model_ctx_qnn.bin")
+    s.routes[f"/v1/blobs/{digest}"] = Raw(307, [("Location", f"/store/{digest[7:]}?X-Amz-Signature=abc")])
+    s.routes[f"/store/{digest[7:]}"] = lambda request: ranged(request, BIN)
+
+
+def _store_expires(s: Scenario, w: Where) -> None:
+    """The store refuses the presigned URL after its first range (it expired): the client asks the
+    service again for each refused range, and the service redirects afresh."""
+    s.seal()
+    digest = s.digest_of("model_ctx_qnn.bin")
+    seen = [0]
+
+    def store(request: Any) -> Raw:
+        seen[0] += 1
+        if "fresh" not in request.path and seen[0] > 1:
+            return Raw(403, [], b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>")
+        return ranged(request, BIN)
+    s.routes[f"/v1/blobs/{digest}"] = lambda request: Raw(
+        307, [("Location", f"/store/{digest[7:]}?X-Amz-Signature={'fresh' if seen[0] else 'old'}")])
+    s.routes[f"/store/{digest[7:]}"] = store
+
+
+RANGED = ("ranged",)
+RANGE_CASES: list[Case] = [
+    Case("ranges ignored: 200 with the whole blob to every Range", "ok",
+         _ranges(lambda request, data, first: Raw(200, [], data)), modes=RANGED),
+    Case("ranges: presigned-style redirect, the other ranges straight from the store", "ok", _ranged_redirect,
+         modes=RANGED),
+    Case("ranges: the presigned URL expires mid-download, redirected afresh", "ok", _store_expires, modes=RANGED),
+    Case("ranges: a later range answered 200 with the whole blob", "server-error",
+         _ranges(_later(lambda request, data: Raw(200, [], data))), modes=RANGED),
+    Case("ranges: a later range answered 200 with just its bytes", "server-error",
+         _ranges(_later(lambda request, data: Raw(200, [], ranged(request, data).body))), modes=RANGED),
+    Case("ranges: the first range answered 206 with the whole blob", "server-error",
+         _ranges(lambda request, data, first: Raw(206, [("Content-Range", f"bytes 0-{len(data) - 1}/{len(data)}")], data)),
+         modes=RANGED),
+    Case("ranges: wrong Content-Range (off by one)", "server-error", _ranges(_later(_shifted)), modes=RANGED),
+    Case("ranges: Content-Range of another total size", "server-error", _ranges(_later(_content_range_total)),
+         modes=RANGED),
+    Case("ranges: no Content-Range", "server-error",
+         _ranges(_later(lambda request, data: _range_headers(request, data, headers=[]))), modes=RANGED),
+    Case("ranges: more bytes than asked, declared", "server-error",
+         _ranges(_later(lambda request, data: _range_headers(request, data, body=ranged(request, data).body + b"X" * 500))),
+         modes=RANGED),
+    Case("ranges: more bytes than asked, undeclared: reading stops at the range's end", "ok",
+         _ranges(_later(lambda request, data: _range_headers(request, data, body=ranged(request, data).body + b"X" * 500,
+                                                             length=False))), modes=RANGED),
+    Case("ranges: fewer bytes than asked, connection closed", "server-error",
+         _ranges(_later(lambda request, data: _range_headers(request, data, body=ranged(request, data).body[:10],
+                                                             length=False))), modes=RANGED),
+    Case("ranges: content changes between requests", "digest-mismatch",
+         _ranges(lambda request, data, first: ranged(request, data if first else bytes(255 - b for b in data))),
+         modes=RANGED),
+    Case("ranges: 416 to a range of the blob", "server-error",
+         _ranges(_later(lambda request, data: Raw(416, [("Content-Range", f"bytes */{len(data)}")], b""))),
+         modes=RANGED),
+]
 
 TRUSTED = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="  # an ed25519 public key (base64 of 32 bytes)
 
@@ -265,4 +365,5 @@ CASES: list[Case] = [
     Case("signature missing", "unsigned", _signature([]), ask={"trusted_keys": [TRUSTED]}),
     Case("signature by another key", "signature-invalid",
          _signature([{"public_key": "AAAA", "signature": "AAAA"}]), ask={"trusted_keys": [TRUSTED]}),
+    *RANGE_CASES,
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,6 +100,17 @@ class Scenario:
         return sha(self.files[name])
 
 
+def ranged(request: BaseHTTPRequestHandler, data: bytes) -> Raw:
+    """What an honest server answers a GET of ``data``: 206 with the range asked
+    (``bytes=A-B`` or ``bytes=A-``), 200 with everything without one (or for a range past the end)."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", "") or "")
+    if m and int(m.group(1)) < len(data):
+        start = int(m.group(1))
+        end = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+        return Raw(206, [("Content-Range", f"bytes {start}-{end}/{len(data)}")], data[start:end + 1])
+    return Raw(200, [], data)
+
+
 def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -130,12 +142,7 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
                                b'{"error": {"code": "not-found", "message": "no such thing"}}'))
 
         def _blob(self, data: bytes) -> None:
-            rng = self.headers.get("Range", "")
-            if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit() and int(rng[6:-1]) < len(data):
-                start = int(rng[6:-1])
-                self._send(Raw(206, [("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")], data[start:]))
-            else:
-                self._send(Raw(200, [], data))
+            self._send(ranged(self, data))
 
         def _send(self, raw: Raw | Slow) -> None:
             if isinstance(raw, Slow):

@@ -46,10 +46,21 @@ def _argv(url: str, ask: dict[str, Any]) -> list[str]:
     return argv
 
 
+def _ranged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenario's 10 KiB .bin fetched as a large file is: in 4 KiB ranges, 4 at once."""
+    import farm.client
+
+    monkeypatch.setattr(farm.client, "RANGE_PART", 4096)
+    monkeypatch.setattr(farm.client, "RANGED_FROM", 4096)
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_device_client_refuses_a_hostile_answer(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(("case", "mode"), [pytest.param(c, m, id=f"{m}: {c.name}") for c in CASES for m in c.modes])
+def test_device_client_refuses_a_hostile_answer(case: Case, mode: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if mode == "ranged":
+        _ranged(monkeypatch)
     victim = tmp_path / "device" / "victim" / "keep.txt"
     victim.parent.mkdir(parents=True)
     victim.write_text("keep")
@@ -206,3 +217,138 @@ def test_a_signature_binds_the_manifest(tmp_path: Path) -> None:
     with hostile_service(other) as url, pytest.raises(FarmError) as exc:
         install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "b", trusted_keys=[public])
     assert exc.value.code == "signature-invalid" and not (tmp_path / "b").exists()
+
+
+def test_ranges_go_straight_to_where_the_service_redirected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first range asks the service, which redirects (a presigned URL); the other ranges go
+    straight there, several at once, without the token."""
+    from tests.common.hostile_answers import _ranged_redirect
+
+    _ranged(monkeypatch)
+    scenario = fresh()
+    _ranged_redirect(scenario, Where(tmp_path / "v", tmp_path / "p"))
+    digest = scenario.digest_of("model_ctx_qnn.bin")
+    with hostile_service(scenario) as url:
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "sq")
+    assert (tmp_path / "sq" / "model_ctx_qnn.bin").read_bytes() == BIN and got.downloaded_bytes == len(CTX) + len(BIN)
+    service = [h for p, h in scenario.seen if p == f"/v1/blobs/{digest}"]
+    store = [h for p, h in scenario.seen if p == f"/store/{digest[7:]}"]
+    assert len(service) == 1 and service[0]["range"] == "bytes=0-4095" and "authorization" in service[0]
+    assert sorted(h["range"] for h in store) == ["bytes=0-4095", "bytes=4096-8191", "bytes=8192-10239"]
+    assert not any("authorization" in h for h in store)
+
+
+def test_an_interrupted_ranged_download_resumes_its_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range cut mid-way: what every connection wrote is kept (its .ranges record says which
+    bytes), and the next install asks only for the bytes still missing."""
+    import farm.client
+    from tests.common.hostile_server import Raw, ranged
+
+    _ranged(monkeypatch)
+    scenario = fresh()
+    scenario.seal()
+    digest = scenario.digest_of("model_ctx_qnn.bin")
+    path = f"/v1/blobs/{digest}"
+
+    def cut(request: Any) -> Raw:
+        good = ranged(request, BIN)
+        if request.headers.get("Range") == "bytes=4096-8191":  # the second range: 1000 of its bytes
+            return Raw(206, good.headers, good.body[:1000], length=False)
+        return good
+    scenario.routes[path] = cut
+    dest = tmp_path / "device" / "sq"
+    partial = dest.parent / ".sq.ctxfarm-partial" / digest[7:]
+    with hostile_service(scenario) as url:
+        with pytest.raises(FarmError) as exc:
+            install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert exc.value.code == "server-error" and "resumes" in (exc.value.hint or "") and not dest.exists()
+        record = json.loads(partial.with_name(partial.name + ".ranges").read_text())
+        # The first range and 1000 bytes of the second; the third too if a connection had taken
+        # it before the cut stopped them all.
+        assert record["size"] == len(BIN) and record["done"][0] == [0, 4096 + 1000]
+        assert record["done"][1:] in ([], [[8192, len(BIN)]]), record
+        data = partial.read_bytes()
+        assert all(data[a:b] == BIN[a:b] for a, b in record["done"])
+        kept = sum(b - a for a, b in record["done"])
+        del scenario.routes[path]
+        scenario.seen.clear()
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+    assert (dest / "model_ctx_qnn.bin").read_bytes() == BIN and (dest / "model_ctx.onnx").read_bytes() == CTX
+    asked = sorted(h.get("range") for p, h in scenario.seen if p == path)
+    # Only the missing bytes, in parts of at most RANGE_PART: 5096-8191 (the third was kept), or
+    # 5096-9191 and 9192-10239.
+    done = [(a, b) for a, b in record["done"]]
+    assert asked == sorted(f"bytes={a}-{b - 1}" for a, b in farm.client.plan_ranges(len(BIN), done, 4096))
+    assert asked in (["bytes=5096-8191"], ["bytes=5096-9191", "bytes=9192-10239"])
+    assert got.resumed_bytes == len(CTX) + kept and got.downloaded_bytes == len(BIN) - kept
+    assert sorted(os.listdir(dest.parent)) == ["sq"]
+
+
+@pytest.mark.parametrize("mode", ["stream", "ranged"])
+def test_a_reinstall_moves_only_what_the_destination_lacks(mode: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An up-to-date destination: no blob asked, nothing moved (the same directory, the same
+    files). One file changed or missing: only that one fetched. A file too many: swapped out,
+    nothing fetched. A symlink where a file goes is not followed, never taken."""
+    if mode == "ranged":
+        _ranged(monkeypatch)
+    scenario = fresh()
+    dest = tmp_path / "device" / "sq"
+    blobs = lambda: [p for p, _ in scenario.seen if p.startswith("/v1/blobs/") and p[10:] != scenario.answer["artifact"]]  # noqa: E731
+    with hostile_service(scenario) as url:
+        first = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert first.downloaded_bytes == len(CTX) + len(BIN) and first.reused_bytes == 0
+        before = {n: os.stat(dest / n) for n in ("model_ctx.onnx", "model_ctx_qnn.bin")}
+        ino = os.stat(dest).st_ino
+        scenario.seen.clear()
+        again = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert blobs() == [] and again.downloaded_bytes == 0 and again.reused_bytes == len(CTX) + len(BIN)
+        assert os.stat(dest).st_ino == ino
+        assert all(os.stat(dest / n).st_ino == s.st_ino and os.stat(dest / n).st_mtime_ns == s.st_mtime_ns
+                   for n, s in before.items())
+        assert sorted(os.listdir(dest.parent)) == ["sq"]
+        # Same size, other bytes (a corrupt copy): fetched again, the other file taken.
+        (dest / "model_ctx_qnn.bin").unlink()
+        (dest / "model_ctx_qnn.bin").write_bytes(b"z" * len(BIN))
+        scenario.seen.clear()
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert set(blobs()) == {f"/v1/blobs/{scenario.digest_of('model_ctx_qnn.bin')}"}
+        assert got.downloaded_bytes == len(BIN) and got.reused_bytes == len(CTX)
+        assert (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+        # Missing.
+        (dest / "model_ctx.onnx").unlink()
+        scenario.seen.clear()
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert set(blobs()) == {f"/v1/blobs/{scenario.digest_of('model_ctx.onnx')}"}
+        assert got.downloaded_bytes == len(CTX) and (dest / "model_ctx.onnx").read_bytes() == CTX
+        # A file beside them: the destination holds exactly the artifact again, nothing fetched.
+        (dest / "stray.txt").write_text("stray")
+        scenario.seen.clear()
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert blobs() == [] and got.downloaded_bytes == 0 and sorted(os.listdir(dest)) == sorted(
+            ["model_ctx.onnx", "model_ctx_qnn.bin"])
+        # A symlink where the .bin goes, to a file of the right bytes outside --dest: not taken.
+        outside = tmp_path / "outside.bin"
+        outside.write_bytes(BIN)
+        (dest / "model_ctx_qnn.bin").unlink()
+        (dest / "model_ctx_qnn.bin").symlink_to(outside)
+        scenario.seen.clear()
+        got = install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=dest)
+        assert got.downloaded_bytes == len(BIN) and not (dest / "model_ctx_qnn.bin").is_symlink()
+        assert outside.read_bytes() == BIN and (dest / "model_ctx_qnn.bin").read_bytes() == BIN
+    assert sorted(os.listdir(dest.parent)) == ["sq"]
+
+
+@pytest.mark.parametrize("connections", [0, 17, -1])
+def test_connections_out_of_bounds_are_a_usage_error(connections: int, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing is asked of the service for a connection count outside 1 to MAX_CONNECTIONS."""
+    scenario = fresh()
+    with hostile_service(scenario) as url:
+        with pytest.raises(FarmError) as exc:
+            install(url, TOKEN, "sq:stable", soc=SOC, qnn=QNN, dest=tmp_path / "sq", connections=connections)
+        assert exc.value.code == "usage" and exc.value.hint
+        rc = main(["--server", url, "--model", "sq:stable", "--soc", SOC, "--qnn", QNN, "--dest",
+                   str(tmp_path / "sq"), "--connections", str(connections)])
+    assert rc == 2 and "error[usage]" in capsys.readouterr().err
+    assert scenario.seen == [] and not (tmp_path / "sq").exists()
