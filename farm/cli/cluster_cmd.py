@@ -408,14 +408,24 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
 # Phases that are counts, not milliseconds (by their last dotted part: ``child.page_faults``).
 COUNT_PHASES = frozenset({"page_faults"})
+# ... and those whose name ends in their unit (``child.peak_rss_kib``): shown in that unit.
+SIZE_SUFFIXES = {"_kib": 1024, "_mib": 1 << 20, "_mb": 1 << 20, "_bytes": 1}
 
 
 def phase_text(name: str, value: Any) -> str:
-    """``ep_compile 5213.4 ms``, ``child.page_faults 4559`` (a count), ``bundle_cache hit``."""
+    """``ep_compile 5213.4 ms``, ``child.page_faults 4559`` (a count), ``child.peak_rss_kib
+    412.5 MiB`` (a size, in KiB or MiB as it reads best), ``bundle_cache hit``. Time is ms."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{name} {value}"
-    if name.rsplit(".", 1)[-1] in COUNT_PHASES:
+    last = name.rsplit(".", 1)[-1]
+    if last in COUNT_PHASES:
         return f"{name} {int(value)}"
+    unit = next((u for suffix, u in SIZE_SUFFIXES.items() if last.endswith(suffix)), None)
+    if unit is not None:
+        size = float(value) * unit
+        if size < 1 << 20:
+            return f"{name} {size / 1024:.1f} KiB" if size >= 1024 else f"{name} {int(size)} bytes"
+        return f"{name} {size / (1 << 20):.1f} MiB"
     return f"{name} {value:g} ms"
 
 

@@ -104,8 +104,13 @@ def test_release_progress_restarts_the_clock_when_a_build_starts_running(monkeyp
     ("page_faults", 12.0, "page_faults 12"),
     ("bundle_cache", "hit", "bundle_cache hit"),
     ("sha256:ab.bin", 3.5, "sha256:ab.bin 3.5 ms"),
+    ("child.peak_rss_kib", 422400.0, "child.peak_rss_kib 412.5 MiB"),  # issue 33: a size, not ms
+    ("child.peak_rss_kib", 512, "child.peak_rss_kib 512.0 KiB"),
+    ("heap_mb", 64, "heap_mb 64.0 MiB"),
+    ("blob_bytes", 100, "blob_bytes 100 bytes"),
+    ("child.host_wait", 0.25, "child.host_wait 0.25 ms"),
 ])
-def test_phases_print_counts_without_a_unit(name, value, text):
+def test_phases_print_their_own_units(name, value, text):
     assert phase_text(name, value) == text
 
 
