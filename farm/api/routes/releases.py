@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from farm.api.deps import RegistryDep, RunnerDep, SettingsDep, read, submit
 from farm.api.schemas import BuildOut, ErrorResponse, ReleaseIn, ReleaseOut
@@ -16,8 +16,12 @@ from registry.index import Registry
 router = APIRouter()
 
 
-@router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"], dependencies=[submit])
-def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep) -> ReleaseOut:
+@router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"], dependencies=[submit],
+             responses={409: {"model": ErrorResponse, "description": "no-worker: the embedded service (no broker) "
+                                                                    "can't build an SDK it does not have; retrying "
+                                                                    "will not change that"}})
+def create_release(http: Request, body: ReleaseIn, settings: SettingsDep, reg: RegistryDep,
+                   runner: RunnerDep) -> ReleaseOut | Response:
     from registry.index import resolve_model_ref
 
     request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, allow_queue=body.allow_queue,
@@ -27,6 +31,14 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
     with reg.db.session() as s:
         digest = resolve_model_ref(s, body.model)
     served = _served(settings, reg, request)
+    if settings.embedded:
+        try:
+            embedded_served(request, served)
+        except E.NoWorkerError as exc:
+            # Not "try again later" (503): this service will never have that SDK.
+            from farm.api.errors import error_response, roots_of
+
+            return error_response(exc, roots_of(http.app), status=409)
     request.check_served(served)
     st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
                             dispatch=runner is None)
@@ -74,6 +86,42 @@ def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> 
             out[(tc.backend, tc.version)] = ["embedded"]
         return out
     return plan.served_toolchains(settings, reg)
+
+
+def embedded_served(request: plan.ReleaseRequest, served: dict[tuple[str, str], list[str]]) -> None:
+    """The embedded service builds with the toolchains installed beside it, and nothing else:
+    asked for another SDK (or a backend it has none of), it says which it has and where the others
+    are built. ``--allow-queue`` changes nothing here: without a broker no worker can take the
+    build."""
+    unserved: set[tuple[str, str]] = set()
+    for t in request.targets:
+        versions = list(request.sdks) or [v for (b, v) in served if b == t.backend] or ["(any version)"]
+        unserved.update((t.backend, v) for v in versions if (t.backend, v) not in served)
+    if not unserved:
+        return
+    have = ", ".join(f"{b.upper()} {v}" for b, v in _installed()) or "no toolchain"
+    asked = ", ".join(f"{b.upper()} {v}" for b, v in sorted(unserved))
+    raise E.NoWorkerError(
+        f"this service builds in-process (no broker) with {have}, what is installed beside it; it can't build {asked}",
+        hint="leave the SDK out (or ask for one it has); other SDKs build on a cluster, one worker per SDK "
+             "(infra/farm-up.sh starts one here; docs/operations.md), where --allow-queue waits for a worker "
+             "that is not up yet",
+        details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
+
+
+def _installed() -> list[tuple[str, str]]:
+    """(backend, version) of every toolchain installed beside this process."""
+    from farm.core.catalog import BACKENDS
+    from workers.backends import get_runner
+
+    out = []
+    for backend in BACKENDS:
+        try:
+            tc = get_runner(backend).toolchain()
+        except E.FarmError:
+            continue
+        out.append((tc.backend, tc.version))
+    return sorted(out)
 
 
 def release_out(st: plan.ReleaseStatus) -> ReleaseOut:
