@@ -83,13 +83,16 @@ class Metrics:
         self.long_polls = Gauge("ctxfarm_long_polls_waiting", "GET /v1/releases/ID?wait= requests waiting now",
                                 registry=self.registry, multiprocess_mode="livesum")
         self.registry.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
+        # What /metrics renders: ``registry`` (where routes make their metrics too), or under
+        # several processes every process's files (their measures, routes' included) and the
+        # index's figures once; rendering both would list each measure twice.
+        self.exposed = self.registry
         if self.multiprocess:
             from prometheus_client import multiprocess
 
-            # The measures come from every process's files; the index's figures once, from here.
-            self.registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self.registry)
-            self.registry.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
+            self.exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.exposed)
+            self.exposed.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
 
     def watch_long_polls(self, polls: Any) -> None:
         """The long-poll gauge follows ``polls`` (``farm.api.longpoll.LongPolls``): read when
@@ -100,7 +103,7 @@ class Metrics:
             self.long_polls.set_function(polls.count)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.exposed), CONTENT_TYPE_LATEST
 
     def readiness(self) -> dict[str, bool]:
         from sqlalchemy import text

@@ -65,10 +65,12 @@ def service(pg_url: str, tmp_path: Path) -> Any:
         art_a = add_artifact(s, a, toolchain="2.50.0").digest
         art_b = add_artifact(s, b, toolchain="2.50.0").digest
     read, admin = token(settings, "device", "read"), token(settings, "ops", "admin")
+    reporter = token(settings, "fleet", "report")
     port = free_port()
     proc = serve(env, port, tmp_path / "serve.log", workers=WORKERS)
     try:
-        yield {"port": port, "reg": reg, "read": read, "admin": admin, "a": a, "b": b, "art_a": art_a,
+        yield {"port": port, "reg": reg, "read": read, "admin": admin, "reporter": reporter, "a": a, "b": b,
+               "art_a": art_a,
                "art_b": art_b, "proc": proc, "metrics_dir": metrics_dir}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -107,6 +109,10 @@ def test_processes_share_the_port_and_stay_coherent(service: dict[str, Any]) -> 
         status, body = _get(port, Q, svc["read"])
         assert status == 200 and body["artifact"] == newer, body
 
+    # The report route makes its counters on first use, in each process: refused reports count.
+    for _ in range(10):
+        assert _get(port, "/v1/reports", svc["reporter"], "POST", {})[0] == 400
+
     # /metrics, from whichever process, counts the requests of all of them.
     total = 0.0
     for _ in range(4):
@@ -117,6 +123,9 @@ def test_processes_share_the_port_and_stay_coherent(service: dict[str, Any]) -> 
         total = max(total, next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                                 if line.startswith("ctxfarm_resolve_seconds_count")))
         assert "ctxfarm_builds{" in text  # the index's figures are there too
+        # Each family once (a scrape with duplicates fails), the routes' own counters included.
+        types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+        assert len(types) == len(set(types)), sorted(t for t in types if types.count(t) > 1)
     assert total >= 100, total
 
 
