@@ -77,3 +77,50 @@ def test_long_poll_gauge_is_written_on_change_under_several_processes(tmp_path: 
             assert seen[-1] == 2
     assert seen == [1, 2, 1, 0]
     polls.close()
+
+
+def test_shared_listener_gives_connections_tcp_nodelay() -> None:
+    """The processes' shared listener (issue 33): its accepted connections get TCP_NODELAY from
+    asyncio, so a kept-alive answer is not held for the client's delayed ACK (a socket made
+    with protocol 0, as uvicorn's own bind_socket makes it, gets none: Kludex/uvicorn#3149)."""
+    import asyncio
+    import socket
+
+    from farm.cli.service_cmd import listener
+
+    async def nodelay_of(sock: socket.socket) -> int:
+        got: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                s = transport.get_extra_info("socket")
+                got.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        port = sock.getsockname()[1]
+        _r, w = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(got, 10)
+        finally:
+            w.close()
+            server.close()
+
+    sock = listener("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    assert asyncio.run(nodelay_of(sock)) != 0
+    bare = socket.socket(socket.AF_INET)  # what uvicorn.run binds for --workers N
+    bare.bind(("127.0.0.1", 0))
+    assert asyncio.run(nodelay_of(bare)) == 0  # the defect the listener avoids
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    from farm.cli.service_cmd import listener
+    from farm.core.errors import ConfigError
+
+    held = listener("127.0.0.1", 0)
+    held.listen()
+    with pytest.raises(ConfigError) as e:
+        listener("127.0.0.1", held.getsockname()[1])
+    assert "can't listen" in e.value.message
+    held.close()
