@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,18 @@ def _warm(svc: dict[str, Any], expect: str, n: int = 40) -> None:
 def test_processes_share_the_port_and_stay_coherent(service: dict[str, Any]) -> None:
     svc, port = service, service["port"]
     assert len(_children(svc["proc"].pid)) >= WORKERS  # the supervisor and its processes
+
+    def answered() -> set[str]:
+        # Each process that answered resolve wrote its own measures file (multiprocess metrics).
+        return {p.name for p in svc["metrics_dir"].iterdir() if p.name.startswith("histogram_")}
+
+    # Until every process has answered (and cached) the question: /healthz answered as soon as
+    # the first one was up.
+    deadline = time.monotonic() + 60
+    while len(answered()) < WORKERS and time.monotonic() < deadline:
+        _warm(svc, svc["art_a"], n=10)
+    assert len(answered()) >= WORKERS, answered()
     _warm(svc, svc["art_a"])
-    # Every process answered resolve: each wrote its own measures file (multiprocess metrics).
-    answered = {p.name for p in svc["metrics_dir"].iterdir() if p.name.startswith("histogram_")}
-    assert len(answered) >= WORKERS, answered
 
     # The tag moves through one process (PUT on one connection) ...
     status, moved = _get(port, "/v1/tags/m/stable", svc["admin"], "PUT", {"digest": svc["b"], "force": True})
