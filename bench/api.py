@@ -1,10 +1,13 @@
 """The HTTP service under load, with baselines measured in the same run.
 
-    python bench/api.py [--artifacts 100000] [--rate 200] [--seconds 10] [--install-mib 1024] [--stream-mib 2048]
+    python bench/api.py [--artifacts 100000] [--rate 200] [--seconds 10] [--workers 1,2] [--install-mib 1024]
+                        [--stream-mib 2048]
 
 1. resolve over HTTP with 100k artifacts in PostgreSQL, from concurrent loopback clients at a
    fixed rate (open loop): p50/p99 of hits and of explained misses, against `SELECT 1` over
-   HTTP-free SQL (the floor);
+   HTTP-free SQL (the floor); once per process count in ``--workers`` (`farm serve --workers N`,
+   a fresh service each, questions no run asked before), the last count's service going on to
+   the measures below (the targets read the last count: list the service's default last);
 2. /v1/coverage and the /coverage page at that size;
 3. `farm.client.install` of a large artifact from SeaweedFS (presigned redirect) against a raw
    boto3 GET of the same object (a ratio);
@@ -45,10 +48,23 @@ def pct(values: list[float], q: float) -> float:
 
 
 def rss_kib(pid: int, key: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
+    """The largest RSS among ``pid`` and its children (`farm serve --workers N`: the process
+    that streams)."""
+    best = 0
+    pids = [pid]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pids += [int(k) for k in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith(key + ":"):
+                    best = max(best, int(line.split()[1]))
+        except OSError:
+            continue
+    return best
 
 
 def load(port: int, token: str, queries: list[str], rate: float, threads: int,
@@ -190,6 +206,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         targets.append({"target": what, "value_ms": value, "limit_ms": limit,
                         "met": value is not None and value == value and value <= limit})
 
+    for row in results.get("resolve by processes", []):
+        print(f"resolve, first asked, {row['processes']} service process(es): hits p50 {row['hit_p50_ms']:.1f} ms "
+              f"p99 {row['hit_p99_ms']:.1f} ms; misses p50 {row['miss_p50_ms']:.1f} ms p99 {row['miss_p99_ms']:.1f} ms;"
+              f" service mean {(row['service'].get('mean_ms') or 0):.2f} ms")
     if r and r["requests"]:
         print(f"resolve over HTTP, {args.artifacts} artifacts, {r['requests']} first-asked requests at {args.rate:g}/s "
               f"({args.threads} clients): done at {r['rate_done']:.0f}/s")
@@ -244,6 +264,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--workers", default="1,2",
+                    help="service process counts to compare, comma-separated; the last serves the rest of the bench")
     ap.add_argument("--install-mib", type=int, default=1024, help="0: skip the install measure")
     ap.add_argument("--stream-mib", type=int, default=2048, help="0: skip the streaming RSS measure")
     ap.add_argument("--full-coverage-max", type=int, default=100_000,
@@ -285,13 +307,10 @@ def main() -> int:
             reg = Registry.open(settings)
             with reg.db.session() as s:
                 token = create_token(s, "bench", "read")
-            port = free_port()
-            procs.append(serve(env_local, port, tmp / "serve.log"))
-            pid = procs[-1].pid
-
-            # 1. resolve, hits and explained misses, open loop at --rate (--artifacts 0: skipped).
-            # Warm-up on other random questions: the service caches answers per question, and the
-            # measured ones must be first asked (the cost of a device's first poll after a change).
+            # 1. resolve, hits and explained misses, open loop at --rate (--artifacts 0: skipped), once per
+            # process count, each on a fresh service. Warm-up on other random questions: the service caches
+            # answers per question, and the measured ones must be first asked (the cost of a device's first
+            # poll after a change); each run asks questions no earlier run asked (seeded apart).
             n_models = max(1, args.artifacts // (len(socs) * 10))
             n = int(args.rate * args.seconds) if args.artifacts else 0
 
@@ -300,29 +319,42 @@ def main() -> int:
                 return [f"/v1/resolve?model=name_{rng.randrange(n_models)}:stable"
                         f"&soc={rng.choice(socs)}&qnn={rng.choice(RUNTIMES)}&manifest=false" for _ in range(k)]
 
-            queries = list(dict.fromkeys(questions(1, n)))
-            if n:
-                load(port, token, questions(2, min(400, n)), args.rate * 4, args.threads)  # warm-up
-            before = resolve_histogram(port, token)
-            got = load(port, token, queries, args.rate, args.threads)
-            first_service = service_side(before, resolve_histogram(port, token))
-            hits = [t for _, t, st in got if st == 200]
-            misses = [t for _, t, st in got if st == 404]
-            wall = max(1e-9, args.seconds)
-            floor = []
             from sqlalchemy import text
 
-            for _ in range(500):
-                with reg.db.session() as s:
-                    a = time.perf_counter()
-                    s.execute(text("SELECT 1"))
-                    floor.append(time.perf_counter() - a)
-            results["resolve"] = {"requests": len(got), "rate_asked": args.rate, "rate_done": len(got) / wall,
-                                  "hit_p50_ms": pct(hits, 50) * 1e3, "hit_p99_ms": pct(hits, 99) * 1e3,
-                                  "miss_p50_ms": pct(misses, 50) * 1e3, "miss_p99_ms": pct(misses, 99) * 1e3,
-                                  "hits": len(hits), "misses": len(misses),
-                                  "other": len(got) - len(hits) - len(misses),
-                                  "select1_p50_ms": pct(floor, 50) * 1e3, "service": first_service}
+            counts = [int(w) for w in args.workers.split(",") if w.strip()]
+            by_processes: list[dict[str, Any]] = []
+            for run, workers in enumerate(counts):
+                port = free_port()
+                procs.append(serve(env_local, port, tmp / f"serve-{workers}.log", workers=workers))
+                pid = procs[-1].pid
+                queries = list(dict.fromkeys(questions(1 + 1000 * run, n)))
+                if n:
+                    load(port, token, questions(2 + 1000 * run, min(400, n)), args.rate * 4, args.threads)  # warm-up
+                before = resolve_histogram(port, token)
+                got = load(port, token, queries, args.rate, args.threads)
+                first_service = service_side(before, resolve_histogram(port, token))
+                hits = [t for _, t, st in got if st == 200]
+                misses = [t for _, t, st in got if st == 404]
+                wall = max(1e-9, args.seconds)
+                floor = []
+                for _ in range(500):
+                    with reg.db.session() as s:
+                        a = time.perf_counter()
+                        s.execute(text("SELECT 1"))
+                        floor.append(time.perf_counter() - a)
+                results["resolve"] = {"processes": workers, "requests": len(got), "rate_asked": args.rate,
+                                      "rate_done": len(got) / wall,
+                                      "hit_p50_ms": pct(hits, 50) * 1e3, "hit_p99_ms": pct(hits, 99) * 1e3,
+                                      "miss_p50_ms": pct(misses, 50) * 1e3, "miss_p99_ms": pct(misses, 99) * 1e3,
+                                      "hits": len(hits), "misses": len(misses),
+                                      "other": len(got) - len(hits) - len(misses),
+                                      "select1_p50_ms": pct(floor, 50) * 1e3, "service": first_service,
+                                      "load_avg": os.getloadavg()}
+                by_processes.append(results["resolve"])
+                if run < len(counts) - 1:
+                    os.killpg(pid, signal.SIGTERM)
+                    procs[-1].wait(30)
+            results["resolve by processes"] = by_processes
             # 1b. The same questions again as devices poll: with If-None-Match (their ETag) -> 304,
             # and without (a repeated question: the cached answer).
             etags: dict[str, str] = {}

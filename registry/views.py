@@ -63,14 +63,55 @@ def _defaults(backend: str, target: str) -> dict[str, Any]:
         return {}
 
 
-def artifact_document(session: Session, store: Any, ref: str) -> dict[str, Any]:
-    """`farm show --json` of the artifact ``ref`` (an id of 6+ hex digits or a manifest digest):
-    its manifest read back from the store, build, probe verdicts and files."""
+SHOW_CHOICES = 8  # artifacts a refusal of an ambiguous `farm show MODEL` lists
+
+
+def show_artifact(session: Session, ref: str, target: str | None = None) -> Any:
+    """The artifact `farm show REF` means: an artifact id (6+ hex digits) or manifest digest, as
+    `farm ls` prints them; else a model reference (NAME:TAG, NAME, a model digest) like every other
+    command takes, when it has exactly one active artifact (for ``target``, a ``backend:name``,
+    when given). A model with several is refused (usage) with the ids to pick from."""
+    from farm.core.errors import NotFoundError, UsageError
+    from registry.index import find_artifact, list_artifacts, resolve_model_ref
+
+    hexpart = ref.removeprefix("sha256:").lower()
+    if target is None and len(hexpart) >= 6 and all(c in "0123456789abcdef" for c in hexpart):
+        try:
+            return find_artifact(session, ref)
+        except NotFoundError:
+            if len(hexpart) == 64 and ref.startswith("sha256:"):
+                pass  # a full digest that is no artifact: perhaps a model's
+    digest = resolve_model_ref(session, ref)
+    backend, name = None, None
+    if target:
+        from farm.core.catalog import parse_target
+
+        t = parse_target(target)
+        backend, name = t.backend, t.name
+    arts = [a for a in list_artifacts(session, model_digest=digest, backend=backend, target=name, limit=200)
+            if a.status == "active"]
+    where = f" for {target}" if target else ""
+    if not arts:
+        raise NotFoundError(f"{ref} has no artifact{where}",
+                            hint=f"farm ls -m {ref} lists what there is; farm build builds one")
+    if len(arts) > 1:
+        listed = "; ".join(f"{a.short_id} {a.backend}:{a.target} {a.toolchain}" for a in arts[:SHOW_CHOICES])
+        more = f" and {len(arts) - SHOW_CHOICES} more" if len(arts) > SHOW_CHOICES else ""
+        raise UsageError(f"{ref} has {len(arts)} artifacts{where}; farm show shows one",
+                         hint=f"pick one by id: {listed}{more} (farm show ID)"
+                              + ("" if target else ", or narrow with --target"))
+    return arts[0]
+
+
+def artifact_document(session: Session, store: Any, ref: str, target: str | None = None) -> dict[str, Any]:
+    """`farm show --json` of the artifact ``ref`` names (``show_artifact``: an id of 6+ hex
+    digits, a manifest digest, or a model with one artifact for ``target``): its manifest read
+    back from the store, build, probe verdicts and files."""
     from registry import manifest as mf
-    from registry.index import find_artifact, tags_of, verdicts_of
+    from registry.index import tags_of, verdicts_of
     from registry.store.base import read_bytes
 
-    a = find_artifact(session, ref)
+    a = show_artifact(session, ref, target)
     manifest = mf.decode(read_bytes(store, a.digest), a.digest)
     options = dict(a.build.options)
     verdicts = [{"runtime_backend": v.runtime_backend, "runtime": v.runtime_version, "verdict": v.verdict,

@@ -58,7 +58,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.tokens = TokenCache(ttl=TOKEN_CACHE_S)
     app.state.runner = runner
     app.state.longpolls = LongPolls(settings, reg)
-    app.state.metrics.long_polls.set_function(app.state.longpolls.count)
+    app.state.metrics.watch_long_polls(app.state.longpolls)
     app.state.roots = server_roots(settings)
     app.add_middleware(ErrorBoundary)
     app.add_exception_handler(E.FarmError, _farm_error)  # type: ignore[arg-type]
@@ -137,3 +137,11 @@ async def _session(_request: Request, exc: SessionRedirect) -> Response:
     resp.set_cookie(SESSION_COOKIE, exc.token, max_age=SESSION_MAX_AGE, path="/coverage", httponly=True,
                     samesite="strict", secure=exc.secure)
     return resp
+
+
+def app_from_env() -> FastAPI:
+    """The service on the ``FARM_*`` environment: what each process of ``farm serve --workers N``
+    runs (uvicorn imports it by name in every process it starts), each with its own pool and answer
+    cache; the answers stay coherent because each is checked against the model's generation in the
+    shared index (``farm.api.answers``)."""
+    return create_app(Settings.from_env())

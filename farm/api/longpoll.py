@@ -113,6 +113,7 @@ class LongPolls:
         self.readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="longpoll-read")
         self.waiting: Counter[str] = Counter()
         self.total = 0
+        self.on_count: Callable[[int], Any] | None = None  # told the new total (the metrics of several processes)
 
     def count(self) -> int:
         return self.total  # an int: read by /metrics from another thread
@@ -129,6 +130,8 @@ class LongPolls:
                                      hint="wait for one to answer before starting another, or poll without wait=")
         self.waiting[key] += 1
         self.total += 1
+        if self.on_count is not None:
+            self.on_count(self.total)
         try:
             yield
         finally:
@@ -136,6 +139,8 @@ class LongPolls:
             self.waiting[key] -= 1
             if self.waiting[key] <= 0:
                 del self.waiting[key]
+            if self.on_count is not None:
+                self.on_count(self.total)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.readers, fn, *args)

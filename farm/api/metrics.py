@@ -2,11 +2,14 @@
 
 Builds by state and queue depth per queue are read when scraped (SQL is the truth, Redis holds
 the queues); resolve latency and bytes served are measured in this process; the compile-seconds
-histogram is built from the index's artifacts.
+histogram is built from the index's artifacts. Under ``farm serve --workers N`` (the
+``PROMETHEUS_MULTIPROC_DIR`` it sets) each process writes its measures to a file there and every
+process's ``/metrics`` adds up all of them (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -69,6 +72,8 @@ class _IndexCollector:
 class Metrics:
     def __init__(self, settings: Settings, reg: Registry):
         self.settings, self.reg = settings, reg
+        # prometheus_client reads the variable itself, when it is imported: this only follows it.
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry()
         self.resolve_seconds = Histogram("ctxfarm_resolve_seconds", "Resolve latency in the service",
                                          registry=self.registry,
@@ -76,11 +81,29 @@ class Metrics:
         self.bytes_served = Counter("ctxfarm_blob_bytes_served", "Blob bytes streamed by the service",
                                     registry=self.registry)
         self.long_polls = Gauge("ctxfarm_long_polls_waiting", "GET /v1/releases/ID?wait= requests waiting now",
-                                registry=self.registry)
+                                registry=self.registry, multiprocess_mode="livesum")
         self.registry.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
+        # What /metrics renders: ``registry`` (where routes make their metrics too), or under
+        # several processes every process's files (their measures, routes' included) and the
+        # index's figures once; rendering both would list each measure twice.
+        self.exposed = self.registry
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            self.exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.exposed)
+            self.exposed.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]
+
+    def watch_long_polls(self, polls: Any) -> None:
+        """The long-poll gauge follows ``polls`` (``farm.api.longpoll.LongPolls``): read when
+        scraped in one process; written on each change under several (a file per process)."""
+        if self.multiprocess:
+            polls.on_count = self.long_polls.set
+        else:
+            self.long_polls.set_function(polls.count)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.exposed), CONTENT_TYPE_LATEST
 
     def readiness(self) -> dict[str, bool]:
         from sqlalchemy import text

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +397,10 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
 def _status(args: argparse.Namespace, settings: Settings) -> int:
     from farm.core.errors import UsageError
 
+    if args.build is None and args.release is None:
+        raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
+    what = f"build {args.build}" if args.build is not None else f"release {args.release}"
+    _local_ids(what, settings)
     if args.build is not None:
         from farm.pipeline.plan import build_view, check_id
         from registry.index import Registry, artifact_for_build, get_build
@@ -402,7 +408,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
         check_id(args.build, "build")
         reg = Registry.open(settings)
         try:
-            with reg.db.session() as s:
+            with reg.db.session() as s, _ids_on_a_server(what):
                 b = get_build(s, args.build)
                 art = artifact_for_build(s, b.id)
                 info = {**build_view(b, art), "key": b.build_key, "model": b.model_digest, "options": b.options,
@@ -412,26 +418,64 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             reg.close()
         _show_build(info, text_log if args.log else None, args.json)
         return 0
-    if args.release is None:
-        raise UsageError("which release? farm status RELEASE_ID (or --build BUILD_ID)")
     from farm.pipeline.plan import release_status
 
-    st = release_status(settings, args.release)
+    with _ids_on_a_server(what):
+        st = release_status(settings, args.release)
     doc = release_json(st.release_id, st.model, st.builds)
     _show_release(doc, args.json)
     return 0 if doc["ok"] or not doc["done"] else 1
 
 
+_SERVER_HINT = ("release and build ids live where they were submitted: a service numbers its own. Ask it: "
+                "farm status ID --server http://farm:8080 (or export FARM_SERVER, FARM_TOKEN)")
+
+
+def _local_ids(what: str, settings: Settings) -> None:
+    """`farm status ID` with no server and no index here: no release can be here, and opening the
+    index would create an empty one. Say where release ids live instead."""
+    from farm.core.errors import NotFoundError
+
+    url = settings.database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise NotFoundError(f"no {what} here: no server is configured (--server, FARM_SERVER) and this machine "
+                            "has no index", hint=_SERVER_HINT)
+
+
+@contextmanager
+def _ids_on_a_server(what: str) -> Iterator[None]:
+    """A release or build this index does not hold: perhaps it is a service's."""
+    from farm.core.errors import NotFoundError
+
+    try:
+        yield
+    except NotFoundError as exc:
+        if exc.message.startswith(f"no {what.split()[0]} "):
+            raise NotFoundError(f"no {what} in this machine's index (no server configured: --server, FARM_SERVER)",
+                                hint=_SERVER_HINT) from None
+        raise
+
+
 # Phases that are counts, not milliseconds (by their last dotted part: ``child.page_faults``).
 COUNT_PHASES = frozenset({"page_faults"})
+# ... and those whose name ends in their unit (``child.peak_rss_kib``): shown in that unit.
+SIZE_SUFFIXES = {"_kib": 1024, "_mib": 1 << 20, "_mb": 1 << 20, "_bytes": 1}
 
 
 def phase_text(name: str, value: Any) -> str:
-    """``ep_compile 5213.4 ms``, ``child.page_faults 4559`` (a count), ``bundle_cache hit``."""
+    """``ep_compile 5213.4 ms``, ``child.page_faults 4559`` (a count), ``child.peak_rss_kib
+    412.5 MiB`` (a size, in KiB or MiB as it reads best), ``bundle_cache hit``. Time is ms."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{name} {value}"
-    if name.rsplit(".", 1)[-1] in COUNT_PHASES:
+    last = name.rsplit(".", 1)[-1]
+    if last in COUNT_PHASES:
         return f"{name} {int(value)}"
+    unit = next((u for suffix, u in SIZE_SUFFIXES.items() if last.endswith(suffix)), None)
+    if unit is not None:
+        size = float(value) * unit
+        if size < 1 << 20:
+            return f"{name} {size / 1024:.1f} KiB" if size >= 1024 else f"{name} {int(size)} bytes"
+        return f"{name} {size / (1 << 20):.1f} MiB"
     return f"{name} {value:g} ms"
 
 

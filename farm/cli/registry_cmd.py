@@ -20,7 +20,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true")
         return
     if name == "show":
-        p.add_argument("artifact", help="artifact id (6+ hex digits) or manifest digest")
+        p.add_argument("artifact", metavar="REF",
+                       help="artifact id (6+ hex digits) or manifest digest, or a model (NAME:TAG, NAME or its digest) "
+                            "with one artifact (for --target)")
+        p.add_argument("--target", "-t", help="with a model: its artifact for this target, e.g. qnn:SM8650")
     else:
         p.add_argument("--model", "-m", help="only this model: NAME (every tag of it), NAME:TAG or a digest")
         p.add_argument("--target", "-t", help="only this target, e.g. qnn:SM8650")
@@ -37,7 +40,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
         api = client(args)
         if name == "show":
-            doc = api.json("GET", f"/v1/artifacts/{quote(args.artifact, safe='')}")
+            doc = api.json("GET", f"/v1/artifacts/{quote(args.artifact, safe='')}", target=args.target)
             with answer_of("show"):
                 return _show(_checked_show(doc), args.json)
         rows = api.json("GET", "/v1/artifacts", model=args.model, target=args.target, limit=str(args.limit))
@@ -50,7 +53,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     try:
         with reg.db.session() as s:
             if name == "show":
-                info = artifact_document(s, reg.store, args.artifact)
+                info = artifact_document(s, reg.store, args.artifact, args.target)
             else:
                 rows = ls_rows(s, model=args.model, target=args.target, limit=args.limit)
     finally:

@@ -4,7 +4,11 @@
 context's can be reused), else fetches the model snapshot and the artifact into a fresh temp dir
 and runs ``workers.backends.check_accuracy`` (a child under ``FARM_ACCURACY_BUDGET``), and
 records the result. It runs where the answer does not wait for it: embedded ``farm build`` only
-when asked (``--min-psnr``/``--accuracy``), a worker as a follow-up task on the probe queue.
+when asked (``--min-psnr``/``--accuracy``), a worker as a follow-up task on the probe queue, the
+embedded service on a background thread. A check no answer waits for (an ungated release: the
+build is ``succeeded`` and published before it starts) runs at ``SCHED_IDLE``, one at a time, so
+it never takes a core from the next build; a ``--min-psnr`` release's check runs at once, at
+nice 10, since its answer waits for the figures.
 
 ``gate_outcomes`` is ``--min-psnr`` on an embedded answer: a build whose worst output is below
 the threshold fails with ``accuracy-below-threshold`` naming it; its artifact stays published.
@@ -54,9 +58,10 @@ def runtime_version(backend: str) -> str | None:
 
 
 def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool = False,
-             seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, Any] | None:
+             seed: int = 0, dims: dict[str, int] | None = None, idle: bool = False) -> dict[str, Any] | None:
     """Run (or reuse) the accuracy check of one artifact under this environment's runtime and
-    record it; returns its view (``registry.evidence.view``), None for an unknown artifact."""
+    record it; returns its view (``registry.evidence.view``), None for an unknown artifact.
+    ``idle``: no answer waits for it, so its run takes only CPU time nothing else wants."""
     from sqlalchemy import select
     from sqlalchemy.orm import selectinload
 
@@ -101,7 +106,7 @@ def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool
         result = {"status": "unverified", "outputs": [],
                   "detail": f"built with {backend.upper()} {art.toolchain}, newer than the runtime here ({runtime})"}
     else:
-        result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact)
+        result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact, idle)
     with reg.db.session() as s:
         row = evidence.record(s, artifact_id, backend, label, inputs, key, result)
         out = evidence.view(row)
@@ -116,7 +121,8 @@ def _newer(built: str, runtime: str) -> bool:
 
 
 def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]], sample_digest: str | None,
-         seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any) -> dict[str, Any]:
+         seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any,
+         idle: bool = False) -> dict[str, Any]:
     from farm.pipeline.bundles import download_bundle
     from workers.backends import check_accuracy
 
@@ -145,7 +151,8 @@ def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]
                     "detail": f"the model or artifact could not be laid out for a check: {type(exc).__name__}: {exc}"}
         (root / "work").mkdir()
         return check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
-                              memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample)
+                              memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample,
+                              idle=idle)
 
 
 def gate_outcomes(settings: Settings, reg: Registry, outcomes: Sequence[Any], min_psnr: float | None,
@@ -219,16 +226,18 @@ def schedule(settings: Settings, reg: Registry, artifact_ids: list[int]) -> list
     if not todo:
         return []
     if not settings.broker_url:
-        import threading
+        # In this process: a gated release's checks at once (its answer waits for them), the rest
+        # one at a time on the background checker, at idle priority.
+        with reg.db.session() as s:
+            gated = {a for a, _b, _t in todo if _gated_artifact(s, a)}
+        now = [a for a, _b, _t in todo if a in gated]
+        later = [a for a, _b, _t in todo if a not in gated]
+        if now:
+            import threading
 
-        def run() -> None:
-            for artifact_id, _b, _t in todo:
-                try:
-                    run_task(settings, reg, artifact_id)
-                except Exception:  # recorded nowhere else: the log says why
-                    log.exception("accuracy check of artifact %s failed", artifact_id)
-
-        threading.Thread(target=run, name="accuracy", daemon=True).start()
+            threading.Thread(target=_run_all, args=(settings, reg, now, False), name="accuracy", daemon=True).start()
+        for artifact_id in later:
+            _background().put((settings, reg, artifact_id))
         return [a for a, _b, _t in todo]
     from farm.pipeline.queues import probe_queue, send, shared_app
 
@@ -238,12 +247,85 @@ def schedule(settings: Settings, reg: Registry, artifact_ids: list[int]) -> list
     return [a for a, _b, _t in todo]
 
 
-def run_task(settings: Settings, reg: Registry, artifact_id: int) -> str | None:
-    """The task body: evaluate, then wake whoever waits on the artifact's build (its release's
-    long poll re-reads the gate)."""
+def _gated_artifact(s: Any, artifact_id: int) -> bool:
+    """Whether a --min-psnr release waits for this artifact's check."""
     from registry.models import Artifact
 
-    out = evaluate(settings, reg, artifact_id)
+    art = s.get(Artifact, artifact_id)
+    return art is not None and gated_release(s, art.build_id)
+
+
+def _run_all(settings: Settings, reg: Registry, artifact_ids: list[int], idle: bool) -> None:
+    for artifact_id in artifact_ids:
+        try:
+            run_task(settings, reg, artifact_id, idle=idle)
+        except Exception:  # recorded nowhere else: the log says why
+            log.exception("accuracy check of artifact %s failed", artifact_id)
+
+
+class BackgroundChecks:
+    """The checks no answer waits for, in this process (the embedded farm): one at a time, in
+    order, on one daemon thread started by the first (several at once would take every core the
+    next build's compile wants). ``idle()`` says whether nothing is queued or running."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self.jobs: queue.Queue[tuple[Settings, Registry, int]] = queue.Queue()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.busy = 0
+
+    def put(self, job: tuple[Settings, Registry, int]) -> None:
+        import threading
+
+        with self.lock:
+            self.busy += 1
+            self.jobs.put(job)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="accuracy-background", daemon=True)
+                self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            settings, reg, artifact_id = self.jobs.get()
+            try:
+                _run_all(settings, reg, [artifact_id], True)
+            finally:
+                with self.lock:
+                    self.busy -= 1
+
+    def idle(self) -> bool:
+        with self.lock:
+            return self.busy == 0
+
+
+_BACKGROUND: BackgroundChecks | None = None
+
+
+def _background() -> BackgroundChecks:
+    global _BACKGROUND
+    if _BACKGROUND is None:
+        _BACKGROUND = BackgroundChecks()
+    return _BACKGROUND
+
+
+def background_idle() -> bool:
+    """Whether this process has no background check queued or running (benches wait on it)."""
+    return _BACKGROUND is None or _BACKGROUND.idle()
+
+
+def run_task(settings: Settings, reg: Registry, artifact_id: int, *, idle: bool | None = None) -> str | None:
+    """The task body: evaluate, then wake whoever waits on the artifact's build (its release's
+    long poll re-reads the gate). ``idle`` (None: unless a --min-psnr release waits for it): the
+    check runs at idle priority."""
+    from registry.models import Artifact
+
+    if idle is None:
+        with reg.db.session() as s:
+            idle = not _gated_artifact(s, artifact_id)
+    out = evaluate(settings, reg, artifact_id, idle=idle)
     if out is None:
         return None
     with reg.db.session() as s:

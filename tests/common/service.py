@@ -11,9 +11,14 @@ from pathlib import Path
 from farm.core.settings import Settings
 
 
-def serve(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0) -> subprocess.Popen[bytes]:
-    """`farm serve` on ``port`` with ``env``; returns once /healthz answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "farm.cli", "serve", "--port", str(port)], env=env,
+def serve(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0,
+          workers: int | None = 1) -> subprocess.Popen[bytes]:
+    """`farm serve` on ``port`` with ``env``; returns once /healthz answers. ``workers``: its
+    processes (one unless asked; None: the service's own default)."""
+    argv = [sys.executable, "-m", "farm.cli", "serve", "--port", str(port)]
+    if workers is not None:
+        argv += ["--workers", str(workers)]
+    proc = subprocess.Popen(argv, env=env,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + timeout

@@ -176,6 +176,30 @@ def test_embedded_service_builds_an_unbuilt_model(svc: dict[str, Any], tmp_path:
     assert [b["state"] for b in release["builds"]] == ["succeeded"]
 
 
+@pytest.mark.parametrize("ask", [{"sdks": ["2.47.0"]}, {"sdks": ["2.47.0"], "allow_queue": True},
+                                 {"targets": ["trt:sm_89"]}])
+def test_embedded_service_says_which_sdk_it_builds(svc: dict[str, Any], ask: dict[str, Any]) -> None:
+    """An SDK the embedded service does not have (issue 33): a 409 that says what it builds and
+    where the others are built (was 503 no-worker, which clients read as "try again later");
+    nothing is queued."""
+    from sqlalchemy import text
+
+    from farm.pipeline.accuracy import runtime_version
+
+    c, submit, reg = svc["client"], svc["tokens"]["submit"], svc["app"].state.registry
+    body = {"model": "sq:stable", "targets": ["qnn:SM8650"], **ask}
+    with reg.db.session() as s:
+        before = s.execute(text("SELECT count(*) FROM builds")).scalar()
+    r = c.post("/v1/releases", json=body, headers=auth(submit))
+    assert r.status_code == 409, r.text
+    err = r.json()["error"]
+    assert err["code"] == "no-worker" and "in-process" in err["message"], err
+    assert f"QNN {runtime_version('qnn')}" in err["message"]
+    assert "infra/farm-up.sh" in err["hint"] and "--allow-queue" in err["hint"]
+    with reg.db.session() as s:
+        assert s.execute(text("SELECT count(*) FROM builds")).scalar() == before
+
+
 def test_tokens_in_urls_only_on_the_page_which_trades_them_for_a_cookie(svc: dict[str, Any]) -> None:
     c, read = svc["client"], svc["tokens"]["read"]
     for path in ("/v1/workers", "/v1/coverage", "/v1/resolve?model=sq:stable&soc=SM8650&qnn=2.51.0"):

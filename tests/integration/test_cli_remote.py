@@ -106,6 +106,10 @@ def test_read_commands_answer_from_the_service(farm_service: dict[str, Any], pip
     assert "ep_compile" in phases and " ms" in phases
     assert "page_faults" not in phases or not any(p.strip().startswith("child.page_faults") and p.endswith("ms")
                                                    for p in phases.split(","))
+    # Sizes in their own unit (issue 33): the compile child's peak RSS is KiB/MiB, never ms.
+    for part in phases.split(","):
+        if "peak_rss_kib" in part:
+            assert part.endswith(("MiB", "KiB")), phases
     # None of it made an index in the pipeline shell.
     assert not Path(pipeline_env["FARM_HOME"], "index.db").exists()
 
@@ -161,7 +165,8 @@ def test_a_cached_release_says_cached_as_farm_build_does(farm_service: dict[str,
     ("/v1/artifacts?target=" + "x" * 500, None),
     ("/v1/artifacts?model=..%2F..%2Fetc", None),
     ("/v1/artifacts/..%2F..%2Fetc%2Fpasswd", None),
-    ("/v1/artifacts/zzzzzz", "usage"),
+    ("/v1/artifacts/zzzzzz", "not-found"),  # a model NAME (farm show NAME:TAG, issue 33) that is not there
+    ("/v1/artifacts/%21bad%20name", "bad-name"),
     ("/v1/artifacts/" + "a" * 64, "not-found"),
     ("/v1/workers?all=maybe", None),
 ])

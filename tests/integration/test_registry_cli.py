@@ -307,3 +307,41 @@ def digest_of_release(settings: Settings, release_id: int) -> str:
             return rel.model_digest
     finally:
         reg.close()
+
+
+def test_show_takes_a_model_reference_like_every_other_command(settings: Settings, farm_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    """`farm show NAME:TAG` (issue 33): the model's one artifact, --target narrowing it; a model
+    with several is a usage error listing their ids; locally and through the service alike."""
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from tests.common.service import token
+
+    model = conv_relu_add(tmp_path / "net.onnx")
+    builds = json.loads(farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--name", "net",
+                             "--json").stdout)["builds"]
+    by_target = {b["target"]: b["artifact"] for b in builds}
+    for ref in ("net:latest", "net", digest_of(farm_env, "net:latest")):
+        shown = valid("show", farm(farm_env, "show", ref, "--target", "qnn:SM8750", "--json").stdout)
+        assert shown["artifact"] == by_target["qnn:SM8750"], ref
+    both = farm(farm_env, "show", "net:latest", check=False)
+    assert both.returncode == 2 and "net:latest has 2 artifacts" in both.stderr, both.stderr
+    assert all(a[7:19] in both.stderr for a in by_target.values()) and "--target" in both.stderr
+    none = farm(farm_env, "show", "net:latest", "-t", "qnn:SM8550", check=False)
+    assert none.returncode != 0 and "has no artifact for qnn:SM8550" in none.stderr, none.stderr
+    assert "Traceback" not in none.stderr + both.stderr
+    assert farm(farm_env, "show", "nope:latest", check=False).returncode != 0
+    # An artifact id still means the artifact.
+    assert valid("show", farm(farm_env, "show", by_target["qnn:SM8650"][7:19], "--json").stdout)["target"] == \
+        "qnn:SM8650"
+
+    tok = token(settings, "reader", "read")
+    with TestClient(create_app(settings)) as c:
+        c.headers["Authorization"] = f"Bearer {tok}"
+        r = c.get("/v1/artifacts/net:latest", params={"target": "qnn:SM8650"})
+        assert r.status_code == 200 and r.json()["artifact"] == by_target["qnn:SM8650"], r.text
+        r = c.get("/v1/artifacts/net:latest")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "usage", r.text
+        r = c.get("/v1/artifacts/net:nope")
+        assert r.status_code == 404, r.text

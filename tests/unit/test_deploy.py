@@ -148,6 +148,25 @@ def test_pools_use_the_code_s_queue_names_tags_and_settings() -> None:
     api = deployments["ctxfarm-api"]["spec"]["template"]["spec"]["containers"][0]
     assert api["ports"][0]["containerPort"] == 8080
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz" and api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    _one_process_per_core(api["args"], api["resources"]["limits"]["cpu"], api["resources"]["requests"]["cpu"])
+
+
+def _one_process_per_core(args: list[str], limit: object, request: object) -> None:
+    """`farm serve` runs one process per core of its CPU quota (issue 33): the quota is a whole
+    number of cores, requested as well as allowed, and no --workers in the args disagrees."""
+    from farm.cli.service_cmd import serve_processes
+    from farm.core.settings import Settings
+
+    cores = float(str(limit))
+    assert cores == int(cores) >= 1 and str(request) == str(limit), (limit, request)
+    assert "--workers" not in args, args
+    pg = Settings.from_env({"FARM_HOME": "/nonexistent/x", "FARM_DATABASE_URL": "postgresql+psycopg://h/db"})
+    assert serve_processes(None, pg, cores=int(cores)) == int(cores)
+
+
+def test_compose_runs_one_api_process_per_core() -> None:
+    api = compose()["services"]["api"]
+    _one_process_per_core(api["command"], api["cpus"], api["cpus"])
 
 
 def test_serve_defaults_and_probe_paths_match() -> None:

@@ -96,18 +96,19 @@ def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict
 
 def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
                    memory_mb: int = 0, seed: int = DEFAULT_SEED, dims: dict[str, int] | None = None,
-                   sample: Path | None = None, warm_host: bool = True) -> dict[str, Any]:
+                   sample: Path | None = None, warm_host: bool = True, idle: bool = False) -> dict[str, Any]:
     """Run the comparison in a child within ``budget`` seconds: a job forked from a warm host
     (``workers.host``: onnxruntime imported and the QNN EP registered once per process, as for
-    compiles: a fresh child spends about half a second on that), or a fresh child. Always
-    returns a record:
+    compiles: a fresh child spends about half a second on that), or a fresh child. ``idle``: the
+    child runs at ``SCHED_IDLE`` (no answer waits for it), else at nice 10. Always returns a
+    record:
     ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``."""
     from workers.qnn.runner import provider_options
     from workers.runner import run_child
 
     request = {"model": str(model.resolve()), "ctx_model": str(ctx_model.resolve()),
                "provider_options": provider_options(target, {}), "seed": seed, "dims": dims or {},
-               "sample": str(sample.resolve()) if sample else None}
+               "sample": str(sample.resolve()) if sample else None, "idle": bool(idle)}
     start = time.perf_counter()
     try:
         if warm_host:

@@ -24,10 +24,13 @@ def list_artifacts(reg: RegistryDep, model: Annotated[str | None, Query(max_leng
         return ls_rows(s, model=model, target=target, limit=limit)
 
 
-@router.get("/v1/artifacts/{ref}", dependencies=[read])
-def show_artifact(ref: Annotated[str, Path(max_length=80)], reg: RegistryDep) -> dict[str, Any]:
-    """One artifact by its id (6+ hex digits) or manifest digest (schema: farm/cli/schemas/show.json)."""
+@router.get("/v1/artifacts/{ref:path}", dependencies=[read])
+def show_artifact(ref: Annotated[str, Path(max_length=300)], reg: RegistryDep,
+                  target: Annotated[str | None, Query(max_length=80)] = None) -> dict[str, Any]:
+    """One artifact by its id (6+ hex digits) or manifest digest, or the one artifact of a model
+    (NAME:TAG, NAME or model digest; ``target`` narrows it, e.g. ``qnn:SM8650``); a model with
+    several is 400 ``usage`` listing their ids (schema: farm/cli/schemas/show.json)."""
     from registry.views import artifact_document
 
     with reg.db.session() as s:
-        return artifact_document(s, reg.store, ref)
+        return artifact_document(s, reg.store, ref, target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from farm.api.deps import Caller, RegistryDep, RunnerDep, SettingsDep, read, submitter
 from farm.api.schemas import BuildOut, ErrorResponse, ReleaseIn, ReleaseOut
@@ -18,9 +18,12 @@ router = APIRouter()
 
 @router.post("/v1/releases", response_model=ReleaseOut, tags=["submit"],
              responses={429: {"model": ErrorResponse, "description": "quota-releases: this token has "
-                                                                     "FARM_QUOTA_RELEASES releases in progress"}})
-def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep,
-                   who: Annotated[Caller, submitter]) -> ReleaseOut:
+                                                                     "FARM_QUOTA_RELEASES releases in progress"},
+                        409: {"model": ErrorResponse, "description": "no-worker: the embedded service (no broker) "
+                                                                     "can't build an SDK it does not have; retrying "
+                                                                     "will not change that"}})
+def create_release(http: Request, body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep,
+                   who: Annotated[Caller, submitter]) -> ReleaseOut | Response:
     """Queue a release owned by this token (only it or an admin cancels it); at most
     FARM_QUOTA_RELEASES of its releases may have builds queued or running (429 ``quota-releases``)."""
     from registry.index import resolve_model_ref
@@ -33,6 +36,14 @@ def create_release(body: ReleaseIn, settings: SettingsDep, reg: RegistryDep, run
         digest = resolve_model_ref(s, body.model)
         _check_quota(s, settings, who)
     served = _served(settings, reg, request)
+    if settings.embedded:
+        try:
+            embedded_served(request, served)
+        except E.NoWorkerError as exc:
+            # Not "try again later" (503): this service will never have that SDK.
+            from farm.api.errors import error_response, roots_of
+
+            return error_response(exc, roots_of(http.app), status=409)
     request.check_served(served)
     st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
                             dispatch=runner is None, owner=who.token_id)
@@ -96,6 +107,42 @@ def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> 
             out[(tc.backend, tc.version)] = ["embedded"]
         return out
     return plan.served_toolchains(settings, reg)
+
+
+def embedded_served(request: plan.ReleaseRequest, served: dict[tuple[str, str], list[str]]) -> None:
+    """The embedded service builds with the toolchains installed beside it, and nothing else:
+    asked for another SDK (or a backend it has none of), it says which it has and where the others
+    are built. ``--allow-queue`` changes nothing here: without a broker no worker can take the
+    build."""
+    unserved: set[tuple[str, str]] = set()
+    for t in request.targets:
+        versions = list(request.sdks) or [v for (b, v) in served if b == t.backend] or ["(any version)"]
+        unserved.update((t.backend, v) for v in versions if (t.backend, v) not in served)
+    if not unserved:
+        return
+    have = ", ".join(f"{b.upper()} {v}" for b, v in _installed()) or "no toolchain"
+    asked = ", ".join(f"{b.upper()} {v}" for b, v in sorted(unserved))
+    raise E.NoWorkerError(
+        f"this service builds in-process (no broker) with {have}, what is installed beside it; it can't build {asked}",
+        hint="leave the SDK out (or ask for one it has); other SDKs build on a cluster, one worker per SDK "
+             "(infra/farm-up.sh starts one here; docs/operations.md), where --allow-queue waits for a worker "
+             "that is not up yet",
+        details={"served": [f"{b}:{v}" for b, v in sorted(served)]})
+
+
+def _installed() -> list[tuple[str, str]]:
+    """(backend, version) of every toolchain installed beside this process."""
+    from farm.core.catalog import BACKENDS
+    from workers.backends import get_runner
+
+    out = []
+    for backend in BACKENDS:
+        try:
+            tc = get_runner(backend).toolchain()
+        except E.FarmError:
+            continue
+        out.append((tc.backend, tc.version))
+    return sorted(out)
 
 
 def release_out(st: plan.ReleaseStatus) -> ReleaseOut:

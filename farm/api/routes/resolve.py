@@ -91,17 +91,54 @@ def _reader(request: Request, reg: Registry) -> Any:
 _READER_LOCK = threading.Lock()
 
 
+class DriverRows:
+    """``Rows`` on the driver's own connection (psycopg, autocommit) under a pooled SQLAlchemy
+    connection: each statement goes straight to the driver, without SQLAlchemy's per-statement
+    execution context (about a quarter of a millisecond of CPU each, measured), and psycopg
+    prepares the statements a process repeats. A driver error becomes SQLAlchemy's, so the
+    pool's handling (a dead connection invalidated) stays as it is."""
+
+    dialect = "postgresql"
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.driver = conn.connection.driver_connection
+
+    def rows(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        from registry.lite import pyformat
+
+        try:
+            with self.driver.cursor() as cur:
+                cur.execute(pyformat(sql), dict(params or {}))
+                return list(cur.fetchall()) if cur.description is not None else []
+        except Exception as exc:
+            _raise_as_sqlalchemy(self.conn, exc, sql, params)
+            raise
+
+
+def _raise_as_sqlalchemy(conn: Any, exc: Exception, sql: str, params: Any) -> None:
+    """A driver error as SQLAlchemy's DBAPIError, the connection invalidated when it is dead."""
+    from sqlalchemy.exc import DBAPIError
+
+    dbapi = conn.dialect.loaded_dbapi
+    if not isinstance(exc, dbapi.Error):
+        return
+    dead = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
+    if dead:
+        conn.invalidate(exc)
+    raise DBAPIError.instance(sql, params, exc, dbapi.Error, connection_invalidated=dead,
+                              dialect=conn.dialect) from exc
+
+
 def _on_reader(reader: Any, work: Any) -> Any:
     """``work(rows)`` on a reader connection; once more on a fresh one if the first was dead (the
     server restarted: no ping found it out)."""
     from sqlalchemy.exc import DBAPIError
 
-    from registry.lite import ConnectionRows
-
     for attempt in (0, 1):
         try:
             with reader.connect() as conn:
-                return work(ConnectionRows(conn))
+                return work(DriverRows(conn))
         except DBAPIError as exc:
             if attempt or not exc.connection_invalidated:
                 raise

@@ -104,8 +104,13 @@ def test_release_progress_restarts_the_clock_when_a_build_starts_running(monkeyp
     ("page_faults", 12.0, "page_faults 12"),
     ("bundle_cache", "hit", "bundle_cache hit"),
     ("sha256:ab.bin", 3.5, "sha256:ab.bin 3.5 ms"),
+    ("child.peak_rss_kib", 422400.0, "child.peak_rss_kib 412.5 MiB"),  # issue 33: a size, not ms
+    ("child.peak_rss_kib", 512, "child.peak_rss_kib 512.0 KiB"),
+    ("heap_mb", 64, "heap_mb 64.0 MiB"),
+    ("blob_bytes", 100, "blob_bytes 100 bytes"),
+    ("child.host_wait", 0.25, "child.host_wait 0.25 ms"),
 ])
-def test_phases_print_counts_without_a_unit(name, value, text):
+def test_phases_print_their_own_units(name, value, text):
     assert phase_text(name, value) == text
 
 
@@ -162,3 +167,22 @@ def test_a_malformed_status_answer_is_server_error(argv, doc, capsys, monkeypatc
     assert main([*argv, "--server", "http://farm.invalid"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error[server-error]") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["status", "7"], ["status", "--build", "7"]])
+def test_status_of_an_id_with_no_server_says_ids_live_on_a_server(argv, tmp_path, monkeypatch, capsys):
+    """`farm status ID` with no server configured (issue 33): not a hint about `farm ls`, and no
+    empty index created on the spot; with an index that lacks the id, the same pointer."""
+    monkeypatch.delenv("FARM_SERVER", raising=False)
+    monkeypatch.delenv("FARM_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FARM_HOME", str(tmp_path / "home"))
+    assert main([*argv, "--json"]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err["code"] == "not-found" and "no server is configured" in err["message"], err
+    assert "--server" in err["hint"] and "FARM_SERVER" in err["hint"]
+    assert not (tmp_path / "home" / "index.db").exists()
+    assert main(["ls", "--json"]) == 0  # now there is an index, without that id
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert "in this machine's index" in err["message"] and "--server" in err["hint"], err
