@@ -266,4 +266,12 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
             "toolchain": artifact.toolchain,
             "verdict": ("unverified" if v.unverified else "loads") if v.loads else "fails", "source": v.source,
             "reason": v.reason, "probed_at": iso(v.recorded_at),
-            **({"unverified": v.unverified} if v.unverified else {})}
+            **({"unverified": v.unverified} if v.unverified else {}), **_twin(artifact)}
+
+
+def _twin(artifact: Any) -> dict[str, Any]:
+    """A genai package's twin figures (farm.pipeline.genai: the parts compiled without sharing,
+    generated from on the simulator against the CPU EP), as resolve's ``twin`` key."""
+    desc = getattr(artifact, "description", None)
+    tw = desc.get("twin") if isinstance(desc, dict) else None
+    return {"twin": tw} if isinstance(tw, dict) else {}

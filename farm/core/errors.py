@@ -18,6 +18,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── TargetMismatchError      target-mismatch    load-check: built for another SoC (or by another EP)
     ├── RuntimeTooOldError       runtime-too-old    load-check: built with a newer SDK than the runtime
     ├── RuntimeCrashedError      runtime-crashed    load-check: the runtime died loading or running it
+    ├── LoadUnverifiedError      load-unverified    load-check: checked what it can, cannot load it here (exit 4)
     ├── CompileTimeoutError      timeout            compile exceeded its time limit
     ├── WorkerLostError          worker-lost        the compiling process died
     ├── StorageError             storage-error      blob store unusable
@@ -48,6 +49,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── ServerError              server-error       HTTP client: the service is unreachable or broken
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
+    ├── TwinMismatchError        twin-mismatch      --require-twin: a genai package's twin missed a token
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
@@ -160,6 +162,14 @@ class RuntimeCrashedError(FarmError):
     code = "runtime-crashed"
     summary = "`load-check`: the runtime died (a signal) loading or running the context"
     default_hint = "only a run on the device itself can tell whether the context works there"
+
+
+class LoadUnverifiedError(FarmError):
+    code = "load-unverified"
+    exit_code = 4
+    summary = ("`load-check`: every check this runtime can make passed, but it cannot load the context (weight-shared "
+               "or multi-SoC on the x86_64 simulator): no verdict, exit 4")
+    default_hint = "load it on a device with the target SoC (og.Model(dir) for a genai package, docs/genai-shipping.md)"
 
 
 class CompileTimeoutError(FarmError):
@@ -397,6 +407,14 @@ class AccuracyUnverifiedError(FarmError):
     code = "accuracy-unverified"
     summary = "`--min-psnr` asked, but no runtime here gave a figure (cannot load, crashed, over its time budget)"
     default_hint = "drop --min-psnr for artifacts only devices can verify"
+
+
+class TwinMismatchError(FarmError):
+    code = "twin-mismatch"
+    summary = ("`--require-twin`: a genai package's twin (the parts compiled without sharing) did not generate every "
+               "greedy token the CPU EP did, or could not run (the package is still published)")
+    default_hint = ("the package is built and published; `farm show` has the twin's figures (tokens matched, first "
+                    "step's logits PSNR); drop --require-twin to accept it unverified")
 
 
 class RateLimitedError(FarmError):

@@ -18,6 +18,7 @@ from typing import Any
 from farm.core.catalog import Target
 from farm.core.errors import (
     FarmError,
+    LoadUnverifiedError,
     MissingExtraError,
     RuntimeCrashedError,
     RuntimeTooOldError,
@@ -362,6 +363,14 @@ class QnnRunner:
                          "newer runtimes load older contexts (measured)")
         if not built:
             notes.append("the context records no SDK version: it was not checked against the runtime")
+        unloadable = _simulator_cannot_load(context, ctx) if runtime["simulator"] else None
+        if unloadable:
+            # Known before trying: the load would crash or be refused, a verdict on the simulator,
+            # not on the context. Everything checkable was checked: say so, as its own outcome.
+            report["unverified"] = unloadable
+            raise LoadUnverifiedError(
+                f"{ctx_model.name}: its files, SoC ({built_for or 'not recorded'}) and SDK ({built or 'not recorded'}) "
+                f"check out for {target.ref}; not loaded: {unloadable}", details=report)
         try:
             loaded = self.load_check(ctx_model, target, timeout=timeout)
         except FarmError as exc:

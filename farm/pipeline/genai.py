@@ -1,0 +1,532 @@
+"""onnxruntime-genai packages (issue 29): an exported static decoder pipeline becomes one folder
+a device opens with ``og.Model(dir)``, built part by part.
+
+The shape of an export (which file is which part's prefill or decode, the CPU stages, the
+tokenizer, the generated ``genai_config.json``) is ``farm.core.genai``'s; this module is what the
+farm does with it:
+
+- **the package as a model snapshot**: ``genai.json`` first (what the package is: each part's
+  graph group by digest, each CPU stage by role, the tokenizer files), then the CPU stages and
+  tokenizer files under fixed names. Each part's prefill and decode are a graph group of their
+  own (``farm.core.groups``), recorded as a model like any group. The package digest covers the
+  parts' group digests and every other file's digest.
+- **fan out**: each part is one weight-shared group build (the group build path, unchanged);
+  the parts build in parallel in one pool (embedded) and each is admitted like any build.
+- **fan in**: the package's own build row (key: package digest x target x toolchain x options)
+  is claimed once every part is final, then assembled (no compile): the parts' context models
+  and their shared ``.bin`` under ``part<i>/``, the CPU stages and tokenizer as they are, the
+  generated ``genai_config.json``; the folder checks run on the laid-out folder; then one
+  publication (manifest with each stage's role under ``genai``). A part that failed fails the
+  package with the part's code, the message naming the part.
+- **the twin**: the same parts compiled without sharing and generated from on the simulator
+  against the CPU EP (``workers.backends.genai_twin``), budgeted like the accuracy check; its
+  figures sit in the artifact's ``description["twin"]``, the shared artifact stays unverified
+  by load with the reason.
+
+Every blob stays content-addressed: a part's context model and binary are the very blobs of the
+part's group artifact, a tokenizer or CPU stage shared by packages for several SoCs or SDKs is
+one blob.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from farm.core.bundle import BundleFile, ModelBundle
+from farm.core.errors import FarmError, InvalidModelError
+from farm.core.keys import bundle_digest, canonical_json, sha256_bytes
+from farm.core.names import inside
+from farm.core.settings import Settings
+from farm.pipeline.submission import BuildOutcome, BuildReport, Progress, no_progress
+
+PACKAGE_FILE = "genai.json"
+PACKAGE_KIND = "ctxfarm.genai-package.v1"
+CONFIG_NAME = "genai_config.json"
+PREFILL, DECODE = "prefill", "decode"
+MEDIA = {".json": "application/json", ".onnx": "application/octet-stream"}
+
+
+def part_dir(index: int) -> str:
+    return f"part{index}"
+
+
+# ---- the package as a model snapshot --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stage:
+    """A CPU stage carried as it is: its role (``embeddings``, ``lm_head``, ...) and its bundle;
+    in the snapshot and the folder its .onnx is ``<role>.onnx``, its external data beside it
+    under the names the graph references (checked by ``inspect_model``)."""
+
+    role: str
+    bundle: ModelBundle
+
+    @property
+    def file(self) -> str:
+        return f"{self.role}.onnx"
+
+
+@dataclass(frozen=True)
+class PackageBundle:
+    """An export as one model snapshot (the interface of ``ModelBundle`` that submission uses:
+    digest, onnx, size, stem, files_json, sources), plus its parts' groups."""
+
+    parts: tuple[Any, ...]  # farm.core.groups.GroupBundle, one per part, in order
+    stages: tuple[Stage, ...]
+    tokenizer: tuple[tuple[str, Path, BundleFile], ...]  # (name in the folder, path here, digest/size)
+    export: Any  # farm.core.genai's reading of the export: what the config generator needs
+    descriptor: bytes
+    digest: str
+    onnx: BundleFile  # genai.json's entry
+    display: str
+    _dir: Path = field(repr=False, compare=False, default=Path("."))
+
+    @property
+    def stem(self) -> str:
+        return self.display
+
+    @property
+    def path(self) -> Path:
+        return self._dir / PACKAGE_FILE
+
+    @property
+    def size(self) -> int:
+        return (len(self.descriptor) + sum(s.bundle.size for s in self.stages)
+                + sum(f.size for _, _, f in self.tokenizer))
+
+    def files_json(self) -> list[dict[str, Any]]:
+        return [entry for entry, _ in self.sources()]
+
+    def sources(self) -> list[tuple[dict[str, Any], Path]]:
+        out: list[tuple[dict[str, Any], Path]] = [
+            ({"path": PACKAGE_FILE, "digest": self.onnx.digest, "size": self.onnx.size}, self.path)]
+        for st in self.stages:
+            out.append(({"path": st.file, "digest": st.bundle.onnx.digest, "size": st.bundle.onnx.size},
+                        st.bundle.path))
+            out += [({"path": f.path, "digest": f.digest, "size": f.size}, inside(st.bundle.root, f.path))
+                    for f in st.bundle.external]
+        out += [({"path": name, "digest": f.digest, "size": f.size}, path) for name, path, f in self.tokenizer]
+        return out
+
+
+def descriptor(parts: Sequence[Any], stages: Sequence[Stage], tokenizer: Sequence[tuple[str, Path, BundleFile]],
+               export: Any) -> dict[str, Any]:
+    """genai.json: the kind, each part's group digest, each CPU stage's role/file/model digest,
+    the tokenizer's names, and what the export said of itself (``farm.core.genai``'s summary):
+    a different config means a different package."""
+    from farm.core import genai
+
+    return {"kind": PACKAGE_KIND,
+            "parts": [{"part": i, "group": g.digest, "graphs": g.names} for i, g in enumerate(parts)],
+            "stages": [{"role": s.role, "file": s.file, "model": s.bundle.digest} for s in stages],
+            "tokenizer": [name for name, _, _ in tokenizer],
+            "export": genai.summary(export)}
+
+
+def inspect_package(settings: Settings, export_dir: str | Path, *, display: str | None = None) -> PackageBundle:
+    """Read the export (``farm.core.genai``: a folder it can't map is refused with its code,
+    naming the file), inspect each part as a graph group and each CPU stage as a model, and
+    compute the package digest. Nothing is written to the registry here."""
+    from farm.core import genai
+    from farm.core.bundle import inspect_model
+    from farm.core.keys import sha256_file
+    from farm.pipeline.groups import load_group
+
+    export = genai.read_export(Path(export_dir))
+    label = display or Path(export_dir).resolve().name or "genai"
+    parts = []
+    for i, part in enumerate(export.parts):
+        parts.append(load_group(settings, [(PREFILL, str(part.prefill)), (DECODE, str(part.decode))],
+                                display=f"{label}.{part_dir(i)}"))
+    stages = []
+    names: dict[str, str] = {}
+    for role, path in genai.cpu_stages(export):
+        try:
+            bundle = inspect_model(path)
+        except InvalidModelError as exc:
+            raise InvalidModelError(f"CPU stage {role!r} ({Path(path).name}): {exc.message}", hint=exc.hint) from None
+        st = Stage(role, bundle)
+        for n in [st.file, *(f.path for f in bundle.external)]:
+            if n in names and names[n] != role:
+                raise InvalidModelError(f"CPU stages {names[n]!r} and {role!r} both need a file named {n!r} "
+                                        "in the package folder", hint="give each stage's external data its own name")
+            names[n] = role
+        stages.append(st)
+    tokenizer = []
+    for name, path in genai.tokenizer_files(export):
+        digest, size = sha256_file(path)
+        if name in names:
+            raise InvalidModelError(f"tokenizer file {name!r} has the name of a CPU stage's file")
+        tokenizer.append((name, Path(path), BundleFile(name, digest, size)))
+    desc = canonical_json(descriptor(parts, stages, tokenizer, export))
+    entry = BundleFile("", sha256_bytes(desc), len(desc))
+    files = [(e["path"], e["digest"]) for e, _ in _listing(parts, stages, tokenizer)]
+    digest = bundle_digest(entry.digest, files)
+    tmp = Path(tempfile.mkdtemp(prefix="ctxfarm-genai-"))
+    (tmp / PACKAGE_FILE).write_bytes(desc)
+    return PackageBundle(tuple(parts), tuple(stages), tuple(tokenizer), export, desc, digest, entry, label, tmp)
+
+
+def _listing(parts: Sequence[Any], stages: Sequence[Stage], tokenizer: Sequence[tuple[str, Path, BundleFile]]
+             ) -> list[tuple[dict[str, Any], Path]]:
+    fake = PackageBundle(tuple(parts), tuple(stages), tuple(tokenizer), None, b"", "", BundleFile("", "", 0), "")
+    return fake.sources()[1:]
+
+
+def read_package(files: list[dict[str, Any]], store: Any) -> dict[str, Any] | None:
+    """genai.json of a recorded model (its listing ``files``), or None when the model is not a
+    genai package."""
+    from registry.store.base import read_bytes
+
+    if not files or files[0].get("path") != PACKAGE_FILE:
+        return None
+    doc = json.loads(read_bytes(store, files[0]["digest"]))
+    if not isinstance(doc, dict) or doc.get("kind") != PACKAGE_KIND:
+        raise InvalidModelError("genai.json is not a ctxfarm genai package")
+    return doc
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+@dataclass
+class PackageReport:
+    """One answer for the package: its outcome per target, and each part's group report."""
+
+    package: BuildReport
+    parts: list[BuildReport]
+
+    @property
+    def ok(self) -> bool:
+        return self.package.ok
+
+
+# ---- embedded: fan out, fan in ------------------------------------------------------------------
+
+def build_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str],
+                  option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
+                  progress: Progress = no_progress, part_progress: Callable[[int], Progress] | None = None,
+                  retry_failed: bool = False, force_tag: bool = False, twin: bool = True,
+                  require_twin: bool = False) -> PackageReport:
+    """Embedded ``farm build --genai``: validate everything, record the package (and NAME:TAG),
+    build the parts' groups in one pool, then assemble, check and publish the package per
+    target. ``twin``: run the twin check (budgeted); ``require_twin``: a gate on the answer (a
+    package whose twin did not match every token, or could not run, fails with
+    ``twin-mismatch``; the artifact stays published)."""
+    from farm.pipeline import states
+    from farm.pipeline.execute import Executor, interruptible
+    from farm.pipeline.plan import (
+        _spec,
+        build_many,
+        check_support,
+        outcome_from_row,
+        parse_build_request,
+        record_snapshot,
+        store_snapshot,
+    )
+    from registry.index import Registry
+    from workers.backends import get_runner
+
+    req = parse_build_request(target_refs, option_pairs, name, tag, False)
+    pkg = inspect_package(settings, export_dir, display=name)
+    reg = Registry.open(settings)
+    try:
+        versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
+                    for t in req.targets}
+        check_support([(t, versions[t.backend]) for t in req.targets], group=True)
+        files = store_snapshot(reg, pkg)
+        planned = []
+        with reg.db.session() as s:
+            moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, req.name, req.tag,
+                                    pkg.stem, force_tag=force_tag)
+            for t in req.targets:
+                spec = _spec(pkg.digest, t, versions[t.backend], req.options[t])
+                build_id, _ = states.enqueue(s, spec, None, retry_failed=retry_failed)
+                planned.append((t, spec, build_id))
+        report = BuildReport(pkg.digest, req.name or pkg.stem, req.tag, tag_moved=moved)
+        with reg.db.session() as s:
+            final = all(states.get_build(s, b).state in states.FINAL for _, _, b in planned)
+        if final:
+            # Answered by the index: nothing compiled, nothing assembled.
+            for t, _, build_id in planned:
+                o = outcome_from_row(reg, build_id, t.ref, cached=True)
+                progress("finished", t.ref, o.to_dict())
+                report.outcomes.append(_with_twin(reg, o, require_twin))
+            return PackageReport(report, [])
+        listen = [part_progress(i) if part_progress else no_progress for i in range(len(pkg.parts))]
+        with interruptible():
+            parts = build_many(settings, list(pkg.parts), target_refs, option_pairs, progress=listen,
+                               registry=reg, retry_failed=retry_failed)
+        for k, (t, spec, build_id) in enumerate(planned):
+            progress("assembling", t.ref, {"parts": len(parts)})
+            start = time.perf_counter()
+            ran = assemble(settings, reg, pkg, spec, build_id, [p.outcomes[k] for p in parts], Path(export_dir),
+                           twin=twin, progress=lambda e, info, ref=t.ref: progress(e, ref, info))
+            o = outcome_from_row(reg, build_id, t.ref, cached=not ran)
+            o.wall_seconds = time.perf_counter() - start
+            o.compile_seconds = sum(p.outcomes[k].compile_seconds or 0.0 for p in parts) or o.compile_seconds
+            o = _with_twin(reg, o, require_twin)
+            progress("finished", t.ref, o.to_dict())
+            report.outcomes.append(o)
+        return PackageReport(report, parts)
+    finally:
+        reg.close()
+
+
+def _with_twin(reg: Any, o: BuildOutcome, require: bool) -> BuildOutcome:
+    """The twin's figures on the outcome (``o.accuracy`` carries them as ``{"twin": ...}``) and,
+    with ``require``, the gate: every compared token matched, else ``twin-mismatch``."""
+    if o.state == "failed" or not o.artifact:
+        return o
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        desc = find_artifact(s, o.artifact).description or {}
+    tw = desc.get("twin")
+    o.accuracy = {"twin": tw} if tw is not None else None
+    if require:
+        refusal = twin_refusal(tw, o.artifact)
+        if refusal is not None:
+            o.state, o.error_code, o.error_message = "failed", refusal.code, refusal.message
+    return o
+
+
+def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:
+    """The --require-twin gate: None when every compared token matched."""
+    from farm.core.errors import TwinMismatchError
+
+    if not tw or tw.get("status") != "ok":
+        why = (tw or {}).get("detail") or "no twin check ran"
+        return TwinMismatchError(f"artifact {artifact[7:19]}: no twin figures to gate on ({why})")
+    if not tw.get("compared") or tw.get("matched") != tw.get("compared"):
+        return TwinMismatchError(f"artifact {artifact[7:19]}: the twin matched {tw.get('matched')} of "
+                                 f"{tw.get('compared')} greedy tokens against the CPU EP")
+    return None
+
+
+def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_id: int,
+             parts: Sequence[BuildOutcome], export_dir: Path | None, *, twin: bool = True,
+             progress: Callable[[str, dict[str, Any]], None] = lambda e, i: None) -> bool:
+    """The fan-in of one target: claim the package build, lay out the folder from the parts'
+    artifacts, check it, run the twin, publish. Returns whether this call ran it (False: it was
+    final already, or another executor holds it)."""
+    from farm.pipeline import states
+
+    with reg.db.session() as s:
+        c = states.claim(s, build_id, owner=states.owner_base(), lease_seconds=max(settings.lease_seconds, 600),
+                         max_attempts=settings.max_attempts)
+    if c.action != "run" or c.lease is None:
+        return False
+    lease = c.lease
+    failed = [(i, p) for i, p in enumerate(parts) if p.state == "failed" or not p.artifact]
+    if failed:
+        i, p = failed[0]
+        _fail(reg, lease, p.error_code or "toolchain-error",
+              f"part {i} ({part_dir(i)}: prefill + decode) failed: {p.error_code}: {(p.error_message or '')[:1500]}")
+        return True
+    try:
+        layout = _layout(reg, pkg, spec, parts)
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-folder-") as tmp:
+            folder = Path(tmp) / "package"
+            _materialize(reg, layout, folder)
+            progress("checking", {"what": "folder"})
+            from workers.backends import check_genai_folder
+
+            check_genai_folder(folder)  # raises the check's coded error
+            tw: dict[str, Any] | None = None
+            if twin and export_dir is not None:
+                progress("checking", {"what": "twin"})
+                tw = run_twin(settings, pkg, spec, folder, export_dir)
+        _publish(reg, lease, spec, layout, tw)
+    except FarmError as exc:
+        _fail(reg, lease, exc.code, exc.message)
+    return True
+
+
+def _fail(reg: Any, lease: Any, code: str, message: str) -> None:
+    from farm.pipeline import states
+
+    with reg.db.session() as s:
+        states.fail(s, lease, code, message[:4000], None)
+
+
+@dataclass
+class Layout:
+    """The folder as blobs: every file (name, role, digest, size, mediaType), the stage roles,
+    the parts' artifacts, and the generated config's bytes."""
+
+    files: list[dict[str, Any]]
+    stages: list[dict[str, Any]]
+    parts: list[dict[str, Any]]
+    config: bytes
+    toolchain: dict[str, Any]
+    epcontext: list[dict[str, Any]]
+    placement: dict[str, Any]
+    compile_seconds: float
+    nodes_ep: int
+    nodes_cpu: int
+
+
+def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcome]) -> Layout:
+    from farm.core import genai
+    from registry.index import find_artifact
+    from registry.install import read_manifest
+
+    files: list[dict[str, Any]] = []
+    stages: list[dict[str, Any]] = []
+    part_rows: list[dict[str, Any]] = []
+    epcontext: list[dict[str, Any]] = []
+    toolchain: dict[str, Any] = {}
+    seconds = 0.0
+    ep = cpu = 0
+    for i, p in enumerate(parts):
+        with reg.db.session() as s:
+            art = find_artifact(s, p.artifact or "")
+            manifest = read_manifest(reg.store, art)
+            s.expunge_all()
+        toolchain = manifest["toolchain"]
+        seconds += float(manifest.get("compileSeconds") or 0.0)
+        ep += art.nodes_ep
+        cpu += art.nodes_cpu
+        d = part_dir(i)
+        graphs = manifest.get("graphs") or []
+        by_graph = {g.get("name"): g for g in graphs if isinstance(g, dict)}
+        binaries = sorted({b for g in graphs for b in (g.get("contexts") or [])})
+        for f in manifest["files"]:
+            files.append({"name": f"{d}/{f['name']}", "role": "context", "digest": f["digest"], "size": f["size"],
+                          "mediaType": f.get("mediaType") or "application/octet-stream"})
+        for role in (PREFILL, DECODE):
+            g = by_graph.get(role) or {}
+            ctx = g.get("ctxModel")
+            if not isinstance(ctx, str) or not ctx:
+                raise InvalidModelError(f"part {i}: its group artifact {art.short_id} names no {role} graph")
+            stages.append({"file": f"{d}/{ctx}", "role": role, "part": i})
+        part_rows.append({"part": i, "artifact": art.digest, "build": p.build_id,
+                          "binaries": [f"{d}/{b}" for b in binaries]})
+        epcontext += [{**n, "part": i} for n in manifest.get("epcontext") or []]
+    for st in pkg.stages:
+        files.append({"name": st.file, "role": "context", "digest": st.bundle.onnx.digest,
+                      "size": st.bundle.onnx.size, "mediaType": "application/octet-stream"})
+        files += [{"name": f.path, "role": "context", "digest": f.digest, "size": f.size,
+                   "mediaType": "application/octet-stream"} for f in st.bundle.external]
+        stages.append({"file": st.file, "role": st.role})
+    for name, _, f in pkg.tokenizer:
+        files.append({"name": name, "role": "context", "digest": f.digest, "size": f.size,
+                      "mediaType": MEDIA.get(Path(name).suffix, "application/octet-stream")})
+    config = genai.generate_config(pkg.export, stages=order_stages(stages))
+    files.append({"name": CONFIG_NAME, "role": "ctx-model", "digest": sha256_bytes(config), "size": len(config),
+                  "mediaType": "application/json"})
+    stages = order_stages(stages)
+    return Layout(files, stages, part_rows, config, toolchain, epcontext,
+                  {"ep_nodes": ep, "cpu_nodes": cpu}, seconds, ep, cpu)
+
+
+def order_stages(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pipeline order: embeddings, then each part's prefill and decode, then lm_head, other CPU
+    stages by their export order in between."""
+    def key(s: dict[str, Any]) -> tuple[int, int, int]:
+        if s["role"] == "embeddings":
+            return (0, 0, 0)
+        if "part" in s:
+            return (1, int(s["part"]), 0 if s["role"] == PREFILL else 1)
+        return (3, 0, 0) if s["role"] == "lm_head" else (2, 0, 0)
+    return sorted(stages, key=key)
+
+
+def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
+    """The folder on disk, for the checks: every blob downloaded under its name."""
+    from registry.store.base import download
+
+    folder.mkdir(parents=True)
+    for f in layout.files:
+        target = inside(folder, f["name"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f["name"] == CONFIG_NAME:
+            target.write_bytes(layout.config)
+        else:
+            download(reg.store, f["digest"], target, size=int(f["size"]))
+
+
+def run_twin(settings: Settings, pkg: PackageBundle, spec: Any, folder: Path, export_dir: Path) -> dict[str, Any]:
+    """The twin (``workers.backends.genai_twin``) under the accuracy budget; a twin that can't
+    run is recorded as ``unverified`` with the reason, never a failed package."""
+    from farm.core.catalog import load_catalog
+    from workers.backends import genai_twin
+
+    target = load_catalog().get(spec.target, backend=spec.backend)
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-twin-") as work:
+            result = genai_twin(export_dir, folder, target, Path(work), budget=settings.accuracy_budget,
+                                memory_mb=settings.compile_memory_mb)
+    except FarmError as exc:
+        result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
+    result = dict(result)
+    result.setdefault("wall_seconds", round(time.perf_counter() - start, 3))
+    return result
+
+
+UNVERIFIED = ("a weight-shared context: the x86_64 HTP simulator cannot load it (it crashes on load); "
+              "the twin's figures come from the same parts compiled without sharing; devices verify it")
+
+
+def _publish(reg: Any, lease: Any, spec: Any, layout: Layout, twin: dict[str, Any] | None) -> None:
+    """Config and manifest blobs, then one transaction: the artifact rows and running ->
+    succeeded (guarded)."""
+    from farm.pipeline import states
+    from registry import manifest as mf
+    from registry.index import insert_artifact
+    from registry.store.base import put_bytes
+
+    genai_section = {"config": CONFIG_NAME, "stages": layout.stages, "parts": layout.parts}
+    manifest = mf.make_manifest(
+        model_digest=spec.model_digest, build_key=spec.build_key, backend=spec.backend,
+        target=_target_json(spec), toolchain=layout.toolchain, options=spec.options,
+        options_digest=spec.options_digest, ctx_model=CONFIG_NAME,
+        files=[{k: f[k] for k in ("name", "role", "digest", "size", "mediaType")} for f in layout.files],
+        epcontext=layout.epcontext, placement=layout.placement, compile_seconds=layout.compile_seconds,
+        built_at=datetime.now(UTC).isoformat(timespec="seconds"), log=None)
+    manifest["genai"] = genai_section
+    data, digest = mf.encode(manifest)
+    put_bytes(reg.store, layout.config, expected=sha256_bytes(layout.config))
+    put_bytes(reg.store, data, expected=digest)
+    description = {"genai": genai_section, "unverified": UNVERIFIED}
+    if twin is not None:
+        description["twin"] = twin
+    with reg.db.session() as s:
+        insert_artifact(s, lease.build_id, manifest_digest=digest, manifest_size=len(data), ctx_model=CONFIG_NAME,
+                        files=layout.files, ep_sdk_version=None, compile_seconds=layout.compile_seconds,
+                        nodes_ep=layout.nodes_ep, nodes_cpu=layout.nodes_cpu, description=description)
+        states.succeed(s, lease, log=None)
+
+
+def _target_json(spec: Any) -> dict[str, Any]:
+    from farm.core.catalog import load_catalog
+
+    t = load_catalog().get(spec.target, backend=spec.backend)
+    return {"ref": t.ref, "name": t.name, "soc_model": t.soc_model, "htp_arch": t.htp_arch,
+            "compute_capability": t.compute_capability}
+
+
+# ---- what readers show ------------------------------------------------------------------------------
+
+def twin_of(description: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The twin's figures of an artifact (None: not a genai package, or no twin ran)."""
+    if not isinstance(description, dict):
+        return None
+    tw = description.get("twin")
+    return tw if isinstance(tw, dict) else None
+
+
+def stages_of(manifest: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A package manifest's stages with their roles (None: not a genai package)."""
+    g = manifest.get("genai")
+    if not isinstance(g, dict) or not isinstance(g.get("stages"), list):
+        return None
+    return [s for s in g["stages"] if isinstance(s, dict)]
