@@ -36,6 +36,8 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── BadNameError             bad-name           a model name or tag outside the name grammar (exit 2)
     ├── BadGroupError            bad-group          a graph group with a bad or repeated graph name (exit 2)
     ├── LocalOnlyError           local-only         a command with no remote form, in a shell with only FARM_SERVER (exit 2)
+    ├── BadGenaiError            bad-genai          an LLM export folder that can't be mapped to a genai package (exit 2)
+    ├── GenaiFolderError         genai-folder-invalid  a built genai folder failed its check (config, files, binaries)
     ├── ResourceLimitError       resource-limit     a compile went past its memory or time cap
     ├── LeaseLostError           lease-lost         another executor took the build over (internal)
     ├── SchemaMismatchError      schema-mismatch    index schema older/newer than this code
@@ -277,6 +279,20 @@ class LocalOnlyError(UsageError):
                     "host), or unset FARM_SERVER to use this machine's own index")
 
 
+class BadGenaiError(UsageError):
+    code = "bad-genai"
+    summary = "an LLM export folder that can't be mapped (unknown layout, missing or bad file, mismatched parts)"
+    default_hint = ("give the folder an exporter left: Olive's QNN recipe (embeddings.onnx, context_<i>.onnx, "
+                    "iterator_<i>.onnx, lm_head.onnx) or AI Hub's (prompt/token graphs per part), with its "
+                    "genai_config.json and tokenizer files (docs/genai.md)")
+
+
+class GenaiFolderError(FarmError):
+    code = "genai-folder-invalid"
+    summary = "a built genai folder failed its check: config, a file it names, an EPContext path or a part's binary"
+    default_hint = "the build log names the file; the source export is the likely cause (farm build --genai)"
+
+
 class ResourceLimitError(FarmError):
     code = "resource-limit"
     summary = "the compile went past `FARM_COMPILE_MEMORY_MB` or `FARM_COMPILE_TIMEOUT` (cached; `--retry-failed`)"
@@ -348,9 +364,11 @@ BUILD_FAILURE_CODES = (
     "resource-limit",
     "interrupted",
     "cancelled",
+    "genai-folder-invalid",
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
-DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit"})
+DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit",
+                                    "genai-folder-invalid"})
 
 def _subclasses(cls: type[FarmError]) -> list[type[FarmError]]:
     out = []

@@ -60,6 +60,8 @@ STABLE_CODES = {
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
     "LocalOnlyError": "local-only",
+    "BadGenaiError": "bad-genai",
+    "GenaiFolderError": "genai-folder-invalid",
 }
 
 
