@@ -171,7 +171,7 @@ class LoadUnverifiedError(FarmError):
     exit_code = 4
     summary = ("`load-check`: every check this runtime can make passed, but it cannot load the context (weight-shared "
                "or multi-SoC on the x86_64 simulator): no verdict, exit 4")
-    default_hint = "load it on a device with the target SoC (og.Model(dir) for a genai package, docs/genai-shipping.md)"
+    default_hint = "load it on a device with the target SoC (og.Model(dir) for a genai package, docs/shipping-llm.md)"
 
 
 class CompileTimeoutError(FarmError):

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farm.core.bundle import BundleFile, ModelBundle
+from farm.core.bundle import BundleFile
 from farm.core.errors import FarmError, InvalidModelError
 from farm.core.keys import bundle_digest, canonical_json, sha256_bytes
 from farm.core.names import inside
@@ -59,29 +59,18 @@ def part_dir(index: int) -> str:
 
 # ---- the package as a model snapshot --------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Stage:
-    """A CPU stage carried as it is: its role (``embeddings``, ``lm_head``, ...) and its bundle;
-    in the snapshot and the folder its .onnx is ``<role>.onnx``, its external data beside it
-    under the names the graph references (checked by ``inspect_model``)."""
-
-    role: str
-    bundle: ModelBundle
-
-    @property
-    def file(self) -> str:
-        return f"{self.role}.onnx"
+SOURCE_CONFIG = "source/genai_config.json"  # the exporter's config, in the snapshot (not the folder)
 
 
 @dataclass(frozen=True)
 class PackageBundle:
     """An export as one model snapshot (the interface of ``ModelBundle`` that submission uses:
-    digest, onnx, size, stem, files_json, sources), plus its parts' groups."""
+    digest, onnx, size, stem, files_json, sources), plus its parts' groups. The carried files
+    (CPU stages, their data, tokenizer) keep the plain names ``farm.core.genai`` checked."""
 
     parts: tuple[Any, ...]  # farm.core.groups.GroupBundle, one per part, in order
-    stages: tuple[Stage, ...]
-    tokenizer: tuple[tuple[str, Path, BundleFile], ...]  # (name in the folder, path here, digest/size)
-    export: Any  # farm.core.genai's reading of the export: what the config generator needs
+    carried: tuple[tuple[str, Path, BundleFile], ...]  # (name in the folder, path here, digest/size)
+    export: Any  # farm.core.genai.GenaiExport
     descriptor: bytes
     digest: str
     onnx: BundleFile  # genai.json's entry
@@ -98,8 +87,7 @@ class PackageBundle:
 
     @property
     def size(self) -> int:
-        return (len(self.descriptor) + sum(s.bundle.size for s in self.stages)
-                + sum(f.size for _, _, f in self.tokenizer))
+        return len(self.descriptor) + sum(f.size for _, _, f in self.carried)
 
     def files_json(self) -> list[dict[str, Any]]:
         return [entry for entry, _ in self.sources()]
@@ -107,77 +95,48 @@ class PackageBundle:
     def sources(self) -> list[tuple[dict[str, Any], Path]]:
         out: list[tuple[dict[str, Any], Path]] = [
             ({"path": PACKAGE_FILE, "digest": self.onnx.digest, "size": self.onnx.size}, self.path)]
-        for st in self.stages:
-            out.append(({"path": st.file, "digest": st.bundle.onnx.digest, "size": st.bundle.onnx.size},
-                        st.bundle.path))
-            out += [({"path": f.path, "digest": f.digest, "size": f.size}, inside(st.bundle.root, f.path))
-                    for f in st.bundle.external]
-        out += [({"path": name, "digest": f.digest, "size": f.size}, path) for name, path, f in self.tokenizer]
+        out += [({"path": name, "digest": f.digest, "size": f.size}, path) for name, path, f in self.carried]
         return out
 
 
-def descriptor(parts: Sequence[Any], stages: Sequence[Stage], tokenizer: Sequence[tuple[str, Path, BundleFile]],
-               export: Any) -> dict[str, Any]:
-    """genai.json: the kind, each part's group digest, each CPU stage's role/file/model digest,
-    the tokenizer's names, and what the export said of itself (``farm.core.genai``'s summary):
-    a different config means a different package."""
+def descriptor(export: Any, parts: Sequence[Any], carried: Sequence[tuple[str, Path, BundleFile]]) -> dict[str, Any]:
+    """genai.json: the kind, the layout, each stage's name/role/file in pipeline order, each
+    part's group digest, the carried files by name and digest (the exporter's config among
+    them, as ``source/genai_config.json``): any change is another package."""
     from farm.core import genai
 
-    return {"kind": PACKAGE_KIND,
+    roles = genai.roles(export)
+    return {"kind": PACKAGE_KIND, "layout": export.layout,
+            "stages": [{"name": s.name, "role": roles[s.name], "file": s.graph.file} for s in export.stages],
             "parts": [{"part": i, "group": g.digest, "graphs": g.names} for i, g in enumerate(parts)],
-            "stages": [{"role": s.role, "file": s.file, "model": s.bundle.digest} for s in stages],
-            "tokenizer": [name for name, _, _ in tokenizer],
-            "export": genai.summary(export)}
+            "carried": [{"path": n, "digest": f.digest} for n, _, f in carried]}
 
 
 def inspect_package(settings: Settings, export_dir: str | Path, *, display: str | None = None) -> PackageBundle:
-    """Read the export (``farm.core.genai``: a folder it can't map is refused with its code,
-    naming the file), inspect each part as a graph group and each CPU stage as a model, and
-    compute the package digest. Nothing is written to the registry here."""
+    """Read the export (``farm.core.genai.read_export``: a folder it can't map is ``bad-genai``
+    naming the file), inspect each part as a graph group (``farm.pipeline.groups.load_group``:
+    a group the index holds is recognized without reading its weights again) and hash the
+    carried files. Nothing is written to the registry here."""
     from farm.core import genai
-    from farm.core.bundle import inspect_model
     from farm.core.keys import sha256_file
     from farm.pipeline.groups import load_group
 
     export = genai.read_export(Path(export_dir))
-    label = display or Path(export_dir).resolve().name or "genai"
-    parts = []
-    for i, part in enumerate(export.parts):
-        parts.append(load_group(settings, [(PREFILL, str(part.prefill)), (DECODE, str(part.decode))],
-                                display=f"{label}.{part_dir(i)}"))
-    stages = []
-    names: dict[str, str] = {}
-    for role, path in genai.cpu_stages(export):
-        try:
-            bundle = inspect_model(path)
-        except InvalidModelError as exc:
-            raise InvalidModelError(f"CPU stage {role!r} ({Path(path).name}): {exc.message}", hint=exc.hint) from None
-        st = Stage(role, bundle)
-        for n in [st.file, *(f.path for f in bundle.external)]:
-            if n in names and names[n] != role:
-                raise InvalidModelError(f"CPU stages {names[n]!r} and {role!r} both need a file named {n!r} "
-                                        "in the package folder", hint="give each stage's external data its own name")
-            names[n] = role
-        stages.append(st)
-    tokenizer = []
-    for name, path in genai.tokenizer_files(export):
+    label = display or export.root.name or "genai"
+    parts = tuple(load_group(settings, export.group_members(i), display=f"{label}.{part_dir(i)}")
+                  for i in range(len(export.parts)))
+    carried: list[tuple[str, Path, BundleFile]] = []
+    for name in [*export.carried_files(), genai.CONFIG_FILE]:
+        path = export.path(name)
         digest, size = sha256_file(path)
-        if name in names:
-            raise InvalidModelError(f"tokenizer file {name!r} has the name of a CPU stage's file")
-        tokenizer.append((name, Path(path), BundleFile(name, digest, size)))
-    desc = canonical_json(descriptor(parts, stages, tokenizer, export))
+        shown = SOURCE_CONFIG if name == genai.CONFIG_FILE else name
+        carried.append((shown, path, BundleFile(shown, digest, size)))
+    desc = canonical_json(descriptor(export, parts, carried))
     entry = BundleFile("", sha256_bytes(desc), len(desc))
-    files = [(e["path"], e["digest"]) for e, _ in _listing(parts, stages, tokenizer)]
-    digest = bundle_digest(entry.digest, files)
+    digest = bundle_digest(entry.digest, [(n, f.digest) for n, _, f in carried])
     tmp = Path(tempfile.mkdtemp(prefix="ctxfarm-genai-"))
     (tmp / PACKAGE_FILE).write_bytes(desc)
-    return PackageBundle(tuple(parts), tuple(stages), tuple(tokenizer), export, desc, digest, entry, label, tmp)
-
-
-def _listing(parts: Sequence[Any], stages: Sequence[Stage], tokenizer: Sequence[tuple[str, Path, BundleFile]]
-             ) -> list[tuple[dict[str, Any], Path]]:
-    fake = PackageBundle(tuple(parts), tuple(stages), tuple(tokenizer), None, b"", "", BundleFile("", "", 0), "")
-    return fake.sources()[1:]
+    return PackageBundle(parts, tuple(carried), export, desc, digest, entry, label, tmp)
 
 
 def read_package(files: list[dict[str, Any]], store: Any) -> dict[str, Any] | None:
@@ -358,13 +317,14 @@ def _fail(reg: Any, lease: Any, code: str, message: str) -> None:
 
 @dataclass
 class Layout:
-    """The folder as blobs: every file (name, role, digest, size, mediaType), the stage roles,
-    the parts' artifacts, and the generated config's bytes."""
+    """The folder as blobs: every file (name, role, digest, size, mediaType), the stages with
+    their roles in pipeline order, the parts' artifacts, and the blobs made here (the config,
+    each part's context models with their binary's new name)."""
 
     files: list[dict[str, Any]]
     stages: list[dict[str, Any]]
     parts: list[dict[str, Any]]
-    config: bytes
+    blobs: dict[str, bytes]
     toolchain: dict[str, Any]
     epcontext: list[dict[str, Any]]
     placement: dict[str, Any]
@@ -373,18 +333,39 @@ class Layout:
     nodes_cpu: int
 
 
+def _stem(file: str) -> str:
+    return file[:-5] if file.endswith(".onnx") else file
+
+
 def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcome]) -> Layout:
+    """Each part's group artifact under the exporter's names (``context_0.onnx`` compiles to
+    ``context_0_ctx.onnx``, its shared binary becomes ``context_0_ctx_qnn.bin``: the context
+    models are rewritten to point at it; the binary is the group artifact's blob), the carried
+    files as they are, and the generated genai_config.json."""
     from farm.core import genai
     from registry.index import find_artifact
     from registry.install import read_manifest
+    from registry.store.base import read_bytes
 
+    export = pkg.export
+    roles = genai.roles(export)
     files: list[dict[str, Any]] = []
-    stages: list[dict[str, Any]] = []
+    blobs: dict[str, bytes] = {}
+    names: dict[str, str] = {}  # stage name -> file in the folder
     part_rows: list[dict[str, Any]] = []
     epcontext: list[dict[str, Any]] = []
     toolchain: dict[str, Any] = {}
     seconds = 0.0
     ep = cpu = 0
+    taken = {n for n, _, _ in pkg.carried}
+
+    def add(name: str, digest: str, size: int, media: str, role: str = "context") -> None:
+        if name in taken:
+            raise InvalidModelError(f"the package would hold two files named {name!r}",
+                                    hint="rename the export's file that clashes with a compiled part's")
+        taken.add(name)
+        files.append({"name": name, "role": role, "digest": digest, "size": size, "mediaType": media})
+
     for i, p in enumerate(parts):
         with reg.db.session() as s:
             art = find_artifact(s, p.artifact or "")
@@ -394,61 +375,72 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
         seconds += float(manifest.get("compileSeconds") or 0.0)
         ep += art.nodes_ep
         cpu += art.nodes_cpu
-        d = part_dir(i)
-        graphs = manifest.get("graphs") or []
-        by_graph = {g.get("name"): g for g in graphs if isinstance(g, dict)}
-        binaries = sorted({b for g in graphs for b in (g.get("contexts") or [])})
-        for f in manifest["files"]:
-            files.append({"name": f"{d}/{f['name']}", "role": "context", "digest": f["digest"], "size": f["size"],
-                          "mediaType": f.get("mediaType") or "application/octet-stream"})
-        for role in (PREFILL, DECODE):
-            g = by_graph.get(role) or {}
+        part = export.parts[i]
+        stem = _stem(part.prefill.graph.file)
+        graphs = {g.get("name"): g for g in manifest.get("graphs") or [] if isinstance(g, dict)}
+        by_name = {f["name"]: f for f in manifest["files"]}
+        bins = sorted({b for g in graphs.values() for b in (g.get("contexts") or [])})
+        renamed = {b: (f"{stem}_ctx_qnn.bin" if k == 0 else f"{stem}_ctx_qnn_{k}.bin") for k, b in enumerate(bins)}
+        for b, new in renamed.items():
+            f = by_name[b]
+            add(new, f["digest"], int(f["size"]), f.get("mediaType") or "application/octet-stream")
+        for kind, stage in ((PREFILL, part.prefill), (DECODE, part.decode)):
+            g = graphs.get(kind) or {}
             ctx = g.get("ctxModel")
-            if not isinstance(ctx, str) or not ctx:
-                raise InvalidModelError(f"part {i}: its group artifact {art.short_id} names no {role} graph")
-            stages.append({"file": f"{d}/{ctx}", "role": role, "part": i})
-        part_rows.append({"part": i, "artifact": art.digest, "build": p.build_id,
-                          "binaries": [f"{d}/{b}" for b in binaries]})
+            if not isinstance(ctx, str) or ctx not in by_name:
+                raise InvalidModelError(f"part {i}: its group artifact {art.short_id} names no {kind} context model")
+            data = rename_contexts(read_bytes(reg.store, by_name[ctx]["digest"]), renamed)
+            digest = sha256_bytes(data)
+            blobs[digest] = data
+            names[stage.name] = f"{_stem(stage.graph.file)}_ctx.onnx"
+            add(names[stage.name], digest, len(data), by_name[ctx].get("mediaType") or "application/octet-stream")
+        part_rows.append({"part": i, "artifact": art.digest, "build": p.build_id, "binaries": list(renamed.values())})
         epcontext += [{**n, "part": i} for n in manifest.get("epcontext") or []]
-    for st in pkg.stages:
-        files.append({"name": st.file, "role": "context", "digest": st.bundle.onnx.digest,
-                      "size": st.bundle.onnx.size, "mediaType": "application/octet-stream"})
-        files += [{"name": f.path, "role": "context", "digest": f.digest, "size": f.size,
-                   "mediaType": "application/octet-stream"} for f in st.bundle.external]
-        stages.append({"file": st.file, "role": st.role})
-    for name, _, f in pkg.tokenizer:
+    for name, _, f in pkg.carried:
+        if name == SOURCE_CONFIG:
+            continue
         files.append({"name": name, "role": "context", "digest": f.digest, "size": f.size,
                       "mediaType": MEDIA.get(Path(name).suffix, "application/octet-stream")})
-    config = genai.generate_config(pkg.export, stages=order_stages(stages))
-    files.append({"name": CONFIG_NAME, "role": "ctx-model", "digest": sha256_bytes(config), "size": len(config),
-                  "mediaType": "application/json"})
-    stages = order_stages(stages)
-    return Layout(files, stages, part_rows, config, toolchain, epcontext,
-                  {"ep_nodes": ep, "cpu_nodes": cpu}, seconds, ep, cpu)
+    for st in export.cpu:
+        names[st.name] = st.graph.file
+    config = genai.config_bytes(genai.genai_config(export, names))
+    blobs[sha256_bytes(config)] = config
+    add(CONFIG_NAME, sha256_bytes(config), len(config), "application/json", role="ctx-model")
+    stages = [{"name": st.name, "role": roles[st.name], "file": names[st.name],
+               **({"part": st.part} if st.part is not None else {})} for st in export.stages]
+    return Layout(files, stages, part_rows, blobs, toolchain, epcontext,
+                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": []}, seconds, ep, cpu)
 
 
-def order_stages(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pipeline order: embeddings, then each part's prefill and decode, then lm_head, other CPU
-    stages by their export order in between."""
-    def key(s: dict[str, Any]) -> tuple[int, int, int]:
-        if s["role"] == "embeddings":
-            return (0, 0, 0)
-        if "part" in s:
-            return (1, int(s["part"]), 0 if s["role"] == PREFILL else 1)
-        return (3, 0, 0) if s["role"] == "lm_head" else (2, 0, 0)
-    return sorted(stages, key=key)
+def rename_contexts(data: bytes, renamed: dict[str, str]) -> bytes:
+    """A context model whose EPContext nodes point at ``renamed``'s new binary names (an
+    embedded context, or a name not in ``renamed``, is left as it is)."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "EPContext":
+            continue
+        for a in node.attribute:
+            if a.name == "ep_cache_context" and a.type == onnx.AttributeProto.STRING:
+                old = a.s.decode("utf-8", "replace")
+                if old in renamed:
+                    a.s = renamed[old].encode()
+                    changed = True
+    return model.SerializeToString() if changed else data
 
 
 def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
-    """The folder on disk, for the checks: every blob downloaded under its name."""
+    """The folder on disk, for the checks: every blob under its name."""
     from registry.store.base import download
 
     folder.mkdir(parents=True)
     for f in layout.files:
         target = inside(folder, f["name"])
         target.parent.mkdir(parents=True, exist_ok=True)
-        if f["name"] == CONFIG_NAME:
-            target.write_bytes(layout.config)
+        if f["digest"] in layout.blobs:
+            target.write_bytes(layout.blobs[f["digest"]])
         else:
             download(reg.store, f["digest"], target, size=int(f["size"]))
 
@@ -494,7 +486,8 @@ def _publish(reg: Any, lease: Any, spec: Any, layout: Layout, twin: dict[str, An
         built_at=datetime.now(UTC).isoformat(timespec="seconds"), log=None)
     manifest["genai"] = genai_section
     data, digest = mf.encode(manifest)
-    put_bytes(reg.store, layout.config, expected=sha256_bytes(layout.config))
+    for blob_digest, blob in layout.blobs.items():
+        put_bytes(reg.store, blob, expected=blob_digest)
     put_bytes(reg.store, data, expected=digest)
     description = {"genai": genai_section, "unverified": UNVERIFIED}
     if twin is not None:
