@@ -77,15 +77,19 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
         return Verdict(False, "rule", why)
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
-    # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups).
-    if getattr(artifact, "ctx_model", "") == "g0_ctx.onnx":
+    # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups); a
+    # genai package's is its genai_config.json (farm.pipeline.genai): its parts are groups.
+    shared = SHARED_KINDS.get(getattr(artifact, "ctx_model", ""))
+    if shared:
         return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime} "
-                                     f"(a weight-shared graph group, unverified here: {UNVERIFIED_SHARED})",
+                                     f"({shared}, unverified here: {UNVERIFIED_SHARED})",
                        unverified=UNVERIFIED_SHARED)
     return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
 
 
 UNVERIFIED_SHARED = "the x86_64 simulator cannot load weight-shared contexts"
+SHARED_KINDS = {"g0_ctx.onnx": "a weight-shared graph group",
+                "genai_config.json": "a genai package of weight-shared parts"}
 UNVERIFIED_MULTI_SOC = "the x86_64 simulator cannot load multi-SoC contexts"
 
 

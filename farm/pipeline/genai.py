@@ -179,7 +179,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     package whose twin did not match every token, or could not run, fails with
     ``twin-mismatch``; the artifact stays published)."""
     from farm.pipeline import states
-    from farm.pipeline.execute import Executor, interruptible
+    from farm.pipeline.execute import Executor, interruptible, wait_until_final_or_free
     from farm.pipeline.plan import (
         _spec,
         build_many,
@@ -225,8 +225,17 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         for k, (t, spec, build_id) in enumerate(planned):
             progress("assembling", t.ref, {"parts": len(parts)})
             start = time.perf_counter()
-            ran = assemble(settings, reg, pkg, spec, build_id, [p.outcomes[k] for p in parts], Path(export_dir),
-                           twin=twin, progress=lambda e, info, ref=t.ref: progress(e, ref, info))
+            ran = False
+            while True:
+                ran = assemble(settings, reg, pkg, spec, build_id, [p.outcomes[k] for p in parts],
+                               Path(export_dir), twin=twin,
+                               progress=lambda e, info, ref=t.ref: progress(e, ref, info)) or ran
+                with reg.db.session() as s:
+                    if states.get_build(s, build_id).state in states.FINAL:
+                        break
+                # Another process assembles it: wait until it is done or its lease lapses.
+                progress("waiting", t.ref, {"build_id": build_id})
+                wait_until_final_or_free(reg, build_id)
             o = outcome_from_row(reg, build_id, t.ref, cached=not ran)
             o.wall_seconds = time.perf_counter() - start
             o.compile_seconds = sum(p.outcomes[k].compile_seconds or 0.0 for p in parts) or o.compile_seconds
@@ -305,6 +314,12 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
         _publish(reg, lease, spec, layout, tw)
     except FarmError as exc:
         _fail(reg, lease, exc.code, exc.message)
+    except BaseException:
+        # A bug or an interruption is no verdict on the package: the row goes back to queued at
+        # once (the next run assembles it), not held until its lease runs out.
+        with reg.db.session() as s:
+            states.release(s, lease, "interrupted while assembling the package")
+        raise
     return True
 
 

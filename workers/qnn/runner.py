@@ -129,7 +129,27 @@ def _simulator_cannot_load(context: dict[str, Any], ctx: ContextModel) -> str | 
         return description.MULTI_SOC_UNVERIFIED
     if re.fullmatch(r"g\d{1,2}_ctx\.onnx", ctx.path.name) and ctx.files:  # a graph group's fixed stems
         return description.SHARED_UNVERIFIED
+    if ctx.files and _shares_binary(ctx):  # a genai package's part: context_0_ctx.onnx + iterator_0_ctx.onnx
+        return description.SHARED_UNVERIFIED
     return None
+
+
+def _shares_binary(ctx: ContextModel, limit: int = 256) -> bool:
+    """Whether another context model beside this one points at one of its binaries (weight
+    sharing has no field of its own: both EPContext nodes name the same .bin)."""
+    from workers.epcontext import read_epcontext
+
+    mine = set(ctx.files)
+    for other in sorted(ctx.path.parent.glob("*.onnx"))[:limit]:
+        if other.name == ctx.path.name or other.stat().st_size > 64 << 20:  # a context model is small
+            continue
+        try:
+            nodes, _ = read_epcontext(other)
+        except Exception:  # noqa: BLE001 - not a model a device would load: no evidence either way
+            continue
+        if mine & {str(n.get("ep_cache_context")) for n in nodes if n.get("embed_mode", 1) == 0}:
+            return True
+    return False
 
 
 def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
