@@ -576,5 +576,6 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
 
 
 def config_bytes(doc: Mapping[str, Any]) -> bytes:
-    """A config as written into the folder (stable: sorted keys, indented)."""
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    """A config as written into the folder: indented, keys in their order. Never sorted: genai
+    runs ``decoder.pipeline[0]``'s stages in the object's key order."""
+    return (json.dumps(doc, indent=2) + "\n").encode()
