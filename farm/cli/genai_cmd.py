@@ -31,14 +31,15 @@ class PackageProgress(BuildProgress):
     """A row per part and target while the parts compile, then one per target for the package."""
 
     def __call__(self, event: str, target: str, info: dict[str, Any], model: str | None = None) -> None:
-        key = target if model is None else f"{model} {target}"
-        cells = {"model": model or "package", "target": target}
+        model = model or "package"
+        key = f"{model} {target}"
+        cells = {"model": model, "target": target}
         if event == "assembling":
             self.update(key, "assembling", f"{info['parts']} part(s) into one folder", cells=cells, restart=True)
         elif event == "checking":
             self.update(key, "checking", str(info.get("what") or ""), cells=cells)
         else:
-            super().__call__(event, target, info, model=model if model is not None else "package")
+            super().__call__(event, target, info, model=model)
 
 
 def run_build(args: argparse.Namespace, settings: Settings) -> int:

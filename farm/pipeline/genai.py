@@ -304,9 +304,7 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
             folder = Path(tmp) / "package"
             _materialize(reg, layout, folder)
             progress("checking", {"what": "folder"})
-            from workers.backends import check_genai_folder
-
-            check_genai_folder(folder)  # raises the check's coded error
+            check_folder(folder, layout)  # genai-folder-invalid, naming the file
             tw: dict[str, Any] | None = None
             if twin and export_dir is not None:
                 progress("checking", {"what": "twin"})
@@ -460,12 +458,65 @@ def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
             download(reg.store, f["digest"], target, size=int(f["size"]))
 
 
+def check_folder(folder: Path, layout: Layout) -> None:
+    """The laid-out folder before it is published: its genai_config.json names exactly the
+    stage files, each of them there; every EPContext points at a file inside the folder; each
+    part's binary is used by exactly that part's prefill and decode context models. Raises
+    ``genai-folder-invalid`` naming the file."""
+    from farm.core.errors import GenaiFolderError
+    from workers.epcontext import read_epcontext
+
+    def bad(msg: str) -> GenaiFolderError:
+        return GenaiFolderError(f"the assembled genai folder is not valid: {msg}")
+
+    try:
+        doc = json.loads((folder / CONFIG_NAME).read_bytes())
+        stages = doc["model"]["decoder"]["pipeline"][0]
+        named = [st["filename"] for st in stages.values()]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise bad(f"{CONFIG_NAME} has no decoder pipeline of stage files ({type(exc).__name__}: {exc})") from None
+    want = [st["file"] for st in layout.stages]
+    if sorted(named) != sorted(want):
+        raise bad(f"{CONFIG_NAME} names {sorted(named)}, the package's stages are {sorted(want)}")
+    for name in named:
+        if not inside(folder, name).is_file():
+            raise bad(f"{CONFIG_NAME} names {name}, which is not in the folder")
+    users: dict[str, set[str]] = {}
+    for st in layout.stages:
+        if "part" not in st:
+            continue
+        path = inside(folder, st["file"])
+        nodes, _ = read_epcontext(path)
+        if not nodes:
+            raise bad(f"{st['file']} ({st['role']}) has no EPContext node")
+        for n in nodes:
+            if n.get("embed_mode", 1) != 0:
+                continue
+            ref = str(n.get("ep_cache_context") or "")
+            try:
+                target = inside(folder, ref)
+            except Exception:  # noqa: BLE001 - UnsafePathError and anything a tampered name gives
+                raise bad(f"{st['file']}: EPContext points outside the folder ({ref[:120]!r})") from None
+            if not target.is_file():
+                raise bad(f"{st['file']}: EPContext points at {ref}, which is not in the folder")
+            users.setdefault(ref, set()).add(st["file"])
+    for row in layout.parts:
+        mine = {st["file"] for st in layout.stages if st.get("part") == row["part"]}
+        for b in row["binaries"]:
+            if users.get(b) != mine:
+                raise bad(f"{b} (part {row['part']}) is used by {sorted(users.get(b) or [])}, not by exactly "
+                          f"{sorted(mine)}")
+
+
 def run_twin(settings: Settings, pkg: PackageBundle, spec: Any, folder: Path, export_dir: Path) -> dict[str, Any]:
     """The twin (``workers.backends.genai_twin``) under the accuracy budget; a twin that can't
     run is recorded as ``unverified`` with the reason, never a failed package."""
     from farm.core.catalog import load_catalog
-    from workers.backends import genai_twin
 
+    try:
+        from workers.backends import genai_twin
+    except ImportError:
+        return {"status": "unverified", "detail": "no twin runner in this ctxfarm (workers.backends.genai_twin)"}
     target = load_catalog().get(spec.target, backend=spec.backend)
     start = time.perf_counter()
     try:
