@@ -39,7 +39,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ from farm.core.untrusted import (
     check_target_name,
     check_version,
     clean_text,
+    manifest_stages,
     shown,
 )
 
@@ -94,6 +95,7 @@ class InstallResult:
     bytes: int
     resumed_bytes: int
     signed_by: str | None
+    stages: list[dict[str, str]] = field(default_factory=list)  # each file's role (a group, a genai package)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -575,6 +577,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     except ManifestError as exc:
         raise ManifestError(exc.message, hint=HINT_SERVER) from None
     _check_manifest_binding(manifest, res, q)
+    stages = manifest_stages(manifest)  # refused before anything is written
     signed_by = _check_signatures(artifact, res.get("signatures", []), trusted_keys or [],
                                   required=require_signature, allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
@@ -603,7 +606,8 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
                 shutil.copyfile(source, target)
             written.append(out / safe_relative(f["name"]))
     shutil.rmtree(partial, ignore_errors=True)
-    return InstallResult(artifact, out / safe_relative(manifest["ctxModel"]), written, total, resumed, signed_by)
+    return InstallResult(artifact, out / safe_relative(manifest["ctxModel"]), written, total, resumed, signed_by,
+                         stages)
 
 
 def _check_room(partial: Path, files: list[dict[str, Any]]) -> None:

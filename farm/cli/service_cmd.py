@@ -140,6 +140,7 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
                           "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by,
+                          "stages": result.stages,
                           **({"report": reported} if reported is not None else {})}, indent=2))
     else:
         print(str(result.ctx_model))
