@@ -247,6 +247,10 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
 def _with_files(rows: Rows, choice: tuple[Candidate, Verdict]) -> tuple[Candidate, Verdict]:
     # The winner's files and signatures in one round trip (the service answers with both).
     choice[0].files, choice[0].signatures = files_and_signatures(rows, choice[0].id, choice[0].digest)
+    if choice[0].ctx_model == "genai_config.json":  # a genai package: its twin's figures go in the answer
+        from registry.reads import artifact_description
+
+        choice[0].description = artifact_description(rows, choice[0].id)
     return choice
 
 
