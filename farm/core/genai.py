@@ -62,6 +62,9 @@ KV_TEMPLATES = (
     ("past_key_%d_in", "past_value_%d_in", "past_key_%d_out", "past_value_%d_out"),
 )
 SEQ_INPUTS = ("past_seq_len", "total_seq_len")
+# The twin's fixed prompt (greedy generation from it on the CPU EP and on the simulator).
+TWIN_PROMPT = "The farm builds context binaries"
+TWIN_TOKENS = 16
 HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_config.json (decoder-pipeline), "
         "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/genai.md)")
 
@@ -579,3 +582,84 @@ def config_bytes(doc: Mapping[str, Any]) -> bytes:
     """A config as written into the folder: indented, keys in their order. Never sorted: genai
     runs ``decoder.pipeline[0]``'s stages in the object's key order."""
     return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+# ---- a built folder, read back (onnx only: a device or an installer can run it) ------------------
+
+@dataclass(frozen=True)
+class FolderStage:
+    """A stage of a built folder: its file, the external data and context binaries it points
+    at (checked to exist inside the folder), and its EPContext nodes' names (the graph names
+    inside those binaries)."""
+
+    name: str
+    file: str
+    data: tuple[str, ...]
+    binaries: tuple[str, ...]
+    contexts: tuple[str, ...]
+    run_on_prompt: bool
+    run_on_token_gen: bool
+
+
+def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[FolderStage]]:
+    """Check a built genai folder without a runtime: ``genai_config.json`` is a decoder-pipeline,
+    every file its stages name exists inside the folder, every external-data reference and every
+    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it. Returns (config,
+    stages in order); raises ``GenaiFolderError`` (``genai-folder-invalid``) naming the file.
+    What it can't tell (the config's schema, a binary's graphs) is ``workers.qnn.genai``'s."""
+    import onnx
+
+    from farm.core.errors import GenaiFolderError
+
+    root = Path(path)
+    try:
+        config = read_config(root) if root.is_dir() else None
+    except BadGenaiError as exc:
+        raise GenaiFolderError(exc.message) from None
+    if config is None:
+        raise GenaiFolderError(f"{root}: not a folder")
+    root = root.resolve()
+    out: list[FolderStage] = []
+    for name, spec in config["model"]["decoder"]["pipeline"][0].items():
+        where = f"{CONFIG_FILE}: stage {_shown(name)}"
+        try:
+            if not isinstance(spec, dict):
+                raise _bad(f"{where} is not an object")
+            file = check_file_name(spec.get("filename"), where)
+            graph = read_graph(root, file)
+        except BadGenaiError as exc:
+            raise GenaiFolderError(exc.message) from None
+        model = onnx.load(str(root / file), load_external_data=False)
+        bins: list[str] = []
+        nodes: list[str] = []
+        for node in model.graph.node:
+            if node.op_type != "EPContext":
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute
+                     if a.name in ("embed_mode", "ep_cache_context")}
+            nodes.append(node.name)
+            if attrs.get("embed_mode", 1) != 0:
+                continue
+            raw = attrs.get("ep_cache_context", b"")
+            rel = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            try:
+                check_file_name(rel, f"{file}: EPContext node {node.name!r}")
+                _regular(root, rel, f"{file}: EPContext node {node.name!r}", limit=1 << 62)
+            except BadGenaiError as exc:
+                raise GenaiFolderError(exc.message, hint="every EPContext node of the folder points at a "
+                                       "context binary beside it") from None
+            if rel not in bins:
+                bins.append(rel)
+        out.append(FolderStage(str(name), file, graph.data, tuple(bins), tuple(nodes),
+                               spec.get("run_on_prompt", True) is not False,
+                               spec.get("run_on_token_gen", True) is not False))
+    return config, out
+
+
+def shared_binaries(stages: list[FolderStage]) -> dict[str, list[FolderStage]]:
+    """Context binary -> the stages whose EPContext nodes point at it, in pipeline order."""
+    out: dict[str, list[FolderStage]] = {}
+    for s in stages:
+        for b in s.binaries:
+            out.setdefault(b, []).append(s)
+    return out
