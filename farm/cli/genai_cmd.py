@@ -100,7 +100,8 @@ def twin_cell(tw: dict[str, Any]) -> str:
         return ""
     if tw.get("status") != "ok":
         return str(tw.get("status") or "")
-    cell = f"{tw.get('matched')}/{tw.get('compared')} tokens"
-    if isinstance(tw.get("first_logits_psnr_db"), int | float):
-        cell += f", {tw['first_logits_psnr_db']:.1f} dB"
+    cell = f"{tw.get('tokens_matched')}/{tw.get('tokens_compared')} tokens"
+    psnr = (tw.get("first_step") or {}).get("psnr_db")
+    if isinstance(psnr, int | float):
+        cell += f", first step {psnr:.1f} dB"
     return cell

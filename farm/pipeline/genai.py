@@ -272,9 +272,9 @@ def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:
     if not tw or tw.get("status") != "ok":
         why = (tw or {}).get("detail") or "no twin check ran"
         return TwinMismatchError(f"artifact {artifact[7:19]}: no twin figures to gate on ({why})")
-    if not tw.get("compared") or tw.get("matched") != tw.get("compared"):
-        return TwinMismatchError(f"artifact {artifact[7:19]}: the twin matched {tw.get('matched')} of "
-                                 f"{tw.get('compared')} greedy tokens against the CPU EP")
+    if not tw.get("tokens_compared") or tw.get("tokens_matched") != tw.get("tokens_compared"):
+        return TwinMismatchError(f"artifact {artifact[7:19]}: the twin matched {tw.get('tokens_matched')} of "
+                                 f"{tw.get('tokens_compared')} greedy tokens against the CPU EP")
     return None
 
 
@@ -305,10 +305,17 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
             _materialize(reg, layout, folder)
             progress("checking", {"what": "folder"})
             check_folder(folder, layout)  # genai-folder-invalid, naming the file
+            from workers.backends import check_genai_folder
+
+            # As a device opens it: og.Config, and each binary's own graphs (QNN System API).
+            parts_files = [[st["file"] for st in layout.stages if st.get("part") == row["part"]]
+                           for row in layout.parts]
+            check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, timeout=settings.accuracy_budget,
+                               memory_mb=settings.compile_memory_mb)
             tw: dict[str, Any] | None = None
             if twin and export_dir is not None:
                 progress("checking", {"what": "twin"})
-                tw = run_twin(settings, pkg, spec, folder, export_dir)
+                tw = run_twin(settings, spec, export_dir)
         _publish(reg, lease, spec, layout, tw)
     except FarmError as exc:
         _fail(reg, lease, exc.code, exc.message)
@@ -508,20 +515,18 @@ def check_folder(folder: Path, layout: Layout) -> None:
                           f"{sorted(mine)}")
 
 
-def run_twin(settings: Settings, pkg: PackageBundle, spec: Any, folder: Path, export_dir: Path) -> dict[str, Any]:
-    """The twin (``workers.backends.genai_twin``) under the accuracy budget; a twin that can't
-    run is recorded as ``unverified`` with the reason, never a failed package."""
+def run_twin(settings: Settings, spec: Any, export_dir: Path) -> dict[str, Any]:
+    """The twin (``workers.backends.genai_twin``) under the accuracy budget
+    (``FARM_ACCURACY_BUDGET``); a twin that can't run is recorded as ``unverified`` with the
+    reason, never a failed package: the twin is evidence, not the artifact."""
     from farm.core.catalog import load_catalog
+    from workers.backends import genai_twin
 
-    try:
-        from workers.backends import genai_twin
-    except ImportError:
-        return {"status": "unverified", "detail": "no twin runner in this ctxfarm (workers.backends.genai_twin)"}
     target = load_catalog().get(spec.target, backend=spec.backend)
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-twin-") as work:
-            result = genai_twin(export_dir, folder, target, Path(work), budget=settings.accuracy_budget,
+            result = genai_twin(export_dir, target, spec.options, Path(work), timeout=settings.accuracy_budget,
                                 memory_mb=settings.compile_memory_mb)
     except FarmError as exc:
         result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
