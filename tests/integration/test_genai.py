@@ -79,6 +79,11 @@ def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm
     assert twin["tokens_compared"] >= 8 and twin["tokens_matched"] == twin["tokens_compared"]
     assert twin["first_step"]["psnr_db"] > 20
 
+    shown = farm(farm_env, "show", pkg["artifact"]).stdout
+    assert "part0.prefill    context_0_ctx.onnx" in shown and "lm_head          lm_head.onnx" in shown
+    assert f"twin      {twin['tokens_matched']}/{twin['tokens_compared']} greedy tokens matched" in shown
+    assert "verdict   unverified: a weight-shared context" in shown
+
     # The same command again: answered from the index, nothing compiled or assembled.
     before = snapshot(settings)
     again = json.loads(farm(farm_env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--name", "llm/tiny",
