@@ -57,6 +57,15 @@ def _finish(ex: Any, queue: str | None, result: Any) -> None:
     probes. Runs in the task, or on the executor's publisher thread."""
     from farm.pipeline.reconcile import schedule_probes
 
+    if result.outcome in ("succeeded", "failed", "exhausted"):
+        try:  # issue 29: the last part of a genai package sends the package's build (the fan-in)
+            from farm.pipeline.genai import after_part
+
+            after_part(settings, ex.registry, result.build_id, app)
+        except Exception:
+            import logging
+
+            logging.getLogger("ctxfarm.genai").warning("could not send a genai package's build", exc_info=True)
     if result.outcome == "retry":
         if queue:
             send(app, COMPILE_TASK, [result.build_id], queue, countdown=result.countdown)

@@ -222,6 +222,9 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         with interruptible():
             parts = build_many(settings, list(pkg.parts), target_refs, option_pairs, progress=listen,
                                registry=reg, retry_failed=retry_failed)
+        with reg.db.session() as s:
+            for k, (_, _, build_id) in enumerate(planned):
+                link_parts(s, build_id, [p.outcomes[k].build_id for p in parts])
         for k, (t, spec, build_id) in enumerate(planned):
             progress("assembling", t.ref, {"parts": len(parts)})
             start = time.perf_counter()
@@ -280,14 +283,16 @@ def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:
 
 def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_id: int,
              parts: Sequence[BuildOutcome], export_dir: Path | None, *, twin: bool = True,
-             progress: Callable[[str, dict[str, Any]], None] = lambda e, i: None) -> bool:
+             progress: Callable[[str, dict[str, Any]], None] = lambda e, i: None, owner: str | None = None) -> bool:
     """The fan-in of one target: claim the package build, lay out the folder from the parts'
-    artifacts, check it, run the twin, publish. Returns whether this call ran it (False: it was
-    final already, or another executor holds it)."""
+    artifacts, check it, run the twin, publish (or fail with the first failed part's code).
+    Returns whether this call ran it (False: it was final already, or another executor holds
+    it). The lease is renewed while the checks run; a cancel (the lease taken) publishes nothing."""
     from farm.pipeline import states
+    from farm.pipeline.execute import LeaseKeeper
 
     with reg.db.session() as s:
-        c = states.claim(s, build_id, owner=states.owner_base(), lease_seconds=max(settings.lease_seconds, 600),
+        c = states.claim(s, build_id, owner=owner or states.owner_base(), lease_seconds=settings.lease_seconds,
                          max_attempts=settings.max_attempts)
     if c.action != "run" or c.lease is None:
         return False
@@ -299,26 +304,29 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
               f"part {i} ({part_dir(i)}: prefill + decode) failed: {p.error_code}: {(p.error_message or '')[:1500]}")
         return True
     try:
-        layout = _layout(reg, pkg, spec, parts)
-        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-folder-") as tmp:
-            folder = Path(tmp) / "package"
-            _materialize(reg, layout, folder)
-            progress("checking", {"what": "folder"})
-            check_folder(folder, layout)  # genai-folder-invalid, naming the file
-            from workers.backends import check_genai_folder
+        with LeaseKeeper(reg, lease, settings.lease_seconds) as keeper:
+            layout = _layout(reg, pkg, spec, parts)
+            with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-folder-") as tmp:
+                folder = Path(tmp) / "package"
+                _materialize(reg, layout, folder)
+                progress("checking", {"what": "folder"})
+                check_folder(folder, layout)  # genai-folder-invalid, naming the file
+                from workers.backends import check_genai_folder
 
-            # As a device opens it: og.Config, and each binary's own graphs (QNN System API).
-            parts_files = [[st["file"] for st in layout.stages if st.get("part") == row["part"]]
-                           for row in layout.parts]
-            check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, timeout=settings.accuracy_budget,
-                               memory_mb=settings.compile_memory_mb)
-            tw: dict[str, Any] | None = None
-            if twin and export_dir is not None:
-                progress("checking", {"what": "twin"})
-                tw = run_twin(settings, spec, export_dir)
-        _publish(reg, lease, spec, layout, tw)
+                # As a device opens it: og.Config, and each binary's own graphs (QNN System API).
+                parts_files = [[st["file"] for st in layout.stages if st.get("part") == row["part"]]
+                               for row in layout.parts]
+                check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, timeout=settings.accuracy_budget,
+                                   memory_mb=settings.compile_memory_mb)
+                tw: dict[str, Any] | None = None
+                if twin and export_dir is not None:
+                    progress("checking", {"what": "twin"})
+                    tw = run_twin(settings, spec, export_dir)
+            keeper.check()
+            _publish(reg, lease, spec, layout, tw)
     except FarmError as exc:
-        _fail(reg, lease, exc.code, exc.message)
+        if exc.code != "lease-lost":
+            _fail(reg, lease, exc.code, exc.message)
     except BaseException:
         # A bug or an interruption is no verdict on the package: the row goes back to queued at
         # once (the next run assembles it), not held until its lease runs out.
@@ -594,3 +602,235 @@ def stages_of(manifest: dict[str, Any]) -> list[dict[str, Any]] | None:
     if not isinstance(g, dict) or not isinstance(g.get("stages"), list):
         return None
     return [s for s in g["stages"] if isinstance(s, dict)]
+
+
+# ---- the link between a package's build and its parts' builds --------------------------------------
+
+def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> None:
+    """In the caller's transaction: the package build is assembled from these part builds."""
+    from registry.models import GenaiPart
+
+    for i, b in enumerate(part_build_ids):
+        s.merge(GenaiPart(package_build_id=package_build_id, part=i, part_build_id=int(b)))
+
+
+def part_builds(s: Any, package_build_id: int) -> list[int] | None:
+    """The part builds of a package build in part order; None: not a package build."""
+    from sqlalchemy import select
+
+    from registry.models import GenaiPart
+
+    rows = s.execute(select(GenaiPart.part, GenaiPart.part_build_id)
+                     .where(GenaiPart.package_build_id == package_build_id).order_by(GenaiPart.part)).all()
+    return [int(r[1]) for r in rows] if rows else None
+
+
+def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
+    """(package build id, queue) of queued package builds using this part build whose parts are
+    all final now: the fan-in's messages to send."""
+    from sqlalchemy import select
+
+    from farm.pipeline import states
+    from registry.models import Build, GenaiPart
+
+    out = []
+    for pkg_id in s.scalars(select(GenaiPart.package_build_id).where(GenaiPart.part_build_id == part_build_id)):
+        b = s.get(Build, pkg_id)
+        if b is None or b.state != states.BuildState.QUEUED or not b.queue:
+            continue
+        parts = part_builds(s, pkg_id) or []
+        if all(s.get(Build, p) is not None and s.get(Build, p).state in states.FINAL for p in parts):
+            out.append((int(pkg_id), str(b.queue)))
+    return out
+
+
+# ---- cluster: parts to the workers, the package when its parts are final -------------------------------
+
+def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
+                   option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
+                   allow_queue: bool = False, retry_failed: bool = False, force_tag: bool = False,
+                   registry: Any = None, app: Any = None) -> Any:
+    """Cluster (``farm submit --genai``): each part a group release (its builds sent to the
+    workers of each toolchain: parts build on different workers at once, each admitted by its
+    worker's memory planner); the package's builds queued on the same queues, linked to their
+    parts, and sent when the last part is final (``after_part``, on the worker that finished
+    it). One release holds the package's builds and every part's: status, progress per part,
+    cancel (``farm cancel RELEASE``) and one answer."""
+    from sqlalchemy import select
+
+    from farm.core.options import parse_pairs
+    from farm.pipeline import states
+    from farm.pipeline.plan import (
+        _spec,
+        _status,
+        check_support,
+        queue_release,
+        record_snapshot,
+        served_toolchains,
+        store_snapshot,
+    )
+    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, send, shared_app
+    from farm.pipeline.submission import ReleaseRequest
+    from registry.index import Registry, release_builds
+    from registry.models import Build, Release, ReleaseBuild
+
+    own = registry is None
+    reg = registry or Registry.open(settings)
+    try:
+        request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
+                                       retry_failed, force_tag)
+        served = served_toolchains(settings, reg)
+        request.check_served(served)
+        matrix = request.matrix(served)
+        check_support(matrix, group=True)
+        pkg = inspect_package(settings, export_dir, display=request.name)
+        app = app or shared_app(settings)
+        check_broker(app)
+        # Parts first: each one release of its own group (recorded, stored, sent).
+        part_request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), None, None, allow_queue,
+                                            retry_failed)
+        for g in pkg.parts:
+            queue_release(settings, reg, g.digest, part_request, served=served, app=app,
+                          store=lambda g=g: store_snapshot(reg, g), display=g.stem, onnx_digest=g.onnx.digest,
+                          size=g.size)
+        files = store_snapshot(reg, pkg)
+        to_send: list[tuple[int, str]] = []
+        with reg.db.session() as s:
+            moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, request.name, request.tag,
+                                    pkg.stem, force_tag=request.force_tag)
+            label = f"{request.name}:{request.tag}" if request.name else pkg.stem[:255]
+            release = Release(model_digest=pkg.digest, label=label,
+                              matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
+                                      "options": request.raw_options, "genai": True})
+            s.add(release)
+            s.flush()
+            for t, version in matrix:
+                spec = _spec(pkg.digest, t, version, request.options[t])
+                queue = compile_queue(t.backend, version, t.name)
+                build_id, _ = states.enqueue(s, spec, queue, retry_failed=request.retry_failed)
+                # Each part's build of this (target, toolchain, options): by its key, as queued above.
+                parts = [int(s.scalar(select(Build.id).where(
+                    Build.build_key == _spec(g.digest, t, version, part_request.options[t]).build_key)))
+                    for g in pkg.parts]
+                link_parts(s, build_id, parts)
+                for b in (build_id, *parts):
+                    s.merge(ReleaseBuild(release_id=release.id, build_id=b))
+                pb = s.get(Build, build_id)
+                if pb is not None and pb.state == states.BuildState.QUEUED and all(
+                        s.get(Build, p).state in states.FINAL for p in parts):
+                    to_send.append((build_id, queue))
+            release_id = release.id
+        for build_id, queue in to_send:  # every part answered already (cached): assemble now
+            send(app, COMPILE_TASK, [build_id], queue)
+        with reg.db.session() as s:
+            out = _status(s, release_id, release_builds(s, release_id), reg.store)
+        out.tag_moved = moved
+        return out
+    finally:
+        if own:
+            reg.close()
+
+
+def after_part(settings: Settings, reg: Any, build_id: int, app: Any) -> list[int]:
+    """A worker, after a build's final outcome: send each package build whose last part this
+    was (to its toolchain's queue: any worker of it assembles). Returns the ids sent."""
+    from farm.pipeline.queues import COMPILE_TASK, send
+
+    with reg.db.session() as s:
+        ready = ready_packages(s, build_id)
+    for pkg_id, queue in ready:
+        send(app, COMPILE_TASK, [pkg_id], queue)
+    return [p for p, _ in ready]
+
+
+def execute_package(executor: Any, build_id: int) -> Any:
+    """``Executor.execute`` of a package build (None: ``build_id`` is not one): nothing to
+    compile; with every part final, the package is assembled from the parts' artifacts here,
+    its export laid out again from the stored snapshots (the config generator and the twin read
+    it). A part not final yet: ``waiting`` (the row stays queued, unclaimed; the last part's
+    worker sends it again)."""
+    from farm.pipeline import states
+    from farm.pipeline.execute import Result
+    from farm.pipeline.plan import outcome_from_row
+
+    reg, settings = executor.registry, executor.settings
+    with reg.db.session() as s:
+        parts = part_builds(s, build_id)
+        if parts is None:
+            return None
+        b = states.get_build(s, build_id)
+        if b.state in states.FINAL:
+            return Result("done", build_id)
+        if not all(states.get_build(s, p).state in states.FINAL for p in parts):
+            return Result("waiting", build_id)
+        spec = states.BuildSpec(b.build_key, b.model_digest, b.backend, b.target, b.toolchain, dict(b.options),
+                                b.options_digest)
+        from registry.models import Model
+
+        model = s.get(Model, b.model_digest)
+        files = [dict(f) for f in (model.files if model else [])]
+    outcomes = [outcome_from_row(reg, p, f"{spec.backend}:{spec.target}", cached=False) for p in parts]
+    with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-export-") as tmp:
+        try:
+            pkg = package_from_snapshot(settings, reg, files, Path(tmp) / "export")
+        except FarmError as exc:
+            with reg.db.session() as s:
+                c = states.claim(s, build_id, owner=executor.owner, lease_seconds=settings.lease_seconds,
+                                 max_attempts=settings.max_attempts)
+            if c.lease is not None:
+                _fail(reg, c.lease, exc.code, f"the package's export could not be laid out again: {exc.message}")
+            return Result("failed", build_id)
+        executor.events.publish(build_id, states.BuildState.RUNNING.value)
+        ran = assemble(settings, reg, pkg, spec, build_id, outcomes, pkg.export.root, owner=executor.owner)
+    with reg.db.session() as s:
+        final = states.get_build(s, build_id)
+        state = str(final.state)
+        from registry.index import artifact_for_build
+
+        art = artifact_for_build(s, build_id)
+    executor.events.publish(build_id, state)
+    if not ran:
+        return Result("busy", build_id)
+    return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,
+                  artifact_id=art.id if art is not None else None)
+
+
+def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, Any]], dest: Path) -> PackageBundle:
+    """A recorded package as ``inspect_package`` saw it, from the store: the carried files under
+    their names, each part's graphs and data from its group's snapshot under the exporter's
+    names (from genai.json), then ``farm.core.genai.read_export`` of that folder (the same
+    checks; the same description)."""
+    from farm.core import genai
+    from farm.core.groups import member_dir, member_onnx
+    from farm.pipeline.bundles import download_bundle
+    from registry.models import Model
+    from registry.store.base import download
+
+    doc = read_package(files, reg.store)
+    if doc is None:
+        raise InvalidModelError("the model is not a genai package")
+    dest.mkdir(parents=True)
+    for f in files[1:]:
+        name = genai.CONFIG_FILE if f["path"] == SOURCE_CONFIG else genai.check_file_name(f["path"], "package")
+        download(reg.store, f["digest"], inside(dest, name), size=int(f["size"]))
+    files_of = {st["role"]: st["file"] for st in doc.get("stages") or []}
+    carried = [(f["path"], dest / (genai.CONFIG_FILE if f["path"] == SOURCE_CONFIG else f["path"]),
+                BundleFile(f["path"], f["digest"], int(f["size"]))) for f in files[1:]]
+    for part in doc.get("parts") or []:
+        i = int(part["part"])
+        with reg.db.session() as s:
+            m = s.get(Model, part["group"])
+            listing = [dict(f) for f in (m.files if m else [])]
+        if not listing:
+            raise InvalidModelError(f"part {i}'s group {str(part['group'])[:19]} is not recorded here")
+        work = dest.parent / f"group{i}"
+        download_bundle(reg.store, listing, work)
+        for k, kind in enumerate((PREFILL, DECODE)):
+            name = genai.check_file_name(files_of.get(f"part{i}.{kind}"), "package")
+            inside(work, member_onnx(k)).replace(inside(dest, name))
+            for f in inside(work, member_dir(k)).iterdir():
+                if f.is_file() and not (dest / f.name).exists():
+                    f.replace(inside(dest, genai.check_file_name(f.name, "package")))
+    export = genai.read_export(dest)
+    return PackageBundle((), tuple(carried), export, b"", "", BundleFile("", files[0]["digest"], int(files[0]["size"])),
+                         "")
