@@ -110,7 +110,12 @@ def compile_model(self: Any, build_id: int) -> str:
         # A compiled build is published on the executor's publisher thread while the next
         # message is taken: its lease is held until the commit (a worker that dies meanwhile
         # leaves it to the lease and the reconciler, as one that dies mid-compile does).
-        result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
+        from farm.pipeline.genai import execute_package
+
+        # A genai package's build compiles nothing: it is assembled from its parts' builds.
+        result = execute_package(ex, build_id)
+        if result is None:
+            result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
     finally:
         executing.clear()
         if result is None or result.outcome != "publishing":

@@ -88,7 +88,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "genai", None):
         from farm.cli.genai_cmd import run_build
 
-        return run_build(args, settings)
+        return run_build(args, settings, build_json)
     group = group_of(args, settings)
     if group is not None:
         return run_group(group, args, settings)

@@ -42,7 +42,8 @@ class PackageProgress(BuildProgress):
             super().__call__(event, target, info, model=model)
 
 
-def run_build(args: argparse.Namespace, settings: Settings) -> int:
+def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> int:
+    """``build_json``: farm build --json's document of one report (farm.cli.build_cmd)."""
     from farm.core.errors import UsageError
     from farm.pipeline.genai import build_package
 
@@ -67,8 +68,6 @@ def run_build(args: argparse.Namespace, settings: Settings) -> int:
     if pkg.tag_moved:
         print(f"moved {pkg.tag_moved['tag']}: {pkg.tag_moved['from']} -> {pkg.tag_moved['to']}", file=sys.stderr)
     if args.json:
-        from farm.cli.build_cmd import build_json
-
         doc = build_json(pkg, elapsed)
         doc["kind"] = "genai-package"
         doc["parts"] = [build_json(p, elapsed) for p in report.parts]

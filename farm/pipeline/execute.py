@@ -374,12 +374,6 @@ class Executor:
                 log.warning("background publication failed", exc_info=True)
 
     def _execute(self, build_id: int, then: Callable[[Result], None] | None = None) -> Result:
-        from farm.pipeline.genai import execute_package
-
-        # A genai package's build compiles nothing: it is assembled from its parts' builds.
-        assembled = execute_package(self, build_id)
-        if assembled is not None:
-            return assembled  # type: ignore[no-any-return]
         s_ = self.settings
         ph = Phases()
         idle = None if self._last_end is None else ph.started - self._last_end

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from farm.core.bundle import BundleFile
 from farm.core.errors import FarmError, InvalidModelError
@@ -199,7 +199,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
                     for t in req.targets}
         check_support([(t, versions[t.backend]) for t in req.targets], group=True)
-        files = store_snapshot(reg, pkg)
+        files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         planned = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, req.name, req.tag,
@@ -230,9 +230,11 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             start = time.perf_counter()
             ran = False
             while True:
+                def hear(event: str, info: dict[str, Any], ref: str = t.ref) -> None:
+                    progress(event, ref, info)
+
                 ran = assemble(settings, reg, pkg, spec, build_id, [p.outcomes[k] for p in parts],
-                               Path(export_dir), twin=twin,
-                               progress=lambda e, info, ref=t.ref: progress(e, ref, info)) or ran
+                               Path(export_dir), twin=twin, progress=hear) or ran
                 with reg.db.session() as s:
                     if states.get_build(s, build_id).state in states.FINAL:
                         break
@@ -690,10 +692,12 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         part_request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), None, None, allow_queue,
                                             retry_failed)
         for g in pkg.parts:
-            queue_release(settings, reg, g.digest, part_request, served=served, app=app,
-                          store=lambda g=g: store_snapshot(reg, g), display=g.stem, onnx_digest=g.onnx.digest,
-                          size=g.size)
-        files = store_snapshot(reg, pkg)
+            def store(g: Any = g) -> list[dict[str, Any]]:
+                return store_snapshot(reg, g)
+
+            queue_release(settings, reg, g.digest, part_request, served=served, app=app, store=store,
+                          display=g.stem, onnx_digest=g.onnx.digest, size=g.size)
+        files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         to_send: list[tuple[int, str]] = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, request.name, request.tag,
@@ -710,14 +714,14 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 build_id, _ = states.enqueue(s, spec, queue, retry_failed=request.retry_failed)
                 # Each part's build of this (target, toolchain, options): by its key, as queued above.
                 parts = [int(s.scalar(select(Build.id).where(
-                    Build.build_key == _spec(g.digest, t, version, part_request.options[t]).build_key)))
+                    Build.build_key == _spec(g.digest, t, version, part_request.options[t]).build_key)) or 0)
                     for g in pkg.parts]
                 link_parts(s, build_id, parts)
                 for b in (build_id, *parts):
                     s.merge(ReleaseBuild(release_id=release.id, build_id=b))
                 pb = s.get(Build, build_id)
                 if pb is not None and pb.state == states.BuildState.QUEUED and all(
-                        s.get(Build, p).state in states.FINAL for p in parts):
+                        states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))
             release_id = release.id
         for build_id, queue in to_send:  # every part answered already (cached): assemble now
@@ -828,9 +832,9 @@ def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, An
         for k, kind in enumerate((PREFILL, DECODE)):
             name = genai.check_file_name(files_of.get(f"part{i}.{kind}"), "package")
             inside(work, member_onnx(k)).replace(inside(dest, name))
-            for f in inside(work, member_dir(k)).iterdir():
-                if f.is_file() and not (dest / f.name).exists():
-                    f.replace(inside(dest, genai.check_file_name(f.name, "package")))
+            for data in inside(work, member_dir(k)).iterdir():
+                if data.is_file() and not (dest / data.name).exists():
+                    data.replace(inside(dest, genai.check_file_name(data.name, "package")))
     export = genai.read_export(dest)
     return PackageBundle((), tuple(carried), export, b"", "", BundleFile("", files[0]["digest"], int(files[0]["size"])),
                          "")
