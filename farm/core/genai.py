@@ -54,6 +54,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json")
 LAYOUTS = ("olive", "aihub")
+PART_DIR_RE = re.compile(r"part(0|[1-9][0-9]{0,2})")
 OLIVE_RE = re.compile(r"(context|iterator)(?:_(\d{1,3}))?\.onnx")
 AIHUB_RE = re.compile(r"(prompt|token)_ar(\d{1,5})_cl(\d{1,6})_(\d{1,3})_of_(\d{1,3})\.onnx")
 # KV-cache naming conventions, as (past key, past value, present key, present value) templates.
@@ -75,7 +76,8 @@ HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_confi
 class Graph:
     """One .onnx of the export: its file name in the folder (checked), its graph inputs and
     outputs (name, shape with a symbolic dim as its name, ONNX dtype number) and the
-    external-data files it references (checked relative names, in first-use order)."""
+    external-data files it references (checked names relative to the folder, in first-use
+    order)."""
 
     file: str
     inputs: tuple[tuple[str, tuple[Any, ...], int], ...]
@@ -209,6 +211,17 @@ def check_file_name(name: Any, where: str) -> str:
     return name
 
 
+def check_folder_path(name: Any, where: str) -> str:
+    """A file of a built folder: a plain file name, or ``part<i>/<plain name>`` (a part's
+    compiled files sit in a folder of their own: ``package_layout``)."""
+    if isinstance(name, str) and name.count("/") == 1:
+        head, tail = name.split("/")
+        if PART_DIR_RE.fullmatch(head):
+            check_file_name(tail, where)
+            return name
+    return check_file_name(name, where)
+
+
 def _inside(root: Path, name: str, where: str) -> Path:
     try:
         return inside(root, name)
@@ -288,6 +301,8 @@ def read_graph(root: Path, name: str) -> Graph:
         except UnsafePathError as exc:
             raise _bad(f"{name}: external data {exc}", hint=None) from None
         check_file_name(rel, f"{name}: external data")
+        here = name.rpartition("/")[0]  # relative to the graph's own folder
+        rel = f"{here}/{rel}" if here else rel
         if rel not in data:
             _regular(root, rel, f"{name}: external data", limit=1 << 62)
             data.append(rel)
@@ -507,6 +522,26 @@ def roles(export: GenaiExport) -> dict[str, str]:
     return {s.name: s.role for s in export.stages}
 
 
+def part_dir(index: int) -> str:
+    """The folder of part ``index``'s compiled files inside a package: ``part<i>``."""
+    return f"part{index}"
+
+
+def package_layout(export: GenaiExport) -> dict[str, str]:
+    """Stage name -> its file in the package: a part's prefill and decode are its weight-shared
+    group's ``g0_ctx.onnx`` and ``g1_ctx.onnx`` (``group_members`` order), kept with the group's
+    ``.bin`` in ``part<i>/`` exactly as the group build wrote them (their EPContext nodes point
+    at the ``.bin`` beside them, so nothing is rewritten and the blobs are the group's own);
+    CPU stages keep their names at the top. Pass it to ``genai_config``."""
+    out: dict[str, str] = {}
+    for s in export.stages:
+        if s.part is None:
+            out[s.name] = s.graph.file
+        else:
+            out[s.name] = f"{part_dir(s.part)}/g{0 if s.kind == 'prefill' else 1}_ctx.onnx"
+    return out
+
+
 def qnn_provider_options(extra: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """A QNN stage's provider options in genai_config.json: the HTP backend (genai adds
     ``ep.share_ep_contexts=1`` to QNN sessions itself)."""
@@ -564,7 +599,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
     for s in export.stages:
         if s.name not in files:
             raise _bad(f"stage {s.name!r} ({s.graph.file}) has no file in the package")
-        entry: dict[str, Any] = {"filename": check_file_name(files[s.name], f"stage {s.name!r}"),
+        entry: dict[str, Any] = {"filename": check_folder_path(files[s.name], f"stage {s.name!r}"),
                                  "inputs": s.graph.input_names, "outputs": s.graph.output_names}
         entry.update({k: v for k, v in s.options.items() if k != "session_options"})
         if s.part is not None:
@@ -625,10 +660,11 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
         try:
             if not isinstance(spec, dict):
                 raise _bad(f"{where} is not an object")
-            file = check_file_name(spec.get("filename"), where)
+            file = check_folder_path(spec.get("filename"), where)
             graph = read_graph(root, file)
         except BadGenaiError as exc:
             raise GenaiFolderError(exc.message) from None
+        here = file.rpartition("/")[0]  # EPContext and external-data paths are relative to it
         model = onnx.load(str(root / file), load_external_data=False)
         bins: list[str] = []
         nodes: list[str] = []
@@ -644,6 +680,7 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             rel = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             try:
                 check_file_name(rel, f"{file}: EPContext node {node.name!r}")
+                rel = f"{here}/{rel}" if here else rel
                 _regular(root, rel, f"{file}: EPContext node {node.name!r}", limit=1 << 62)
             except BadGenaiError as exc:
                 raise GenaiFolderError(exc.message, hint="every EPContext node of the folder points at a "
