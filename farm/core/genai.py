@@ -63,6 +63,11 @@ KV_TEMPLATES = (
     ("past_key_%d_in", "past_value_%d_in", "past_key_%d_out", "past_value_%d_out"),
 )
 SEQ_INPUTS = ("past_seq_len", "total_seq_len")
+# QNN provider options that shape the compile, not the run: the built folder's stages don't carry
+# the exporter's values for them.
+COMPILE_ONLY_QNN = frozenset({"soc_model", "htp_arch", "htp_graph_finalization_optimization_mode", "vtcm_mb",
+                              "enable_htp_weight_sharing", "backend_path", "backend_type", "enable_htp_fp16_precision"})
+_OPTION_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # The twin's fixed prompt (greedy generation from it on the CPU EP and on the simulator).
 TWIN_PROMPT = "The farm builds context binaries"
 TWIN_TOKENS = 16
@@ -106,13 +111,16 @@ class Stage:
     for a part's graph (``part`` its index from 0), else the CPU stage's role: ``embeddings``,
     ``lm_head`` or ``cpu`` (carried as it is: AI Hub's position processor, quantizers...).
     ``options`` are the stage's keys of the exporter's config other than filename, inputs,
-    outputs and session_options (run_on_prompt, run_on_token_gen, is_lm_head, ...)."""
+    outputs and session_options (run_on_prompt, run_on_token_gen, is_lm_head, ...);
+    ``qnn_options`` the runtime keys of its ``qnn`` provider options (``htp_performance_mode``
+    ...; never the compile-time ones, ``COMPILE_ONLY_QNN``: the farm's build decides those)."""
 
     name: str
     kind: str
     graph: Graph
     part: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    qnn_options: Mapping[str, str] = field(default_factory=dict)  # the exporter's runtime QNN options
 
     @property
     def role(self) -> str:
@@ -395,16 +403,17 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
                 raise _bad(f"{where}: its {key} in {CONFIG_FILE} are not {file}'s graph {key} "
                            f"({_shown(listed)} vs {_shown(actual)})")
         options = {k: v for k, v in spec.items() if k not in ("filename", "inputs", "outputs", "session_options")}
+        qnn = _runtime_qnn(spec.get("session_options"))
         cls = _classify(file)
         if cls is None:
-            stages.append(Stage(str(name), _cpu_kind(str(name), spec, graph), graph, None, options))
+            stages.append(Stage(str(name), _cpu_kind(str(name), spec, graph), graph, None, options, qnn))
             continue
         layout, kind, part, ex = cls
         layouts.add(layout)
         if (part, kind) in extra:
             raise _bad(f"{file}: part {part}'s {kind} graph is listed twice")
         extra[(part, kind)] = ex
-        stages.append(Stage(str(name), kind, graph, part, options))
+        stages.append(Stage(str(name), kind, graph, part, options, qnn))
     if not layouts:
         raise _bad(f"{CONFIG_FILE}: no stage is a part graph: unknown layout (expected context_<i>.onnx/"
                    "iterator_<i>.onnx from Olive or prompt_ar<W>_cl<C>_<i>_of_<N>.onnx/token_... from AI Hub)")
@@ -490,6 +499,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     if kvc.length < window:
         raise _bad(f"{parts[0].prefill.graph.file}: KV length {kvc.length} is shorter than the window {window}")
 
+    if layout == "aihub":  # the names say the window and the cache length: they must be the graphs'
+        for p in parts:
+            for st, ar in ((p.prefill, window), (p.decode, 1)):
+                ex = extra[(p.index, st.kind)]
+                if ex["ar"] != ar or ex["cl"] != kvc.length:
+                    raise _bad(f"{st.graph.file}: its name says ar{ex['ar']} cl{ex['cl']}, its graph is "
+                               f"ar{ar} cl{kvc.length}")
     cpu = tuple(s for s in stages if s.part is None)
     if not any(s.kind == "lm_head" for s in cpu):
         raise _bad(f"{CONFIG_FILE}: no lm_head stage (is_lm_head, or a stage whose output is 'logits')")
@@ -499,6 +515,20 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     for t in tokenizer:
         _regular(root, t, t, limit=MAX_GRAPH_BYTES)
     return GenaiExport(root, layout, config, tuple(stages), tuple(parts), cpu, tokenizer, kvc)
+
+
+def _runtime_qnn(session_options: Any) -> dict[str, str]:
+    """The runtime keys of a stage's ``qnn`` provider options (plain keys, scalar values, at
+    most 32); anything else in the exporter's session options is left behind."""
+    provs = session_options.get("provider_options") if isinstance(session_options, dict) else None
+    out: dict[str, str] = {}
+    for p in provs if isinstance(provs, list) else []:
+        qnn = p.get("qnn") if isinstance(p, dict) else None
+        for k, v in (qnn.items() if isinstance(qnn, dict) else ()):
+            if (len(out) < 32 and isinstance(k, str) and _OPTION_KEY_RE.fullmatch(k) and k not in COMPILE_ONLY_QNN
+                    and isinstance(v, str | int | bool) and len(str(v)) <= 128):
+                out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
 
 
 def _seq_len(graph: Graph, what: str) -> int:
@@ -553,13 +583,13 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
                  max_length: int | None = None) -> dict[str, Any]:
     """The genai_config.json of a folder holding ``export``'s stages at ``files[stage name]``
     (every stage must be mapped; a name is a plain file name). Part stages get
-    ``provider_options`` in their session options (default ``qnn_provider_options()``; ``[]``
-    runs them on the CPU EP, as the source pipeline is run for the twin); CPU stages none. The
+    ``provider_options`` in their session options (default: ``qnn_provider_options`` with the
+    stage's runtime ``qnn_options`` from the exporter; ``[]`` runs them on the CPU EP, as the
+    source pipeline is run for the twin); CPU stages none. The
     decoder-level provider list is empty so the KV cache stays on the CPU; the KV names, window
     (``sliding_window``, alignment left) and ``past_seq_len``/``total_seq_len`` come from the
     graphs, the rest (token ids, search, sizes) from the exporter's config, ``search.max_length``
     capped at the KV length. Raises ``BadGenaiError`` for an unmapped stage or a bad name."""
-    opts = qnn_provider_options() if provider_options is None else provider_options
     doc = copy.deepcopy(export.config)
     model = doc["model"]
     model["type"] = "decoder-pipeline"
@@ -603,6 +633,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
                                  "inputs": s.graph.input_names, "outputs": s.graph.output_names}
         entry.update({k: v for k, v in s.options.items() if k != "session_options"})
         if s.part is not None:
+            opts = qnn_provider_options(s.qnn_options) if provider_options is None else provider_options
             entry["session_options"] = {"provider_options": copy.deepcopy(opts)}
             entry["run_on_prompt"] = s.kind == "prefill"
             entry["run_on_token_gen"] = s.kind == "decode"

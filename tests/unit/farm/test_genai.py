@@ -70,6 +70,22 @@ def test_an_aihub_export_is_described(aihub: Path) -> None:
     assert genai.roles(e)["token_2_of_2"] == "part1.decode"
 
 
+def test_an_aihub_name_that_lies_about_its_graph_is_refused(aihub: Path, tmp_path: Path) -> None:
+    d = tmp_path / "export"
+    shutil.copytree(aihub, d)
+    (d / "token_ar1_cl64_2_of_2.onnx").rename(d / "token_ar1_cl128_2_of_2.onnx")
+    edit_config(d, lambda doc: _stages(doc)["token_2_of_2"].update(filename="token_ar1_cl128_2_of_2.onnx"))
+    with pytest.raises(BadGenaiError, match="its name says ar1 cl128, its graph is ar1 cl64"):
+        genai.read_export(d)
+
+
+def test_a_single_part_olive_export(tmp_path: Path) -> None:
+    e = genai.read_export(make_export(tmp_path / "one", "--parts", "1"))
+    assert [(p.prefill.graph.file, p.decode.graph.file, p.data) for p in e.parts] == [
+        ("context.onnx", "iterator.onnx", ("transformer.onnx.data",))]
+    assert genai.roles(e)["iterator"] == "part0.decode"
+
+
 # ---- the folder that ships ------------------------------------------------------------------------
 
 def test_the_generated_config_points_at_the_package_files(olive: Path) -> None:
@@ -91,8 +107,9 @@ def test_the_generated_config_points_at_the_package_files(olive: Path) -> None:
     stages = _stages(doc)
     assert list(stages) == [s.name for s in e.stages]
     assert {n: s["filename"] for n, s in stages.items()} == layout
-    for name in ("context_0", "iterator_1"):
-        assert stages[name]["session_options"] == {"provider_options": [{"qnn": {"backend_type": "htp"}}]}
+    for name in ("context_0", "iterator_1"):  # the recipe's runtime option kept, its soc_model not
+        assert stages[name]["session_options"] == {"provider_options": [{"qnn": {
+            "backend_type": "htp", "htp_performance_mode": "burst"}}]}
     assert (stages["context_0"]["run_on_prompt"], stages["context_0"]["run_on_token_gen"]) == (True, False)
     assert (stages["iterator_0"]["run_on_prompt"], stages["iterator_0"]["run_on_token_gen"]) == (False, True)
     assert "session_options" not in stages["embeddings"] and stages["lm_head"]["is_lm_head"] is True
