@@ -54,7 +54,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json")
 LAYOUTS = ("olive", "aihub")
-PART_DIR_RE = re.compile(r"part(0|[1-9][0-9]{0,2})")
 OLIVE_RE = re.compile(r"(context|iterator)(?:_(\d{1,3}))?\.onnx")
 AIHUB_RE = re.compile(r"(prompt|token)_ar(\d{1,5})_cl(\d{1,6})_(\d{1,3})_of_(\d{1,3})\.onnx")
 # KV-cache naming conventions, as (past key, past value, present key, present value) templates.
@@ -217,17 +216,6 @@ def check_file_name(name: Any, where: str) -> str:
         raise _bad(f"{where}: file name {_shown(name)} is not allowed (a plain file name in the export folder: "
                    "letters, digits, '_', '.', '+', '-', no directory)")
     return name
-
-
-def check_folder_path(name: Any, where: str) -> str:
-    """A file of a built folder: a plain file name, or ``part<i>/<plain name>`` (a part's
-    compiled files sit in a folder of their own: ``package_layout``)."""
-    if isinstance(name, str) and name.count("/") == 1:
-        head, tail = name.split("/")
-        if PART_DIR_RE.fullmatch(head):
-            check_file_name(tail, where)
-            return name
-    return check_file_name(name, where)
 
 
 def _inside(root: Path, name: str, where: str) -> Path:
@@ -552,24 +540,23 @@ def roles(export: GenaiExport) -> dict[str, str]:
     return {s.name: s.role for s in export.stages}
 
 
-def part_dir(index: int) -> str:
-    """The folder of part ``index``'s compiled files inside a package: ``part<i>``."""
-    return f"part{index}"
+def _stem(file: str) -> str:
+    return file[:-5] if file.endswith(".onnx") else file
 
 
 def package_layout(export: GenaiExport) -> dict[str, str]:
-    """Stage name -> its file in the package: a part's prefill and decode are its weight-shared
-    group's ``g0_ctx.onnx`` and ``g1_ctx.onnx`` (``group_members`` order), kept with the group's
-    ``.bin`` in ``part<i>/`` exactly as the group build wrote them (their EPContext nodes point
-    at the ``.bin`` beside them, so nothing is rewritten and the blobs are the group's own);
-    CPU stages keep their names at the top. Pass it to ``genai_config``."""
-    out: dict[str, str] = {}
-    for s in export.stages:
-        if s.part is None:
-            out[s.name] = s.graph.file
-        else:
-            out[s.name] = f"{part_dir(s.part)}/g{0 if s.kind == 'prefill' else 1}_ctx.onnx"
-    return out
+    """Stage name -> its file in the package (flat, the exporter's names): a part graph
+    ``context_0.onnx`` ships compiled as ``context_0_ctx.onnx``, a CPU stage as it is. Pass it to
+    ``genai_config``. The part's shared binary is ``part_binary``'s name."""
+    return {s.name: s.graph.file if s.part is None else f"{_stem(s.graph.file)}_ctx.onnx" for s in export.stages}
+
+
+def part_binary(export: GenaiExport, index: int, k: int = 0) -> str:
+    """Part ``index``'s ``k``-th context binary in the package, named after its prefill graph:
+    ``context_0_ctx_qnn.bin`` (then ``_1``... should the EP write several). Renaming a binary
+    means rewriting ``ep_cache_context`` in the context models that point at it."""
+    stem = _stem(export.parts[index].prefill.graph.file)
+    return f"{stem}_ctx_qnn.bin" if k == 0 else f"{stem}_ctx_qnn_{k}.bin"
 
 
 def qnn_provider_options(extra: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -629,7 +616,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
     for s in export.stages:
         if s.name not in files:
             raise _bad(f"stage {s.name!r} ({s.graph.file}) has no file in the package")
-        entry: dict[str, Any] = {"filename": check_folder_path(files[s.name], f"stage {s.name!r}"),
+        entry: dict[str, Any] = {"filename": check_file_name(files[s.name], f"stage {s.name!r}"),
                                  "inputs": s.graph.input_names, "outputs": s.graph.output_names}
         entry.update({k: v for k, v in s.options.items() if k != "session_options"})
         if s.part is not None:
@@ -691,7 +678,7 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
         try:
             if not isinstance(spec, dict):
                 raise _bad(f"{where} is not an object")
-            file = check_folder_path(spec.get("filename"), where)
+            file = check_file_name(spec.get("filename"), where)
             graph = read_graph(root, file)
         except BadGenaiError as exc:
             raise GenaiFolderError(exc.message) from None

@@ -30,26 +30,47 @@ def edit_config(folder: Path, change: Any) -> None:
     path.write_text(json.dumps(doc, indent=1))
 
 
+def relink(ctx: Path, renamed: dict[str, str], out: Path) -> None:
+    """``ctx`` written to ``out`` with its EPContext nodes pointing at ``renamed``'s binaries."""
+    import onnx
+
+    model = onnx.load(str(ctx), load_external_data=False)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if node.op_type == "EPContext" and a.name == "ep_cache_context" and a.s.decode() in renamed:
+                a.s = renamed[a.s.decode()].encode()
+    onnx.save_model(model, str(out))
+
+
 def build_package(export_dir: Path, out: Path, *, soc_model: str = "57") -> Path:
-    """The folder a device gets: each part's prefill and decode compiled as one weight-shared
-    group (workers.qnn.child compile_group, as the QNN runner runs it) into ``part<i>/``, the CPU
-    stages and tokenizer copied, the generated genai_config.json (farm.core.genai)."""
+    """The folder a device gets, laid out as the farm ships it (farm.core.genai.package_layout:
+    ``context_0_ctx.onnx``, ``iterator_0_ctx.onnx``, ``context_0_ctx_qnn.bin``...): each part's
+    prefill and decode compiled as one weight-shared group (workers.qnn.child compile_group, as
+    the QNN runner runs it), the binary renamed and the context models relinked to it, the CPU
+    stages and tokenizer copied, the generated genai_config.json."""
     from farm.core import genai
     from workers.runner import run_child
 
     export = genai.read_export(export_dir)
     layout = genai.package_layout(export)
-    if out.exists():
-        shutil.rmtree(out)
+    for d in (out, out.parent / "groups"):
+        if d.exists():
+            shutil.rmtree(d)
+    out.mkdir(parents=True)
     for p in export.parts:
-        part = out / genai.part_dir(p.index)
-        part.mkdir(parents=True)
-        members = [{"model": path, "ctx_path": str(part / f"g{i}_ctx.onnx"), "stop": i == 1}
+        group = out.parent / "groups" / f"part{p.index}"
+        group.mkdir(parents=True)
+        members = [{"model": path, "ctx_path": str(group / f"g{i}_ctx.onnx"), "stop": i == 1}
                    for i, (_, path) in enumerate(export.group_members(p.index))]
         run_child("workers.qnn.child", "compile_group",
-                  {"group": members, "out_dir": str(part),
+                  {"group": members, "out_dir": str(group),
                    "provider_options": {"soc_model": soc_model, "htp_graph_finalization_optimization_mode": "0"}},
-                  out.parent, timeout=300)
+                  group, timeout=300)
+        (binary,) = sorted(b.name for b in group.glob("*.bin"))
+        renamed = {binary: genai.part_binary(export, p.index)}
+        shutil.copy2(group / binary, out / renamed[binary])
+        for i, stage in enumerate((p.prefill, p.decode)):
+            relink(group / f"g{i}_ctx.onnx", renamed, out / layout[stage.name])
     for f in export.carried_files():
         shutil.copy2(export.path(f), out / f)
     (out / genai.CONFIG_FILE).write_bytes(genai.config_bytes(genai.genai_config(export, layout)))

@@ -91,9 +91,10 @@ def test_a_single_part_olive_export(tmp_path: Path) -> None:
 def test_the_generated_config_points_at_the_package_files(olive: Path) -> None:
     e = genai.read_export(olive)
     layout = genai.package_layout(e)
-    assert layout == {"embeddings": "embeddings.onnx", "context_0": "part0/g0_ctx.onnx",
-                      "context_1": "part1/g0_ctx.onnx", "iterator_0": "part0/g1_ctx.onnx",
-                      "iterator_1": "part1/g1_ctx.onnx", "lm_head": "lm_head.onnx"}
+    assert layout == {"embeddings": "embeddings.onnx", "context_0": "context_0_ctx.onnx",
+                      "context_1": "context_1_ctx.onnx", "iterator_0": "iterator_0_ctx.onnx",
+                      "iterator_1": "iterator_1_ctx.onnx", "lm_head": "lm_head.onnx"}
+    assert [genai.part_binary(e, 0), genai.part_binary(e, 1, 2)] == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn_2.bin"]
     doc = genai.genai_config(e, layout)
     dec = doc["model"]["decoder"]
     assert doc["model"]["type"] == "decoder-pipeline" and "filename" not in dec
@@ -308,46 +309,47 @@ def _ctx_model(path: Path, node_name: str, bin_name: str) -> None:
 def _built(root: Path, olive: Path) -> Path:
     """A folder shaped like a package (fake contexts: no runtime reads them here)."""
     e = genai.read_export(olive)
+    layout = genai.package_layout(e)
     for p in e.parts:
-        for i, kind in enumerate(("prefill", "decode")):
-            _ctx_model(root / f"part{p.index}" / f"g{i}_ctx.onnx", f"{kind}_{p.index}", "g0_ctx_qnn.bin")
-        (root / f"part{p.index}" / "g0_ctx_qnn.bin").write_bytes(np.zeros(16, np.uint8).tobytes())
+        for stage in (p.prefill, p.decode):
+            _ctx_model(root / layout[stage.name], f"{stage.kind}_{p.index}", genai.part_binary(e, p.index))
+        (root / genai.part_binary(e, p.index)).write_bytes(np.zeros(16, np.uint8).tobytes())
     for f in e.carried_files():
         shutil.copy2(e.path(f), root / f)
-    (root / genai.CONFIG_FILE).write_bytes(genai.config_bytes(genai.genai_config(e, genai.package_layout(e))))
+    (root / genai.CONFIG_FILE).write_bytes(genai.config_bytes(genai.genai_config(e, layout)))
     return root
 
 
 def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     config, stages = genai.inspect_folder(_built(tmp_path / "pkg", olive))
     assert [(s.name, s.file, s.binaries, s.contexts) for s in stages if s.binaries] == [
-        ("context_0", "part0/g0_ctx.onnx", ("part0/g0_ctx_qnn.bin",), ("prefill_0",)),
-        ("context_1", "part1/g0_ctx.onnx", ("part1/g0_ctx_qnn.bin",), ("prefill_1",)),
-        ("iterator_0", "part0/g1_ctx.onnx", ("part0/g0_ctx_qnn.bin",), ("decode_0",)),
-        ("iterator_1", "part1/g1_ctx.onnx", ("part1/g0_ctx_qnn.bin",), ("decode_1",))]
+        ("context_0", "context_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("prefill_0",)),
+        ("context_1", "context_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("prefill_1",)),
+        ("iterator_0", "iterator_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("decode_0",)),
+        ("iterator_1", "iterator_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("decode_1",))]
     shared = genai.shared_binaries(stages)
     assert {b: [s.name for s in users] for b, users in shared.items()} == {
-        "part0/g0_ctx_qnn.bin": ["context_0", "iterator_0"], "part1/g0_ctx_qnn.bin": ["context_1", "iterator_1"]}
+        "context_0_ctx_qnn.bin": ["context_0", "iterator_0"], "context_1_ctx_qnn.bin": ["context_1", "iterator_1"]}
     assert [s.file for s in stages if not s.binaries] == ["embeddings.onnx", "lm_head.onnx"]
 
 
 @pytest.mark.parametrize("case,needle", [
-    ("missing bin", "part1/g0_ctx_qnn.bin is missing"),
-    ("bin escapes", "'../../outside.bin' is not allowed"),
-    ("missing stage", "part0/g1_ctx.onnx is missing"),
-    ("deep path", "'part0/x/g0_ctx.onnx' is not allowed"),
+    ("missing bin", "context_1_ctx_qnn.bin is missing"),
+    ("bin escapes", "'../outside.bin' is not allowed"),
+    ("missing stage", "iterator_0_ctx.onnx is missing"),
+    ("sub folder", "'sub/context_0_ctx.onnx' is not allowed"),
     ("no config", "genai_config.json is missing"),
 ])
 def test_a_broken_built_folder_is_genai_folder_invalid(olive: Path, tmp_path: Path, case: str, needle: str) -> None:
     root = _built(tmp_path / "pkg", olive)
     if case == "missing bin":
-        (root / "part1" / "g0_ctx_qnn.bin").unlink()
+        (root / "context_1_ctx_qnn.bin").unlink()
     elif case == "bin escapes":
-        _ctx_model(root / "part1" / "g1_ctx.onnx", "decode_1", "../../outside.bin")
+        _ctx_model(root / "iterator_1_ctx.onnx", "decode_1", "../outside.bin")
     elif case == "missing stage":
-        (root / "part0" / "g1_ctx.onnx").unlink()
-    elif case == "deep path":
-        edit_config(root, lambda d: _stages(d)["context_0"].update(filename="part0/x/g0_ctx.onnx"))
+        (root / "iterator_0_ctx.onnx").unlink()
+    elif case == "sub folder":
+        edit_config(root, lambda d: _stages(d)["context_0"].update(filename="sub/context_0_ctx.onnx"))
     else:
         (root / genai.CONFIG_FILE).unlink()
     with pytest.raises(GenaiFolderError) as info:

@@ -46,21 +46,21 @@ def test_the_twin_generates_the_cpu_tokens_on_the_simulator(export_dir: Path, tm
 def test_a_weight_shared_package_passes_the_folder_check(export_dir: Path, package: Path, tmp_path: Path) -> None:
     from workers.qnn.genai import check_folder
 
-    res = check_folder(package, tmp_path / "w", parts=[["part0/g0_ctx.onnx", "part0/g1_ctx.onnx"],
-                                                      ["part1/g0_ctx.onnx", "part1/g1_ctx.onnx"]])
+    res = check_folder(package, tmp_path / "w", parts=[["context_0_ctx.onnx", "iterator_0_ctx.onnx"],
+                                                      ["context_1_ctx.onnx", "iterator_1_ctx.onnx"]])
     # One .bin per part, holding exactly that part's prefill and decode graph.
     assert {b: (v["prefill"], v["decode"], len(v["graphs"])) for b, v in res["binaries"].items()} == {
-        "part0/g0_ctx_qnn.bin": ("part0/g0_ctx.onnx", "part0/g1_ctx.onnx", 2),
-        "part1/g0_ctx_qnn.bin": ("part1/g0_ctx.onnx", "part1/g1_ctx.onnx", 2)}
+        "context_0_ctx_qnn.bin": ("context_0_ctx.onnx", "iterator_0_ctx.onnx", 2),
+        "context_1_ctx_qnn.bin": ("context_1_ctx.onnx", "iterator_1_ctx.onnx", 2)}
     # The pipeline in the exporter's order: embeddings, context_*, iterator_*, lm_head.
     assert [s["name"] for s in res["stages"]] == [s.name for s in genai.read_export(export_dir).stages] == [
         "embeddings", "context_0", "context_1", "iterator_0", "iterator_1", "lm_head"]
 
 
 @pytest.mark.parametrize("breakage,needle", [
-    ("missing-bin", "part1/g0_ctx_qnn.bin"),
+    ("missing-bin", "context_1_ctx_qnn.bin"),
     ("bad-schema", "onnxruntime-genai refuses it"),
-    ("crossed-parts", "part0/g0_ctx_qnn.bin"),
+    ("crossed-parts", "context_0_ctx_qnn.bin"),
     ("missing-stage", "lm_head.onnx"),
 ])
 def test_a_broken_package_is_refused_with_its_code(package: Path, tmp_path: Path, breakage: str, needle: str) -> None:
@@ -69,12 +69,12 @@ def test_a_broken_package_is_refused_with_its_code(package: Path, tmp_path: Path
     broken = tmp_path / "broken"
     shutil.copytree(package, broken)
     if breakage == "missing-bin":
-        (broken / "part1" / "g0_ctx_qnn.bin").unlink()
+        (broken / "context_1_ctx_qnn.bin").unlink()
     elif breakage == "bad-schema":
         edit_config(broken, lambda d: d["model"]["decoder"].update(bogus=1))
     elif breakage == "crossed-parts":  # part 1's decode stage runs part 0's decode graph
-        edit_config(broken, lambda d: next(s for s in d["model"]["decoder"]["pipeline"][0].values()
-                                           if s["filename"] == "part1/g1_ctx.onnx").update(filename="part0/g1_ctx.onnx"))
+        edit_config(broken, lambda d: d["model"]["decoder"]["pipeline"][0]["iterator_1"].update(
+            filename="iterator_0_ctx.onnx"))
     else:
         (broken / "lm_head.onnx").unlink()
     with pytest.raises(GenaiFolderError) as info:
