@@ -62,6 +62,11 @@ KV_TEMPLATES = (
     ("past_key_%d_in", "past_value_%d_in", "past_key_%d_out", "past_value_%d_out"),
 )
 SEQ_INPUTS = ("past_seq_len", "total_seq_len")
+# QNN provider options that shape the compile, not the run: the built folder's stages don't carry
+# the exporter's values for them.
+COMPILE_ONLY_QNN = frozenset({"soc_model", "htp_arch", "htp_graph_finalization_optimization_mode", "vtcm_mb",
+                              "enable_htp_weight_sharing", "backend_path", "backend_type", "enable_htp_fp16_precision"})
+_OPTION_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # The twin's fixed prompt (greedy generation from it on the CPU EP and on the simulator).
 TWIN_PROMPT = "The farm builds context binaries"
 TWIN_TOKENS = 16
@@ -75,7 +80,8 @@ HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_confi
 class Graph:
     """One .onnx of the export: its file name in the folder (checked), its graph inputs and
     outputs (name, shape with a symbolic dim as its name, ONNX dtype number) and the
-    external-data files it references (checked relative names, in first-use order)."""
+    external-data files it references (checked names relative to the folder, in first-use
+    order)."""
 
     file: str
     inputs: tuple[tuple[str, tuple[Any, ...], int], ...]
@@ -104,13 +110,16 @@ class Stage:
     for a part's graph (``part`` its index from 0), else the CPU stage's role: ``embeddings``,
     ``lm_head`` or ``cpu`` (carried as it is: AI Hub's position processor, quantizers...).
     ``options`` are the stage's keys of the exporter's config other than filename, inputs,
-    outputs and session_options (run_on_prompt, run_on_token_gen, is_lm_head, ...)."""
+    outputs and session_options (run_on_prompt, run_on_token_gen, is_lm_head, ...);
+    ``qnn_options`` the runtime keys of its ``qnn`` provider options (``htp_performance_mode``
+    ...; never the compile-time ones, ``COMPILE_ONLY_QNN``: the farm's build decides those)."""
 
     name: str
     kind: str
     graph: Graph
     part: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    qnn_options: Mapping[str, str] = field(default_factory=dict)  # the exporter's runtime QNN options
 
     @property
     def role(self) -> str:
@@ -288,6 +297,8 @@ def read_graph(root: Path, name: str) -> Graph:
         except UnsafePathError as exc:
             raise _bad(f"{name}: external data {exc}", hint=None) from None
         check_file_name(rel, f"{name}: external data")
+        here = name.rpartition("/")[0]  # relative to the graph's own folder
+        rel = f"{here}/{rel}" if here else rel
         if rel not in data:
             _regular(root, rel, f"{name}: external data", limit=1 << 62)
             data.append(rel)
@@ -380,16 +391,17 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
                 raise _bad(f"{where}: its {key} in {CONFIG_FILE} are not {file}'s graph {key} "
                            f"({_shown(listed)} vs {_shown(actual)})")
         options = {k: v for k, v in spec.items() if k not in ("filename", "inputs", "outputs", "session_options")}
+        qnn = _runtime_qnn(spec.get("session_options"))
         cls = _classify(file)
         if cls is None:
-            stages.append(Stage(str(name), _cpu_kind(str(name), spec, graph), graph, None, options))
+            stages.append(Stage(str(name), _cpu_kind(str(name), spec, graph), graph, None, options, qnn))
             continue
         layout, kind, part, ex = cls
         layouts.add(layout)
         if (part, kind) in extra:
             raise _bad(f"{file}: part {part}'s {kind} graph is listed twice")
         extra[(part, kind)] = ex
-        stages.append(Stage(str(name), kind, graph, part, options))
+        stages.append(Stage(str(name), kind, graph, part, options, qnn))
     if not layouts:
         raise _bad(f"{CONFIG_FILE}: no stage is a part graph: unknown layout (expected context_<i>.onnx/"
                    "iterator_<i>.onnx from Olive or prompt_ar<W>_cl<C>_<i>_of_<N>.onnx/token_... from AI Hub)")
@@ -475,6 +487,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     if kvc.length < window:
         raise _bad(f"{parts[0].prefill.graph.file}: KV length {kvc.length} is shorter than the window {window}")
 
+    if layout == "aihub":  # the names say the window and the cache length: they must be the graphs'
+        for p in parts:
+            for st, ar in ((p.prefill, window), (p.decode, 1)):
+                ex = extra[(p.index, st.kind)]
+                if ex["ar"] != ar or ex["cl"] != kvc.length:
+                    raise _bad(f"{st.graph.file}: its name says ar{ex['ar']} cl{ex['cl']}, its graph is "
+                               f"ar{ar} cl{kvc.length}")
     cpu = tuple(s for s in stages if s.part is None)
     if not any(s.kind == "lm_head" for s in cpu):
         raise _bad(f"{CONFIG_FILE}: no lm_head stage (is_lm_head, or a stage whose output is 'logits')")
@@ -484,6 +503,20 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     for t in tokenizer:
         _regular(root, t, t, limit=MAX_GRAPH_BYTES)
     return GenaiExport(root, layout, config, tuple(stages), tuple(parts), cpu, tokenizer, kvc)
+
+
+def _runtime_qnn(session_options: Any) -> dict[str, str]:
+    """The runtime keys of a stage's ``qnn`` provider options (plain keys, scalar values, at
+    most 32); anything else in the exporter's session options is left behind."""
+    provs = session_options.get("provider_options") if isinstance(session_options, dict) else None
+    out: dict[str, str] = {}
+    for p in provs if isinstance(provs, list) else []:
+        qnn = p.get("qnn") if isinstance(p, dict) else None
+        for k, v in (qnn.items() if isinstance(qnn, dict) else ()):
+            if (len(out) < 32 and isinstance(k, str) and _OPTION_KEY_RE.fullmatch(k) and k not in COMPILE_ONLY_QNN
+                    and isinstance(v, str | int | bool) and len(str(v)) <= 128):
+                out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
 
 
 def _seq_len(graph: Graph, what: str) -> int:
@@ -507,6 +540,25 @@ def roles(export: GenaiExport) -> dict[str, str]:
     return {s.name: s.role for s in export.stages}
 
 
+def _stem(file: str) -> str:
+    return file[:-5] if file.endswith(".onnx") else file
+
+
+def package_layout(export: GenaiExport) -> dict[str, str]:
+    """Stage name -> its file in the package (flat, the exporter's names): a part graph
+    ``context_0.onnx`` ships compiled as ``context_0_ctx.onnx``, a CPU stage as it is. Pass it to
+    ``genai_config``. The part's shared binary is ``part_binary``'s name."""
+    return {s.name: s.graph.file if s.part is None else f"{_stem(s.graph.file)}_ctx.onnx" for s in export.stages}
+
+
+def part_binary(export: GenaiExport, index: int, k: int = 0) -> str:
+    """Part ``index``'s ``k``-th context binary in the package, named after its prefill graph:
+    ``context_0_ctx_qnn.bin`` (then ``_1``... should the EP write several). Renaming a binary
+    means rewriting ``ep_cache_context`` in the context models that point at it."""
+    stem = _stem(export.parts[index].prefill.graph.file)
+    return f"{stem}_ctx_qnn.bin" if k == 0 else f"{stem}_ctx_qnn_{k}.bin"
+
+
 def qnn_provider_options(extra: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """A QNN stage's provider options in genai_config.json: the HTP backend (genai adds
     ``ep.share_ep_contexts=1`` to QNN sessions itself)."""
@@ -518,13 +570,13 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
                  max_length: int | None = None) -> dict[str, Any]:
     """The genai_config.json of a folder holding ``export``'s stages at ``files[stage name]``
     (every stage must be mapped; a name is a plain file name). Part stages get
-    ``provider_options`` in their session options (default ``qnn_provider_options()``; ``[]``
-    runs them on the CPU EP, as the source pipeline is run for the twin); CPU stages none. The
+    ``provider_options`` in their session options (default: ``qnn_provider_options`` with the
+    stage's runtime ``qnn_options`` from the exporter; ``[]`` runs them on the CPU EP, as the
+    source pipeline is run for the twin); CPU stages none. The
     decoder-level provider list is empty so the KV cache stays on the CPU; the KV names, window
     (``sliding_window``, alignment left) and ``past_seq_len``/``total_seq_len`` come from the
     graphs, the rest (token ids, search, sizes) from the exporter's config, ``search.max_length``
     capped at the KV length. Raises ``BadGenaiError`` for an unmapped stage or a bad name."""
-    opts = qnn_provider_options() if provider_options is None else provider_options
     doc = copy.deepcopy(export.config)
     model = doc["model"]
     model["type"] = "decoder-pipeline"
@@ -568,6 +620,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
                                  "inputs": s.graph.input_names, "outputs": s.graph.output_names}
         entry.update({k: v for k, v in s.options.items() if k != "session_options"})
         if s.part is not None:
+            opts = qnn_provider_options(s.qnn_options) if provider_options is None else provider_options
             entry["session_options"] = {"provider_options": copy.deepcopy(opts)}
             entry["run_on_prompt"] = s.kind == "prefill"
             entry["run_on_token_gen"] = s.kind == "decode"
@@ -629,6 +682,7 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             graph = read_graph(root, file)
         except BadGenaiError as exc:
             raise GenaiFolderError(exc.message) from None
+        here = file.rpartition("/")[0]  # EPContext and external-data paths are relative to it
         model = onnx.load(str(root / file), load_external_data=False)
         bins: list[str] = []
         nodes: list[str] = []
@@ -644,6 +698,7 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             rel = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             try:
                 check_file_name(rel, f"{file}: EPContext node {node.name!r}")
+                rel = f"{here}/{rel}" if here else rel
                 _regular(root, rel, f"{file}: EPContext node {node.name!r}", limit=1 << 62)
             except BadGenaiError as exc:
                 raise GenaiFolderError(exc.message, hint="every EPContext node of the folder points at a "

@@ -28,20 +28,21 @@ MODULE = "workers.qnn.genai_child"
 
 
 def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None, timeout: float = 300.0,
-                 memory_mb: int = 0) -> dict[str, Any]:
+                 memory_mb: int = 0, python: str | None = None) -> dict[str, Any]:
     """Check a built genai folder in a child process (see the module docstring). ``parts``:
     each part's [prefill file, decode file], when the caller knows them (the manifest's roles).
+    ``python``: the interpreter of the worker environment to run it in (default: this one).
     Raises ``GenaiFolderError``; a child that dies is ``worker-lost`` / ``resource-limit``."""
     work_dir.mkdir(parents=True, exist_ok=True)
     result, _, _ = run_child(MODULE, "check", {"folder": str(Path(folder).resolve()), "parts": parts or []},
-                             work_dir, timeout=timeout, memory_mb=memory_mb)
+                             work_dir, timeout=timeout, memory_mb=memory_mb, python=python)
     result.pop("ok", None)
     return result
 
 
 def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, *,
              tokens: int = TWIN_TOKENS, prompt: str = TWIN_PROMPT, timeout: float = 900.0,
-             memory_mb: int = 0) -> dict[str, Any]:
+             memory_mb: int = 0, python: str | None = None) -> dict[str, Any]:
     """The twin check of an export folder for ``target`` (compiled with the build's own
     provider options, ``workers.qnn.runner.provider_options``). Raises ``BadGenaiError`` for an
     export that can't be mapped, ``ToolchainError`` when the EP compiles no node; a runtime that
@@ -52,7 +53,8 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
            "provider_options": provider_options(target, options), "tokens": int(tokens), "prompt": prompt}
     try:
-        result, wall, _ = run_child(MODULE, "twin", req, work_dir, timeout=timeout, memory_mb=memory_mb)
+        result, wall, _ = run_child(MODULE, "twin", req, work_dir, timeout=timeout, memory_mb=memory_mb,
+                                    python=python)
     except WorkerLostError as exc:  # died before its first checkpoint: during the compile
         return {"status": "runtime-crashed", "detail": exc.message, "tokens_compared": int(tokens),
                 "tokens_matched": 0, "prompt": prompt}

@@ -103,7 +103,7 @@ def _place(src: Path, dst: Path) -> None:
 
 
 def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried: list[str],
-            provider_options: list[dict[str, Any]]) -> None:
+            provider_options: list[dict[str, Any]] | None) -> None:
     for f in carried:
         if not (out / f).exists():
             _place(export.path(f), out / f)
@@ -216,7 +216,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.chdir(here)
     compile_seconds = time.perf_counter() - t0
-    _folder(export, twin_dir, compiled, export.carried_files(), genai.qnn_provider_options())
+    _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
