@@ -363,10 +363,6 @@ class Layout:
     nodes_cpu: int
 
 
-def _stem(file: str) -> str:
-    return file[:-5] if file.endswith(".onnx") else file
-
-
 def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcome]) -> Layout:
     """Each part's group artifact under the exporter's names (``context_0.onnx`` compiles to
     ``context_0_ctx.onnx``, its shared binary becomes ``context_0_ctx_qnn.bin``: the context
@@ -388,6 +384,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     seconds = 0.0
     ep = cpu = 0
     taken = {n for n, _, _ in pkg.carried}
+    layout_names = genai.package_layout(export)  # the one naming of the folder (farm.core.genai)
 
     def add(name: str, digest: str, size: int, media: str, role: str = "context") -> None:
         if name in taken:
@@ -406,11 +403,10 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
         ep += art.nodes_ep
         cpu += art.nodes_cpu
         part = export.parts[i]
-        stem = _stem(part.prefill.graph.file)
         graphs = {g.get("name"): g for g in manifest.get("graphs") or [] if isinstance(g, dict)}
         by_name = {f["name"]: f for f in manifest["files"]}
         bins = sorted({b for g in graphs.values() for b in (g.get("contexts") or [])})
-        renamed = {b: (f"{stem}_ctx_qnn.bin" if k == 0 else f"{stem}_ctx_qnn_{k}.bin") for k, b in enumerate(bins)}
+        renamed = {b: genai.part_binary(export, i, k) for k, b in enumerate(bins)}
         for b, new in renamed.items():
             f = by_name[b]
             add(new, f["digest"], int(f["size"]), f.get("mediaType") or "application/octet-stream")
@@ -422,7 +418,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
             data = rename_contexts(read_bytes(reg.store, by_name[ctx]["digest"]), renamed)
             digest = sha256_bytes(data)
             blobs[digest] = data
-            names[stage.name] = f"{_stem(stage.graph.file)}_ctx.onnx"
+            names[stage.name] = layout_names[stage.name]
             add(names[stage.name], digest, len(data), by_name[ctx].get("mediaType") or "application/octet-stream")
         part_rows.append({"part": i, "artifact": art.digest, "build": p.build_id, "binaries": list(renamed.values())})
         epcontext += [{**n, "part": i} for n in manifest.get("epcontext") or []]
