@@ -46,3 +46,27 @@ def test_submit_genai_fans_out_to_workers_and_answers_one_folder(farm_cluster: F
     again = farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag",
                              "c", "--wait")
     assert again.stdout.count("cached") == 3 and "succeeded" not in again.stdout.split("\n", 1)[1], again.stdout
+
+
+def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
+    """`farm cancel RELEASE` while the parts compile: every build of the package's release is
+    final (cancelled, or done before the cancel), the package publishes nothing, and the next
+    submit builds it (a cancel is not a verdict)."""
+    export = tmp_path / "export"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2"],
+                   check=True, capture_output=True, timeout=120)
+    farm_cluster.start_worker("2.51.0")
+    st = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
+                                     "--json").stdout)
+    farm_cluster.cli("cancel", str(st["release"]))
+    done = json.loads(farm_cluster.cli("status", str(st["release"]), "--json", check=False).stdout)
+    assert done["done"], done
+    package = max(b["build"] for b in done["builds"])
+    (pkg,) = [b for b in done["builds"] if b["build"] == package]
+    assert pkg["state"] == "failed" and pkg["error_code"] == "cancelled" and pkg["artifact"] is None
+    # Nothing is left running once the workers have seen the cancel; no artifact for the package.
+    rows = farm_cluster.wait_builds(lambda rows: all(r["state"] in ("succeeded", "failed") for r in rows))
+    assert [r for r in rows if r["id"] == package][0]["code"] == "cancelled"
+    again = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
+                                        "--wait", "--timeout", "240", "--json", timeout=300).stdout)
+    assert again["ok"], again
