@@ -228,7 +228,7 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
 # pages models by (first name, digest) with a keyset cursor and reads the page's cells only.
 
 from registry.coverage_sql import COUNTERS  # noqa: E402
-from registry.lite import Rows, in_params, rows_of  # noqa: E402
+from registry.lite import Rows, as_json, in_params, rows_of  # noqa: E402
 
 CELL_STATES = ("built", "building", "broken", "failed", "missing")
 PAGE_MAX = 200
@@ -592,6 +592,23 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
                 measured["accuracy_min_psnr_db"] = low if have is None else min(have, low)
 
 
+def _twin_evidence(rows: Rows, placeholders: str, params: dict[str, Any],
+                   index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+    """Issue 29 on each cell of a genai package (its artifact's ctx model is its
+    genai_config.json): ``twin``, the greedy tokens its twin matched of those compared
+    (``16/16``), or the twin's status when it gave no figure."""
+    for m, b, t, tc, desc in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, a.description FROM artifacts a"
+            f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
+            " AND a.ctx_model = 'genai_config.json'", params):
+        tw = (as_json(desc) or {}).get("twin") if desc is not None else None
+        cell = index.get((m, b, t, tc))
+        if cell is None or not isinstance(tw, dict):
+            continue
+        cell["twin"] = (f"{tw.get('tokens_matched')}/{tw.get('tokens_compared')}" if tw.get("status") == "ok"
+                        else str(tw.get("status"))[:40])
+
+
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
                  newest: dict[str, str]) -> list[ModelCoverage]:
     from farm.core.times import iso
@@ -662,6 +679,7 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
     _device_evidence(rows, placeholders, params, be is not None, index)
+    _twin_evidence(rows, placeholders, params, index)
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

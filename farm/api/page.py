@@ -170,6 +170,8 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                 if c and c.get("device_verified"):  # how many distinct devices said it loads (issue 23)
                     n = int(c.get("devices") or 0)
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
+                if c and c.get("twin"):  # a genai package: greedy tokens its twin matched (issue 29)
+                    label += f" twin {c['twin']}"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
                 verdicts = "".join(

@@ -85,6 +85,18 @@ def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm
     assert f"twin      {twin['tokens_matched']}/{twin['tokens_compared']} greedy tokens matched" in shown
     assert "verdict   unverified: a weight-shared context" in shown
 
+    # The coverage page's cell of the package carries the twin's figure.
+    from farm.api.page import render_page
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            page = render_page(s, model=["llm/tiny"])
+    finally:
+        reg.close()
+    assert f"built twin {twin['tokens_matched']}/{twin['tokens_compared']}" in page
+
     # The same command again: answered from the index, nothing compiled or assembled.
     before = snapshot(settings)
     again = json.loads(farm(farm_env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--name", "llm/tiny",
