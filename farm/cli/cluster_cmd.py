@@ -188,11 +188,16 @@ def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"release {st['release']} ({group['digest'][:19]}): group of {len(graphs)} graphs "
               f"({', '.join(g['name'] for g in graphs)}): {_counts_text(st['builds'])}", file=sys.stderr)
-    if args.wait and not st.get("done"):
-        st = wait_release(client, st["release"], timeout=args.timeout)
+    answered = answered_builds(st)
+    if args.wait:
+        # A row per build as it changes (not a minute of silence); final ones are cached answers.
+        with ReleaseProgress(live=False if args.json else None) as progress:
+            progress.submitted(st)
+            if not st.get("done"):
+                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=group.get("tag_moved"))
     doc["graphs"] = [g["name"] for g in graphs]
-    _show_release(doc, args.json)
+    _show_release(doc, args.json, answered=answered)
     return 0 if doc["ok"] or not args.wait else 1
 
 
