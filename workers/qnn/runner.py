@@ -390,7 +390,9 @@ class QnnRunner:
             report["unverified"] = unloadable
             raise LoadUnverifiedError(
                 f"{ctx_model.name}: its files, SoC ({built_for or 'not recorded'}) and SDK ({built or 'not recorded'}) "
-                f"check out for {target.ref}; not loaded: {unloadable}", details=report)
+                f"check out for {target.ref}; not loaded: {unloadable}",
+                hint=f"no verdict on the device: this runtime is the {runtime['device']}; load it on a device with "
+                     f"{target.name} (og.Model(dir) for a genai package, docs/shipping-llm.md)", details=report)
         try:
             loaded = self.load_check(ctx_model, target, timeout=timeout)
         except FarmError as exc:
