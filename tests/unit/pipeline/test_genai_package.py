@@ -132,3 +132,38 @@ def test_a_file_listed_twice_in_a_snapshot_is_fetched_once_and_stored_once(tmp_p
     a, b = tmp_path / "out" / "g0" / "model.data", tmp_path / "out" / "g1" / "model.data"
     assert a.read_bytes() == b.read_bytes() == data
     assert a.stat().st_ino == b.stat().st_ino  # one file on disk, two names
+
+
+def _layout(stages: list[dict[str, Any]], parts: list[dict[str, Any]]) -> Any:
+    from farm.pipeline.genai import Layout
+
+    return Layout([], stages, parts, {}, {}, [], {}, 0.0, 0, 0)
+
+
+def test_the_farm_refuses_to_publish_a_folder_that_does_not_hold_together(tmp_path: Path) -> None:
+    """genai-folder-invalid, naming the file: a stage the config does not name, a binary a
+    part's context models do not both use, an EPContext pointing outside the folder."""
+    from farm.core.errors import GenaiFolderError
+    from farm.pipeline.genai import check_folder
+
+    stages = [{"file": "context_0_ctx.onnx", "role": "part0.prefill", "part": 0},
+              {"file": "iterator_0_ctx.onnx", "role": "part0.decode", "part": 0}]
+    parts = [{"part": 0, "binaries": ["context_0_ctx_qnn.bin"]}]
+    config = {"model": {"decoder": {"pipeline": [{"c": {"filename": "context_0_ctx.onnx"},
+                                                  "i": {"filename": "iterator_0_ctx.onnx"}}]}}}
+    d = _folder(tmp_path, config)
+    (d / "context_0_ctx_qnn.bin").write_bytes(b"ctx")
+    (d / "context_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    check_folder(d, _layout(stages, parts))  # holds together
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("other.bin"))
+    (d / "other.bin").write_bytes(b"x")
+    with pytest.raises(GenaiFolderError, match="context_0_ctx_qnn.bin"):
+        check_folder(d, _layout(stages, parts))
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("../escape.bin"))
+    with pytest.raises(GenaiFolderError, match="outside the folder"):
+        check_folder(d, _layout(stages, parts))
+    (d / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"pipeline": [
+        {"c": {"filename": "context_0_ctx.onnx"}}]}}}))
+    with pytest.raises(GenaiFolderError, match="iterator_0_ctx.onnx"):
+        check_folder(d, _layout(stages, parts))
