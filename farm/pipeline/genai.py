@@ -503,7 +503,9 @@ def check_folder(folder: Path, layout: Layout) -> None:
         if not nodes:
             raise bad(f"{st['file']} ({st['role']}) has no EPContext node")
         for n in nodes:
-            if n.get("embed_mode", 1) != 0:
+            if n.get("embed_mode", 1) != 0 or not n.get("ep_cache_context"):
+                # Embedded, or a node whose graph lives in the main node's binary (main_context 0:
+                # a part the QNN EP split around a CPU op).
                 continue
             ref = str(n.get("ep_cache_context") or "")
             try:

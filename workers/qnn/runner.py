@@ -147,7 +147,8 @@ def _shares_binary(ctx: ContextModel, limit: int = 256) -> bool:
             nodes, _ = read_epcontext(other)
         except Exception:  # noqa: BLE001 - not a model a device would load: no evidence either way
             continue
-        if mine & {str(n.get("ep_cache_context")) for n in nodes if n.get("embed_mode", 1) == 0}:
+        if mine & {str(n.get("ep_cache_context")) for n in nodes if n.get("embed_mode", 1) == 0
+                   and n.get("ep_cache_context")}:
             return True
     return False
 
