@@ -461,9 +461,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
             layer_owner[layer] = i
         pk = KV_TEMPLATES[ti][0] % min(found)
         pshape, dshape = pre.graph.shape(pk), dec.graph.shape(pk)
-        if not pshape or len(pshape) != 4 or not all(isinstance(d, int) and d > 0 for d in pshape):
-            raise _bad(f"{pre.graph.file}: {pk} is not a static [batch, kv_heads, length, head_size] tensor "
-                       f"({_shown(pshape)}): a static pipeline has fixed shapes")
+        # [batch, kv_heads, length, head_size]: heads and head size fixed; the length fixed too
+        # (a cache of C positions) or symbolic (Olive leaves past_sequence_length: genai then
+        # sizes the cache from the config's context_length).
+        if (not pshape or len(pshape) != 4 or not all(isinstance(pshape[d], int) and pshape[d] > 0 for d in (1, 3))
+                or not (isinstance(pshape[2], int) and pshape[2] > 0 or isinstance(pshape[2], str))):
+            raise _bad(f"{pre.graph.file}: {pk} is not a [batch, kv_heads, length, head_size] tensor with fixed "
+                       f"heads and head size ({_shown(pshape)})")
         if dshape != pshape:
             raise _bad(f"{dec.graph.file}: {pk} is {_shown(dshape)}, {pre.graph.file} has {_shown(pshape)}")
         if kv_shape is None:
@@ -483,7 +487,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
         raise _bad(f"{parts[0].prefill.graph.file}: a prefill graph takes more than one token")
     assert kv_template is not None and kv_shape is not None
     pk, pv, ck, cv = KV_TEMPLATES[kv_template]
-    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, int(kv_shape[2]), int(kv_shape[1]), int(kv_shape[3]))
+    length = kv_shape[2]
+    if not isinstance(length, int):
+        length = config["model"].get("context_length")
+        if not isinstance(length, int) or isinstance(length, bool) or not 0 < length <= 1 << 24:
+            raise _bad(f"{parts[0].prefill.graph.file}: the KV cache length is symbolic ({_shown(kv_shape[2])}) and "
+                       f"{CONFIG_FILE} has no model.context_length to size it")
+    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, int(length), int(kv_shape[1]), int(kv_shape[3]))
     if kvc.length < window:
         raise _bad(f"{parts[0].prefill.graph.file}: KV length {kvc.length} is shorter than the window {window}")
 
@@ -577,7 +587,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
     (``sliding_window``, alignment left) and ``past_seq_len``/``total_seq_len`` come from the
     graphs, the rest (token ids, search, sizes) from the exporter's config, ``search.max_length``
     capped at the KV length. Raises ``BadGenaiError`` for an unmapped stage or a bad name."""
-    doc = copy.deepcopy(export.config)
+    doc = _without_nulls(copy.deepcopy(export.config))
     model = doc["model"]
     model["type"] = "decoder-pipeline"
     dec = model["decoder"]
@@ -628,6 +638,17 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
             entry["is_lm_head"] = True
         stages[s.name] = entry
     dec["pipeline"] = [stages]
+    return doc
+
+
+def _without_nulls(doc: Any) -> Any:
+    """The config less its ``null`` values: an exporter writes null for what it did not know
+    (Olive: ``eos_token_id``, ``search.temperature`` of a model without a generation config),
+    and onnxruntime-genai refuses a null where it expects a number; absent, its default holds."""
+    if isinstance(doc, dict):
+        return {k: _without_nulls(v) for k, v in doc.items() if v is not None}
+    if isinstance(doc, list):
+        return [_without_nulls(v) for v in doc]
     return doc
 
 

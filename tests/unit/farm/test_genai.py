@@ -61,6 +61,30 @@ def test_an_olive_export_is_described(olive: Path) -> None:
                                   ("decode", str(olive.resolve() / "iterator_1.onnx"))]
 
 
+OLIVE_REAL = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+
+
+def test_what_olive_itself_wrote_is_described() -> None:
+    """tests/data/genai/olive-qwen2-tiny: Olive 0.13's static passes on a random Qwen2
+    (bench/genai_export.py --exporter olive): its KV length is symbolic, sized by context_length;
+    each part's graphs share context_<i>.onnx.data; the residual stream crosses parts as two
+    tensors; its config has nulls genai would refuse."""
+    e = genai.read_export(OLIVE_REAL)
+    assert e.layout == "olive"
+    assert [(p.prefill.graph.file, p.decode.graph.file, p.data, p.layers) for p in e.parts] == [
+        ("context_0.onnx", "iterator_0.onnx", ("context_0.onnx.data",), (0,)),
+        ("context_1.onnx", "iterator_1.onnx", ("context_1.onnx.data",), (1,))]
+    assert (e.kv.window, e.kv.length, e.kv.kv_heads, e.kv.head_size, e.kv.layers) == (16, 64, 2, 16, 2)
+    assert e.parts[0].prefill.graph.shape("past_key_values.0.key") == (1, 2, "past_sequence_length", 16)
+    assert len(e.parts[1].prefill.graph.inputs) == 6  # two hidden-state tensors, KV, past_seq_len, total_seq_len
+    assert e.carried_files() == ["embeddings.onnx", "lm_head.onnx", "tokenizer.json", "tokenizer_config.json",
+                                 "generation_config.json"]
+    assert e.config["search"]["temperature"] is None
+    doc = genai.genai_config(e, genai.package_layout(e))
+    assert "temperature" not in doc["search"] and doc["model"]["eos_token_id"] == 320
+    assert doc["search"]["max_length"] == 64 and doc["model"]["context_length"] == 64
+
+
 def test_an_aihub_export_is_described(aihub: Path) -> None:
     e = genai.read_export(aihub)
     assert e.layout == "aihub" and e.window == 16 and e.kv.past_key == "past_key_%d_in"
