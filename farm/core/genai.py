@@ -715,6 +715,9 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             nodes.append(node.name)
             if attrs.get("embed_mode", 1) != 0:
                 continue
+            main = next((a.i for a in node.attribute if a.name == "main_context"), 1)
+            if main == 0 and "ep_cache_context" not in attrs:
+                continue  # another partition of this model: its graph is in its main node's binary
             raw = attrs.get("ep_cache_context", b"")
             rel = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             try:

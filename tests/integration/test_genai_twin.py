@@ -56,6 +56,22 @@ def test_the_twin_of_what_olive_itself_wrote(tmp_path: Path) -> None:
     assert twin["first_step"]["psnr_db"] > 30.0
 
 
+def test_a_part_the_ep_splits_around_a_cpu_op_builds_as_a_group(farm_env: dict[str, str]) -> None:
+    """Olive's part graphs keep GroupQueryAttention on the CPU, so the QNN EP cuts each in two
+    partitions; the second EPContext node (main_context 0) names no binary of its own. The group
+    build used to fail on it (toolchain-error: "EPContext points outside its directory: ''")."""
+    import json
+
+    from tests.common.cli import farm
+
+    export = Path(__file__).resolve().parents[1] / "data" / "genai" / "olive-qwen2-tiny"
+    out = json.loads(farm(farm_env, "build", "--graph", f"prefill={export / 'context_0.onnx'}",
+                          "--graph", f"decode={export / 'iterator_0.onnx'}", "-t", "qnn:SM8650", "--json").stdout)
+    (b,) = out["builds"]
+    assert b["state"] == "built", b
+    assert (b["nodes_ep"], b["nodes_cpu"]) == (4, 2)  # two partitions and one GQA per graph
+
+
 def test_a_weight_shared_package_passes_the_folder_check(export_dir: Path, package: Path, tmp_path: Path) -> None:
     from workers.qnn.genai import check_folder
 

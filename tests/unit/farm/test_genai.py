@@ -322,9 +322,13 @@ def test_not_a_folder_is_refused(tmp_path: Path) -> None:
 # ---- a built folder, read back without a runtime --------------------------------------------------
 
 def _ctx_model(path: Path, node_name: str, bin_name: str) -> None:
-    node = helper.make_node("EPContext", ["x"], ["y"], name=node_name, domain="com.microsoft", embed_mode=0,
+    """A context model of two partitions (the EP split it around a CPU op): the main node names
+    the binary, the second (main_context 0) names none, as the QNN EP writes them."""
+    node = helper.make_node("EPContext", ["x"], ["h"], name=node_name, domain="com.microsoft", embed_mode=0,
                             ep_cache_context=bin_name, main_context=1, source="QNNExecutionProvider")
-    g = helper.make_graph([node], "ctx", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    second = helper.make_node("EPContext", ["h"], ["y"], name=f"{node_name}_b", domain="com.microsoft", embed_mode=0,
+                              main_context=0, source="QNNExecutionProvider")
+    g = helper.make_graph([node, second], "ctx", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(helper.make_model(g), str(path))
@@ -347,10 +351,10 @@ def _built(root: Path, olive: Path) -> Path:
 def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     config, stages = genai.inspect_folder(_built(tmp_path / "pkg", olive))
     assert [(s.name, s.file, s.binaries, s.contexts) for s in stages if s.binaries] == [
-        ("context_0", "context_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("prefill_0",)),
-        ("context_1", "context_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("prefill_1",)),
-        ("iterator_0", "iterator_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("decode_0",)),
-        ("iterator_1", "iterator_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("decode_1",))]
+        ("context_0", "context_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("prefill_0", "prefill_0_b")),
+        ("context_1", "context_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("prefill_1", "prefill_1_b")),
+        ("iterator_0", "iterator_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("decode_0", "decode_0_b")),
+        ("iterator_1", "iterator_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("decode_1", "decode_1_b"))]
     shared = genai.shared_binaries(stages)
     assert {b: [s.name for s in users] for b, users in shared.items()} == {
         "context_0_ctx_qnn.bin": ["context_0", "iterator_0"], "context_1_ctx_qnn.bin": ["context_1", "iterator_1"]}
