@@ -678,7 +678,8 @@ class FolderStage:
 def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[FolderStage]]:
     """Check a built genai folder without a runtime: ``genai_config.json`` is a decoder-pipeline,
     every file its stages name exists inside the folder, every external-data reference and every
-    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it. Returns (config,
+    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it, the tokenizer is
+    there. Returns (config,
     stages in order); raises ``GenaiFolderError`` (``genai-folder-invalid``) naming the file.
     What it can't tell (the config's schema, a binary's graphs) is ``workers.qnn.genai``'s."""
     import onnx
@@ -732,6 +733,8 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
         out.append(FolderStage(str(name), file, graph.data, tuple(bins), tuple(nodes),
                                spec.get("run_on_prompt", True) is not False,
                                spec.get("run_on_token_gen", True) is not False))
+    if not any((root / t).is_file() for t in ("tokenizer.json", "tokenizer.model")):
+        raise GenaiFolderError(f"{root}: tokenizer.json is missing (og.Tokenizer(model) loads it from the folder)")
     return config, out
 
 

@@ -367,6 +367,7 @@ def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     ("missing stage", "iterator_0_ctx.onnx is missing"),
     ("sub folder", "'sub/context_0_ctx.onnx' is not allowed"),
     ("no config", "genai_config.json is missing"),
+    ("no tokenizer", "tokenizer.json is missing"),
 ])
 def test_a_broken_built_folder_is_genai_folder_invalid(olive: Path, tmp_path: Path, case: str, needle: str) -> None:
     root = _built(tmp_path / "pkg", olive)
@@ -376,6 +377,8 @@ def test_a_broken_built_folder_is_genai_folder_invalid(olive: Path, tmp_path: Pa
         _ctx_model(root / "iterator_1_ctx.onnx", "decode_1", "../outside.bin")
     elif case == "missing stage":
         (root / "iterator_0_ctx.onnx").unlink()
+    elif case == "no tokenizer":
+        (root / "tokenizer.json").unlink()
     elif case == "sub folder":
         edit_config(root, lambda d: _stages(d)["context_0"].update(filename="sub/context_0_ctx.onnx"))
     else:
