@@ -9,7 +9,9 @@ external-data file, tokenizer files and the exporter's ``genai_config.json`` (mo
 
 - ``olive``: Olive's QNN recipe (StaticLLM + SplitModel): ``embeddings.onnx``,
   ``context_<i>.onnx`` / ``iterator_<i>.onnx`` (``context.onnx`` / ``iterator.onnx`` for one
-  part, i from 0), ``lm_head.onnx``; each part's pair shares ``transformer_<i>.onnx.data``.
+  part, i from 0), ``lm_head.onnx``; each part's pair shares one data file (Olive 0.13 writes
+  ``context_<i>.onnx.data``; tests/data/genai/olive-qwen2-tiny is its output). Its KV length may
+  be symbolic (genai sizes the cache from ``context_length``).
 - ``aihub``: Qualcomm AI Hub's naming: ``prompt_ar<W>_cl<C>_<i>_of_<N>.onnx`` and
   ``token_ar1_cl<C>_<i>_of_<N>.onnx`` (i from 1), plus its CPU stages.
 
@@ -20,8 +22,11 @@ naming the offending file. Reads are bounded (the config at ``MAX_CONFIG_BYTES``
 comes from a name the folder chose without that check.
 
 ``genai_config(export, files, provider_options=...)`` writes the config of a folder whose stages
-are at ``files[stage name]`` (the compiled ``_ctx.onnx`` files for the parts, the CPU stages as
-they are); ``roles(export)`` names each stage's role for the manifest.
+are at ``files[stage name]``: ``package_layout(export)`` (the compiled ``context_0_ctx.onnx``...
+for the parts, the CPU stages as they are; a part's binary ``part_binary``); ``roles(export)``
+names each stage's role for the manifest. ``inspect_folder(dir)`` reads a built folder back
+without a runtime (``genai-folder-invalid`` naming the file); ``workers.qnn.genai`` adds what
+needs one (og.Config, each binary's graphs) and the twin.
 
 Uses ``onnx`` only, never onnxruntime (the worker side is ``workers/qnn/genai*.py``).
 """
