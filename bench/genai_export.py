@@ -21,12 +21,12 @@ Two ways to write it:
   was written this way.
 - ``--exporter helper`` (the default, needs only onnx and numpy): the same layout written with
   onnx.helper, every op one the HTP takes (no GroupQueryAttention), a fixed KV length. It
-  follows Olive's output where it is observable: file names, I/O names, the shared external data
-  and the genai_config.json (Olive's ``static_llm.py`` and ``passes/onnx/common.py``:
-  ``update_llm_pipeline_genai_config``); differences from the real one: the shared data is
-  ``transformer_<i>.onnx.data`` (Olive 0.13 names it ``context_<i>.onnx.data``), the hidden state
-  crosses parts as one tensor (Olive's split passes the residual stream as two), the KV length is
-  fixed.
+  follows Olive's output (compared with what Olive 0.13 wrote here): file names, the shared
+  ``context_<i>.onnx.data``, the KV and sequence-length I/O names and the genai_config.json
+  (Olive's ``static_llm.py`` and ``passes/onnx/common.py``: ``update_llm_pipeline_genai_config``);
+  differences from the real one: the hidden state crosses parts as one tensor (Olive's split
+  passes the residual stream as two), the KV length is fixed, ``total_seq_len`` is [1] (Olive's
+  is a scalar; genai feeds either).
 
 onnxruntime-genai 0.18.0's own model builder (``onnxruntime_genai.models.builder``) runs here
 too but emits one dynamic-shaped graph (GroupQueryAttention), not a static split pipeline.
@@ -35,7 +35,7 @@ The helper's layouts:
 
 - ``--layout olive``: ``embeddings.onnx`` (input_ids -> inputs_embeds, CPU), per part i
   ``context_<i>.onnx`` (prefill, ``--window`` tokens) and ``iterator_<i>.onnx`` (decode, one
-  token) both referencing ``transformer_<i>.onnx.data`` (Olive's resave_model name),
+  token) both referencing ``context_<i>.onnx.data`` (as Olive 0.13 names it),
   ``lm_head.onnx`` (-> logits, CPU). Part inputs: the hidden state, ``past_key_values.<l>.key``
   / ``.value`` [1, kv_heads, context, head_size], ``past_seq_len`` [1,1] int32,
   ``total_seq_len`` [1] int32 (StaticLLM's GQA contract); outputs: the hidden state and
@@ -400,7 +400,7 @@ def export(out: Path, *, parts: int = 2, hidden: int = 64, layers: int = 4, head
         last = i == parts - 1
         hidden_out = HIDDEN if last else f"/model/layers.{span[-1]}/Add_1/output_0"
         if layout == "olive":
-            data_name = f"transformer_{i}.onnx.data" if parts > 1 else "transformer.onnx.data"
+            data_name = f"context_{i}.onnx.data" if parts > 1 else "context.onnx.data"
             suffix = f"_{i}" if parts > 1 else ""
             files = {"prefill": (f"context{suffix}", f"context{suffix}.onnx"),
                      "decode": (f"iterator{suffix}", f"iterator{suffix}.onnx")}

@@ -48,8 +48,8 @@ def test_an_olive_export_is_described(olive: Path) -> None:
     assert e.layout == "olive"
     assert [s.name for s in e.stages] == ["embeddings", "context_0", "context_1", "iterator_0", "iterator_1", "lm_head"]
     assert [(p.index, p.prefill.graph.file, p.decode.graph.file, p.data, p.layers) for p in e.parts] == [
-        (0, "context_0.onnx", "iterator_0.onnx", ("transformer_0.onnx.data",), (0,)),
-        (1, "context_1.onnx", "iterator_1.onnx", ("transformer_1.onnx.data",), (1,))]
+        (0, "context_0.onnx", "iterator_0.onnx", ("context_0.onnx.data",), (0,)),
+        (1, "context_1.onnx", "iterator_1.onnx", ("context_1.onnx.data",), (1,))]
     assert e.kv == genai.KvCache("past_key_values.%d.key", "past_key_values.%d.value", "present.%d.key",
                                  "present.%d.value", layers=2, window=16, length=64, kv_heads=4, head_size=16)
     assert [s.kind for s in e.cpu] == ["embeddings", "lm_head"]
@@ -106,7 +106,7 @@ def test_an_aihub_name_that_lies_about_its_graph_is_refused(aihub: Path, tmp_pat
 def test_a_single_part_olive_export(tmp_path: Path) -> None:
     e = genai.read_export(make_export(tmp_path / "one", "--parts", "1"))
     assert [(p.prefill.graph.file, p.decode.graph.file, p.data) for p in e.parts] == [
-        ("context.onnx", "iterator.onnx", ("transformer.onnx.data",))]
+        ("context.onnx", "iterator.onnx", ("context.onnx.data",))]
     assert genai.roles(e)["iterator"] == "part0.decode"
 
 
@@ -281,7 +281,7 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing stage file": (_rm("iterator_1.onnx"), "iterator_1.onnx is missing"),
     "stage not ONNX": (_write("lm_head.onnx", b"\x08\x07garbage" * 10), "lm_head.onnx: not an ONNX model"),
     "empty stage": (_write("lm_head.onnx", b""), "lm_head.onnx: not an ONNX model"),
-    "missing weights": (_rm("transformer_1.onnx.data"), "transformer_1.onnx.data is missing"),
+    "missing weights": (_rm("context_1.onnx.data"), "context_1.onnx.data is missing"),
     "weights escape": (_escape_data, "iterator_0.onnx: external data"),
     "file used twice": (_stage("iterator_0", filename="context_0.onnx"), "used by two stages"),
     "config I/O differs": (_stage("lm_head", inputs=["nope"]), "are not lm_head.onnx's graph inputs"),
