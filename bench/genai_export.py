@@ -4,19 +4,38 @@ cache, laid out as exporters leave it for onnxruntime-genai on a Snapdragon NPU.
     python bench/genai_export.py OUT --parts 2                       # Olive's QNN recipe layout
     python bench/genai_export.py OUT --parts 2 --layout aihub        # AI Hub's part naming
     python bench/genai_export.py OUT --parts 2 --hidden 1024 --layers 16   # bigger (bench/genai.py)
+    python bench/genai_export.py OUT --parts 2 --exporter olive --python VENV/bin/python  # Olive itself
 
-**Written with onnx.helper, not by a real exporter.** Tried here (2026-11-25): onnxruntime-genai
-0.18.0's model builder (``onnxruntime_genai.models.builder``) needs torch and transformers and
-emits one dynamic-shaped graph with GroupQueryAttention, not a static split pipeline; Olive's
-static QNN passes (StaticLLM + SplitModel + EPContextBinaryGenerator) need olive-ai, torch,
-transformers and a model builder output, and were not run offline here in the time-box. So this
-script follows their output exactly where it is observable: file names, I/O names, the shared
-external data and the genai_config.json (from Olive's ``static_llm.py`` and
-``passes/onnx/common.py``: ``update_llm_pipeline_genai_config``):
+Two ways to write it:
+
+- ``--exporter olive``: **the real exporter**. A random-weight Qwen2 (transformers, created
+  here, nothing downloaded) through Olive 0.13's static passes: CaptureSplitInfo (``--parts``),
+  ModelBuilder (fp32), GraphSurgeries (RemoveRopeMultiCache, AttentionMaskToSequenceLengths,
+  SimplifiedLayerNormToL2Norm), SplitModel, StaticLLM (``--window``): Olive's QNN recipe less
+  its quantization and EPContext passes. Needs an environment of its own, given as
+  ``--python``: ``pip install torch==2.13.0 transformers olive-ai==0.13.0 onnxruntime==1.31.1
+  onnxruntime-genai==0.11.2 requests`` (Olive 0.13's ModelBuilder pass imports
+  ``onnxruntime_genai.models.quantized_model``, which genai 0.18 no longer has; measured). Its
+  part graphs keep GroupQueryAttention (the QNN EP leaves it on the CPU) and a symbolic KV
+  length (genai sizes the cache from ``context_length``). ``tests/data/genai/olive-qwen2-tiny``
+  was written this way.
+- ``--exporter helper`` (the default, needs only onnx and numpy): the same layout written with
+  onnx.helper, every op one the HTP takes (no GroupQueryAttention), a fixed KV length. It
+  follows Olive's output (compared with what Olive 0.13 wrote here): file names, the shared
+  ``context_<i>.onnx.data``, the KV and sequence-length I/O names and the genai_config.json
+  (Olive's ``static_llm.py`` and ``passes/onnx/common.py``: ``update_llm_pipeline_genai_config``);
+  differences from the real one: the hidden state crosses parts as one tensor (Olive's split
+  passes the residual stream as two), the KV length is fixed, ``total_seq_len`` is [1] (Olive's
+  is a scalar; genai feeds either).
+
+onnxruntime-genai 0.18.0's own model builder (``onnxruntime_genai.models.builder``) runs here
+too but emits one dynamic-shaped graph (GroupQueryAttention), not a static split pipeline.
+
+The helper's layouts:
 
 - ``--layout olive``: ``embeddings.onnx`` (input_ids -> inputs_embeds, CPU), per part i
   ``context_<i>.onnx`` (prefill, ``--window`` tokens) and ``iterator_<i>.onnx`` (decode, one
-  token) both referencing ``transformer_<i>.onnx.data`` (Olive's resave_model name),
+  token) both referencing ``context_<i>.onnx.data`` (as Olive 0.13 names it),
   ``lm_head.onnx`` (-> logits, CPU). Part inputs: the hidden state, ``past_key_values.<l>.key``
   / ``.value`` [1, kv_heads, context, head_size], ``past_seq_len`` [1,1] int32,
   ``total_seq_len`` [1] int32 (StaticLLM's GQA contract); outputs: the hidden state and
@@ -381,7 +400,7 @@ def export(out: Path, *, parts: int = 2, hidden: int = 64, layers: int = 4, head
         last = i == parts - 1
         hidden_out = HIDDEN if last else f"/model/layers.{span[-1]}/Add_1/output_0"
         if layout == "olive":
-            data_name = f"transformer_{i}.onnx.data" if parts > 1 else "transformer.onnx.data"
+            data_name = f"context_{i}.onnx.data" if parts > 1 else "context.onnx.data"
             suffix = f"_{i}" if parts > 1 else ""
             files = {"prefill": (f"context{suffix}", f"context{suffix}.onnx"),
                      "decode": (f"iterator{suffix}", f"iterator{suffix}.onnx")}
@@ -445,6 +464,71 @@ def export(out: Path, *, parts: int = 2, hidden: int = 64, layers: int = 4, head
     return {"layout": layout, "files": files_written, "prompt": PROMPT, "vocab": vocab}
 
 
+OLIVE_SCRIPT = r"""
+import json, shutil, subprocess, sys
+from pathlib import Path
+import torch, transformers
+a = json.loads(sys.argv[1])
+hf = Path(a["work"]) / "hf"
+cfg = transformers.Qwen2Config(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=2 * a["hidden"],
+                               num_hidden_layers=a["layers"], num_attention_heads=a["heads"],
+                               num_key_value_heads=a["kv_heads"], max_position_embeddings=a["context"],
+                               bos_token_id=a["bos"], eos_token_id=a["eos"], pad_token_id=a["pad"],
+                               tie_word_embeddings=False)
+torch.manual_seed(a["seed"])
+transformers.Qwen2ForCausalLM(cfg).save_pretrained(hf)
+transformers.GenerationConfig(do_sample=False, bos_token_id=a["bos"], eos_token_id=a["eos"],
+                              pad_token_id=a["pad"]).save_pretrained(hf)
+for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    shutil.copy2(Path(a["work"]) / "tok" / f, hf / f)
+run = {
+    "input_model": {"type": "HfModel", "model_path": str(hf)},
+    "systems": {"local": {"type": "LocalSystem",
+                          "accelerators": [{"device": "npu", "execution_providers": ["QNNExecutionProvider"]}]}},
+    "passes": {
+        "cs": {"type": "CaptureSplitInfo", "num_splits": a["parts"], "unique_embeds_lm_head_splits": True},
+        "mb": {"type": "ModelBuilder", "precision": "fp32"},
+        "gs": {"type": "GraphSurgeries", "surgeries": [{"surgeon": "RemoveRopeMultiCache"},
+                                                         {"surgeon": "AttentionMaskToSequenceLengths"},
+                                                         {"surgeon": "SimplifiedLayerNormToL2Norm"}]},
+        "sp": {"type": "SplitModel"},
+        "st": {"type": "StaticLLM", "batch_size": 1, "context_length": a["window"]},
+    },
+    "host": "local", "target": "local", "log_severity_level": 3, "no_artifacts": True,
+    "output_dir": a["out"], "cache_dir": str(Path(a["work"]) / "cache"),
+}
+(Path(a["work"]) / "olive.json").write_text(json.dumps(run, indent=1))
+from olive.workflows import run as olive_run
+olive_run(str(Path(a["work"]) / "olive.json"))
+"""
+
+
+def export_olive(out: Path, *, python: str, parts: int = 2, hidden: int = 64, layers: int = 4, heads: int = 4,
+                 kv_heads: int | None = None, window: int = 64, context: int = 256, seed: int = 0) -> dict[str, Any]:
+    """The export written by Olive itself (``--exporter olive``), in the environment of ``python``."""
+    import os
+    import subprocess
+    import tempfile
+
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"{out} is not empty (Olive writes into an empty folder)")
+    with tempfile.TemporaryDirectory(prefix="genai-olive-") as work:
+        (Path(work) / "tok").mkdir()
+        tok = write_tokenizer(Path(work) / "tok", context=context)
+        args = {"work": work, "out": str(out.resolve()), "vocab": tok["vocab"], "bos": tok["bos"], "eos": tok["eos"],
+                "pad": tok["pad"], "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads or heads,
+                "context": context, "window": window, "parts": parts, "seed": seed}
+        env = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1"}
+        env.pop("PYTHONPATH", None)  # Olive's own environment, not this project's
+        exe = os.path.abspath(python) if os.sep in python else python  # it runs from the work folder
+        proc = subprocess.run([exe, "-c", OLIVE_SCRIPT, json.dumps(args)], capture_output=True, text=True, env=env,
+                              cwd=work, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"Olive failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    return {"layout": "olive", "exporter": "olive", "files": files, "prompt": PROMPT, "vocab": tok["vocab"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, help="the export folder to write")
@@ -457,10 +541,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=256, help="the KV-cache length (search.max_length)")
     ap.add_argument("--layout", choices=("olive", "aihub"), default="olive")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--exporter", choices=("helper", "olive"), default="helper",
+                    help="olive: run Olive's static passes (needs --python, see above)")
+    ap.add_argument("--python", help="--exporter olive: the interpreter of an environment with torch, "
+                                     "transformers, olive-ai 0.13 and onnxruntime-genai 0.11")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    res = export(a.out, parts=a.parts, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
-                 window=a.window, context=a.context, layout=a.layout, seed=a.seed)
+    if a.exporter == "olive":
+        if not a.python or a.layout != "olive":
+            raise SystemExit("--exporter olive needs --python and writes the olive layout")
+        res = export_olive(a.out, python=a.python, parts=a.parts, hidden=a.hidden, layers=a.layers, heads=a.heads,
+                           kv_heads=a.kv_heads, window=a.window, context=a.context, seed=a.seed)
+    else:
+        res = export(a.out, parts=a.parts, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
+                     window=a.window, context=a.context, layout=a.layout, seed=a.seed)
     if a.json:
         print(json.dumps(res, indent=1))
     else:

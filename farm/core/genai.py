@@ -9,7 +9,9 @@ external-data file, tokenizer files and the exporter's ``genai_config.json`` (mo
 
 - ``olive``: Olive's QNN recipe (StaticLLM + SplitModel): ``embeddings.onnx``,
   ``context_<i>.onnx`` / ``iterator_<i>.onnx`` (``context.onnx`` / ``iterator.onnx`` for one
-  part, i from 0), ``lm_head.onnx``; each part's pair shares ``transformer_<i>.onnx.data``.
+  part, i from 0), ``lm_head.onnx``; each part's pair shares one data file (Olive 0.13 writes
+  ``context_<i>.onnx.data``; tests/data/genai/olive-qwen2-tiny is its output). Its KV length may
+  be symbolic (genai sizes the cache from ``context_length``).
 - ``aihub``: Qualcomm AI Hub's naming: ``prompt_ar<W>_cl<C>_<i>_of_<N>.onnx`` and
   ``token_ar1_cl<C>_<i>_of_<N>.onnx`` (i from 1), plus its CPU stages.
 
@@ -20,8 +22,11 @@ naming the offending file. Reads are bounded (the config at ``MAX_CONFIG_BYTES``
 comes from a name the folder chose without that check.
 
 ``genai_config(export, files, provider_options=...)`` writes the config of a folder whose stages
-are at ``files[stage name]`` (the compiled ``_ctx.onnx`` files for the parts, the CPU stages as
-they are); ``roles(export)`` names each stage's role for the manifest.
+are at ``files[stage name]``: ``package_layout(export)`` (the compiled ``context_0_ctx.onnx``...
+for the parts, the CPU stages as they are; a part's binary ``part_binary``); ``roles(export)``
+names each stage's role for the manifest. ``inspect_folder(dir)`` reads a built folder back
+without a runtime (``genai-folder-invalid`` naming the file); ``workers.qnn.genai`` adds what
+needs one (og.Config, each binary's graphs) and the twin.
 
 Uses ``onnx`` only, never onnxruntime (the worker side is ``workers/qnn/genai*.py``).
 """
@@ -461,9 +466,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
             layer_owner[layer] = i
         pk = KV_TEMPLATES[ti][0] % min(found)
         pshape, dshape = pre.graph.shape(pk), dec.graph.shape(pk)
-        if not pshape or len(pshape) != 4 or not all(isinstance(d, int) and d > 0 for d in pshape):
-            raise _bad(f"{pre.graph.file}: {pk} is not a static [batch, kv_heads, length, head_size] tensor "
-                       f"({_shown(pshape)}): a static pipeline has fixed shapes")
+        # [batch, kv_heads, length, head_size]: heads and head size fixed; the length fixed too
+        # (a cache of C positions) or symbolic (Olive leaves past_sequence_length: genai then
+        # sizes the cache from the config's context_length).
+        if (not pshape or len(pshape) != 4 or not all(isinstance(pshape[d], int) and pshape[d] > 0 for d in (1, 3))
+                or not (isinstance(pshape[2], int) and pshape[2] > 0 or isinstance(pshape[2], str))):
+            raise _bad(f"{pre.graph.file}: {pk} is not a [batch, kv_heads, length, head_size] tensor with fixed "
+                       f"heads and head size ({_shown(pshape)})")
         if dshape != pshape:
             raise _bad(f"{dec.graph.file}: {pk} is {_shown(dshape)}, {pre.graph.file} has {_shown(pshape)}")
         if kv_shape is None:
@@ -483,7 +492,13 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
         raise _bad(f"{parts[0].prefill.graph.file}: a prefill graph takes more than one token")
     assert kv_template is not None and kv_shape is not None
     pk, pv, ck, cv = KV_TEMPLATES[kv_template]
-    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, int(kv_shape[2]), int(kv_shape[1]), int(kv_shape[3]))
+    length = kv_shape[2]
+    if not isinstance(length, int):
+        length = config["model"].get("context_length")
+        if not isinstance(length, int) or isinstance(length, bool) or not 0 < length <= 1 << 24:
+            raise _bad(f"{parts[0].prefill.graph.file}: the KV cache length is symbolic ({_shown(kv_shape[2])}) and "
+                       f"{CONFIG_FILE} has no model.context_length to size it")
+    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, int(length), int(kv_shape[1]), int(kv_shape[3]))
     if kvc.length < window:
         raise _bad(f"{parts[0].prefill.graph.file}: KV length {kvc.length} is shorter than the window {window}")
 
@@ -577,7 +592,7 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
     (``sliding_window``, alignment left) and ``past_seq_len``/``total_seq_len`` come from the
     graphs, the rest (token ids, search, sizes) from the exporter's config, ``search.max_length``
     capped at the KV length. Raises ``BadGenaiError`` for an unmapped stage or a bad name."""
-    doc = copy.deepcopy(export.config)
+    doc = _without_nulls(copy.deepcopy(export.config))
     model = doc["model"]
     model["type"] = "decoder-pipeline"
     dec = model["decoder"]
@@ -631,6 +646,17 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
     return doc
 
 
+def _without_nulls(doc: Any) -> Any:
+    """The config less its ``null`` values: an exporter writes null for what it did not know
+    (Olive: ``eos_token_id``, ``search.temperature`` of a model without a generation config),
+    and onnxruntime-genai refuses a null where it expects a number; absent, its default holds."""
+    if isinstance(doc, dict):
+        return {k: _without_nulls(v) for k, v in doc.items() if v is not None}
+    if isinstance(doc, list):
+        return [_without_nulls(v) for v in doc]
+    return doc
+
+
 def config_bytes(doc: Mapping[str, Any]) -> bytes:
     """A config as written into the folder: indented, keys in their order. Never sorted: genai
     runs ``decoder.pipeline[0]``'s stages in the object's key order."""
@@ -657,7 +683,8 @@ class FolderStage:
 def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[FolderStage]]:
     """Check a built genai folder without a runtime: ``genai_config.json`` is a decoder-pipeline,
     every file its stages name exists inside the folder, every external-data reference and every
-    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it. Returns (config,
+    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it, the tokenizer is
+    there. Returns (config,
     stages in order); raises ``GenaiFolderError`` (``genai-folder-invalid``) naming the file.
     What it can't tell (the config's schema, a binary's graphs) is ``workers.qnn.genai``'s."""
     import onnx
@@ -694,6 +721,9 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             nodes.append(node.name)
             if attrs.get("embed_mode", 1) != 0:
                 continue
+            main = next((a.i for a in node.attribute if a.name == "main_context"), 1)
+            if main == 0 and "ep_cache_context" not in attrs:
+                continue  # another partition of this model: its graph is in its main node's binary
             raw = attrs.get("ep_cache_context", b"")
             rel = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             try:
@@ -708,6 +738,8 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
         out.append(FolderStage(str(name), file, graph.data, tuple(bins), tuple(nodes),
                                spec.get("run_on_prompt", True) is not False,
                                spec.get("run_on_token_gen", True) is not False))
+    if not any((root / t).is_file() for t in ("tokenizer.json", "tokenizer.model")):
+        raise GenaiFolderError(f"{root}: tokenizer.json is missing (og.Tokenizer(model) loads it from the folder)")
     return config, out
 
 

@@ -43,6 +43,35 @@ def test_the_twin_generates_the_cpu_tokens_on_the_simulator(export_dir: Path, tm
     assert 30.0 < twin["first_step"]["psnr_db"] < 200.0 and twin["max_logit_error"] > 0
 
 
+def test_the_twin_of_what_olive_itself_wrote(tmp_path: Path) -> None:
+    """tests/data/genai/olive-qwen2-tiny (Olive 0.13's static passes): GroupQueryAttention stays
+    on the CPU inside each compiled graph, the rest runs on the HTP, and every token matches."""
+    from workers.qnn.genai import run_twin
+
+    export = Path(__file__).resolve().parents[1] / "data" / "genai" / "olive-qwen2-tiny"
+    twin = run_twin(export, parse_target("qnn:SM8650"), {}, tmp_path / "work", tokens=16)
+    assert twin["status"] == "ok", twin.get("detail")
+    assert (twin["tokens_compared"], twin["tokens_matched"]) == (16, 16), twin
+    assert all(g["ep_nodes"] >= 1 and g["cpu_op_types"] == ["GroupQueryAttention"] for g in twin["graphs"].values())
+    assert twin["first_step"]["psnr_db"] > 30.0
+
+
+def test_a_part_the_ep_splits_around_a_cpu_op_builds_as_a_group(farm_env: dict[str, str]) -> None:
+    """Olive's part graphs keep GroupQueryAttention on the CPU, so the QNN EP cuts each in two
+    partitions; the second EPContext node (main_context 0) names no binary of its own. The group
+    build used to fail on it (toolchain-error: "EPContext points outside its directory: ''")."""
+    import json
+
+    from tests.common.cli import farm
+
+    export = Path(__file__).resolve().parents[1] / "data" / "genai" / "olive-qwen2-tiny"
+    out = json.loads(farm(farm_env, "build", "--graph", f"prefill={export / 'context_0.onnx'}",
+                          "--graph", f"decode={export / 'iterator_0.onnx'}", "-t", "qnn:SM8650", "--json").stdout)
+    (b,) = out["builds"]
+    assert b["state"] == "built", b
+    assert (b["nodes_ep"], b["nodes_cpu"]) == (4, 2)  # two partitions and one GQA per graph
+
+
 def test_a_weight_shared_package_passes_the_folder_check(export_dir: Path, package: Path, tmp_path: Path) -> None:
     from workers.qnn.genai import check_folder
 

@@ -94,12 +94,10 @@ def check(req: dict[str, Any]) -> dict[str, Any]:
 # ---- the twin --------------------------------------------------------------------------------------
 
 def _place(src: Path, dst: Path) -> None:
-    """A file of the source export in a run folder: a hard link where the filesystem allows it
-    (no copy of GiBs of weights), else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    """A file of the source export in a run folder: a symbolic link (no copy of GiBs of
+    weights). Never a hard link: onnx's checker refuses external data with several links (a
+    "hardlink attack"), so a hard link would make the export itself unbuildable while it lives."""
+    os.symlink(src.resolve(), dst)
 
 
 def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried: list[str],

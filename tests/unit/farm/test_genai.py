@@ -48,8 +48,8 @@ def test_an_olive_export_is_described(olive: Path) -> None:
     assert e.layout == "olive"
     assert [s.name for s in e.stages] == ["embeddings", "context_0", "context_1", "iterator_0", "iterator_1", "lm_head"]
     assert [(p.index, p.prefill.graph.file, p.decode.graph.file, p.data, p.layers) for p in e.parts] == [
-        (0, "context_0.onnx", "iterator_0.onnx", ("transformer_0.onnx.data",), (0,)),
-        (1, "context_1.onnx", "iterator_1.onnx", ("transformer_1.onnx.data",), (1,))]
+        (0, "context_0.onnx", "iterator_0.onnx", ("context_0.onnx.data",), (0,)),
+        (1, "context_1.onnx", "iterator_1.onnx", ("context_1.onnx.data",), (1,))]
     assert e.kv == genai.KvCache("past_key_values.%d.key", "past_key_values.%d.value", "present.%d.key",
                                  "present.%d.value", layers=2, window=16, length=64, kv_heads=4, head_size=16)
     assert [s.kind for s in e.cpu] == ["embeddings", "lm_head"]
@@ -59,6 +59,30 @@ def test_an_olive_export_is_described(olive: Path) -> None:
                               "iterator_0": "part0.decode", "iterator_1": "part1.decode", "lm_head": "lm_head"}
     assert e.group_members(1) == [("prefill", str(olive.resolve() / "context_1.onnx")),
                                   ("decode", str(olive.resolve() / "iterator_1.onnx"))]
+
+
+OLIVE_REAL = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+
+
+def test_what_olive_itself_wrote_is_described() -> None:
+    """tests/data/genai/olive-qwen2-tiny: Olive 0.13's static passes on a random Qwen2
+    (bench/genai_export.py --exporter olive): its KV length is symbolic, sized by context_length;
+    each part's graphs share context_<i>.onnx.data; the residual stream crosses parts as two
+    tensors; its config has nulls genai would refuse."""
+    e = genai.read_export(OLIVE_REAL)
+    assert e.layout == "olive"
+    assert [(p.prefill.graph.file, p.decode.graph.file, p.data, p.layers) for p in e.parts] == [
+        ("context_0.onnx", "iterator_0.onnx", ("context_0.onnx.data",), (0,)),
+        ("context_1.onnx", "iterator_1.onnx", ("context_1.onnx.data",), (1,))]
+    assert (e.kv.window, e.kv.length, e.kv.kv_heads, e.kv.head_size, e.kv.layers) == (16, 64, 2, 16, 2)
+    assert e.parts[0].prefill.graph.shape("past_key_values.0.key") == (1, 2, "past_sequence_length", 16)
+    assert len(e.parts[1].prefill.graph.inputs) == 6  # two hidden-state tensors, KV, past_seq_len, total_seq_len
+    assert e.carried_files() == ["embeddings.onnx", "lm_head.onnx", "tokenizer.json", "tokenizer_config.json",
+                                 "generation_config.json"]
+    assert e.config["search"]["temperature"] is None
+    doc = genai.genai_config(e, genai.package_layout(e))
+    assert "temperature" not in doc["search"] and doc["model"]["eos_token_id"] == 320
+    assert doc["search"]["max_length"] == 64 and doc["model"]["context_length"] == 64
 
 
 def test_an_aihub_export_is_described(aihub: Path) -> None:
@@ -82,7 +106,7 @@ def test_an_aihub_name_that_lies_about_its_graph_is_refused(aihub: Path, tmp_pat
 def test_a_single_part_olive_export(tmp_path: Path) -> None:
     e = genai.read_export(make_export(tmp_path / "one", "--parts", "1"))
     assert [(p.prefill.graph.file, p.decode.graph.file, p.data) for p in e.parts] == [
-        ("context.onnx", "iterator.onnx", ("transformer.onnx.data",))]
+        ("context.onnx", "iterator.onnx", ("context.onnx.data",))]
     assert genai.roles(e)["iterator"] == "part0.decode"
 
 
@@ -257,7 +281,7 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing stage file": (_rm("iterator_1.onnx"), "iterator_1.onnx is missing"),
     "stage not ONNX": (_write("lm_head.onnx", b"\x08\x07garbage" * 10), "lm_head.onnx: not an ONNX model"),
     "empty stage": (_write("lm_head.onnx", b""), "lm_head.onnx: not an ONNX model"),
-    "missing weights": (_rm("transformer_1.onnx.data"), "transformer_1.onnx.data is missing"),
+    "missing weights": (_rm("context_1.onnx.data"), "context_1.onnx.data is missing"),
     "weights escape": (_escape_data, "iterator_0.onnx: external data"),
     "file used twice": (_stage("iterator_0", filename="context_0.onnx"), "used by two stages"),
     "config I/O differs": (_stage("lm_head", inputs=["nope"]), "are not lm_head.onnx's graph inputs"),
@@ -298,9 +322,13 @@ def test_not_a_folder_is_refused(tmp_path: Path) -> None:
 # ---- a built folder, read back without a runtime --------------------------------------------------
 
 def _ctx_model(path: Path, node_name: str, bin_name: str) -> None:
-    node = helper.make_node("EPContext", ["x"], ["y"], name=node_name, domain="com.microsoft", embed_mode=0,
+    """A context model of two partitions (the EP split it around a CPU op): the main node names
+    the binary, the second (main_context 0) names none, as the QNN EP writes them."""
+    node = helper.make_node("EPContext", ["x"], ["h"], name=node_name, domain="com.microsoft", embed_mode=0,
                             ep_cache_context=bin_name, main_context=1, source="QNNExecutionProvider")
-    g = helper.make_graph([node], "ctx", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    second = helper.make_node("EPContext", ["h"], ["y"], name=f"{node_name}_b", domain="com.microsoft", embed_mode=0,
+                              main_context=0, source="QNNExecutionProvider")
+    g = helper.make_graph([node, second], "ctx", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(helper.make_model(g), str(path))
@@ -323,10 +351,10 @@ def _built(root: Path, olive: Path) -> Path:
 def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     config, stages = genai.inspect_folder(_built(tmp_path / "pkg", olive))
     assert [(s.name, s.file, s.binaries, s.contexts) for s in stages if s.binaries] == [
-        ("context_0", "context_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("prefill_0",)),
-        ("context_1", "context_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("prefill_1",)),
-        ("iterator_0", "iterator_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("decode_0",)),
-        ("iterator_1", "iterator_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("decode_1",))]
+        ("context_0", "context_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("prefill_0", "prefill_0_b")),
+        ("context_1", "context_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("prefill_1", "prefill_1_b")),
+        ("iterator_0", "iterator_0_ctx.onnx", ("context_0_ctx_qnn.bin",), ("decode_0", "decode_0_b")),
+        ("iterator_1", "iterator_1_ctx.onnx", ("context_1_ctx_qnn.bin",), ("decode_1", "decode_1_b"))]
     shared = genai.shared_binaries(stages)
     assert {b: [s.name for s in users] for b, users in shared.items()} == {
         "context_0_ctx_qnn.bin": ["context_0", "iterator_0"], "context_1_ctx_qnn.bin": ["context_1", "iterator_1"]}
@@ -339,6 +367,7 @@ def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     ("missing stage", "iterator_0_ctx.onnx is missing"),
     ("sub folder", "'sub/context_0_ctx.onnx' is not allowed"),
     ("no config", "genai_config.json is missing"),
+    ("no tokenizer", "tokenizer.json is missing"),
 ])
 def test_a_broken_built_folder_is_genai_folder_invalid(olive: Path, tmp_path: Path, case: str, needle: str) -> None:
     root = _built(tmp_path / "pkg", olive)
@@ -348,6 +377,8 @@ def test_a_broken_built_folder_is_genai_folder_invalid(olive: Path, tmp_path: Pa
         _ctx_model(root / "iterator_1_ctx.onnx", "decode_1", "../outside.bin")
     elif case == "missing stage":
         (root / "iterator_0_ctx.onnx").unlink()
+    elif case == "no tokenizer":
+        (root / "tokenizer.json").unlink()
     elif case == "sub folder":
         edit_config(root, lambda d: _stages(d)["context_0"].update(filename="sub/context_0_ctx.onnx"))
     else:
