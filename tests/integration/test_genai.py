@@ -168,3 +168,21 @@ def test_a_part_that_fails_fails_the_package_with_its_code(settings: Settings, f
     again = json.loads(farm(env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--name", "llm/bad",
                             "--no-twin", "--json", check=False).stdout)
     assert again["builds"][0]["error_code"] == pkg["error_code"]
+
+
+def test_a_folder_olive_exported_ships_too(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    """tests/data/genai/olive-qwen2-tiny: Olive 0.13's static passes on a random Qwen2 (the parts
+    keep GroupQueryAttention on the CPU: context models with a main_context 0 node)."""
+    olive = ROOT / "tests" / "data" / "genai" / "olive-qwen2-tiny"
+    out = json.loads(farm(farm_env, "build", "--genai", str(olive), "-t", "qnn:SM8650", "--name", "llm/qwen",
+                          "--tag", "o", "--json").stdout)
+    (pkg,) = out["builds"]
+    assert out["ok"] and pkg["state"] == "built", out
+    twin = (pkg["accuracy"] or {})["twin"]
+    assert twin["status"] == "ok" and twin["tokens_matched"] == twin["tokens_compared"] > 0
+    dest = tmp_path / "qwen"
+    farm(farm_env, "fetch", "--model", "llm/qwen:o", "--soc", "SM8650", "--qnn", "2.51.0", "--dest", str(dest))
+    assert sorted(p.name for p in dest.glob("*.bin")) == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"]
+    opened = subprocess.run([str(GENAI_PY), "-c", "import sys, onnxruntime_genai as og; og.Config(sys.argv[1]); "
+                             "print('opened')", str(dest)], capture_output=True, text=True, timeout=120)
+    assert opened.returncode == 0 and opened.stdout.strip() == "opened", opened.stderr
