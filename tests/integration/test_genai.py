@@ -38,6 +38,7 @@ def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm
     out = json.loads(farm(farm_env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--name", "llm/tiny",
                           "--tag", "t", "--json").stdout)
     assert out["ok"] and out["kind"] == "genai-package" and out["name"] == "llm/tiny" and out["tag"] == "t"
+    valid("build", out)
     (pkg,) = out["builds"]
     assert pkg["state"] == "built" and pkg["nodes_cpu"] == 0 and pkg["nodes_ep"] == 4
     # Each part one weight-shared group build of its own.
