@@ -213,8 +213,12 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             final = all(states.get_build(s, b).state in states.FINAL for _, _, b in planned)
         if final:
             # Answered by the index: nothing compiled, nothing assembled.
-            for t, _, build_id in planned:
+            for t, spec, build_id in planned:
                 o = outcome_from_row(reg, build_id, t.ref, cached=True)
+                if twin and o.artifact and twin_of(_description(reg, o.artifact)) is None:
+                    # Built earlier with --no-twin: the twin runs now, on this export.
+                    progress("checking", t.ref, {"what": "twin"})
+                    record_twin(reg, o.artifact, run_twin(settings, spec, Path(export_dir)))
                 progress("finished", t.ref, o.to_dict())
                 report.outcomes.append(_with_twin(reg, o, require_twin))
             return PackageReport(report, [])
@@ -268,6 +272,22 @@ def _with_twin(reg: Any, o: BuildOutcome, require: bool) -> BuildOutcome:
         if refusal is not None:
             o.state, o.error_code, o.error_message = "failed", refusal.code, refusal.message
     return o
+
+
+def _description(reg: Any, artifact: str) -> dict[str, Any] | None:
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        return find_artifact(s, artifact).description
+
+
+def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:
+    """The twin's figures on a published package (its description's ``twin``)."""
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        art = find_artifact(s, artifact)
+        art.description = {**(art.description or {}), "twin": tw}
 
 
 def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:

@@ -131,6 +131,12 @@ def test_a_second_soc_stores_the_carried_files_once(settings: Settings, farm_env
     assert files[0]["context_0_ctx_qnn.bin"] != files[1]["context_0_ctx_qnn.bin"]
     parts = {b["target"]: b["artifact"] for p in out["parts"] for b in p["builds"]}
     assert len(parts) == 2
+    # Built with --no-twin: a re-run with the gate runs the twin on the cached package, then gates.
+    assert out["builds"][0]["accuracy"] is None
+    again = json.loads(farm(farm_env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--require-twin",
+                            "--json").stdout)
+    (b,) = again["builds"]
+    assert b["state"] == "cached" and b["accuracy"]["twin"]["status"] == "ok"
 
 
 def test_folders_that_cannot_be_mapped_are_refused_and_write_nothing(settings: Settings, farm_env: dict[str, str],
