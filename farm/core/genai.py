@@ -59,6 +59,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json")
 LAYOUTS = ("olive", "aihub")
+STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 OLIVE_RE = re.compile(r"(context|iterator)(?:_(\d{1,3}))?\.onnx")
 AIHUB_RE = re.compile(r"(prompt|token)_ar(\d{1,5})_cl(\d{1,6})_(\d{1,3})_of_(\d{1,3})\.onnx")
 # KV-cache naming conventions, as (past key, past value, present key, present value) templates.
@@ -379,6 +380,8 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     seen_files: set[str] = set()
     for name, spec in spec_stages.items():
         where = f"{CONFIG_FILE}: stage {_shown(name)}"
+        if not STAGE_NAME_RE.fullmatch(name):  # it becomes a role in the manifest
+            raise _bad(f"{where}: a stage name is letters, digits, '_', '.', '-' (at most 64)")
         if not isinstance(spec, dict):
             raise _bad(f"{where} is not an object")
         file = check_file_name(spec.get("filename"), where)

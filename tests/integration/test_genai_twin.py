@@ -109,3 +109,11 @@ def test_a_broken_package_is_refused_with_its_code(package: Path, tmp_path: Path
     with pytest.raises(GenaiFolderError) as info:
         check_folder(broken, tmp_path / "w")
     assert info.value.code == "genai-folder-invalid" and needle in info.value.message, info.value.message
+
+
+def test_a_prompt_the_cache_cannot_hold_is_bad_genai(export_dir: Path, tmp_path: Path) -> None:
+    from farm.core.errors import BadGenaiError
+    from workers.qnn.genai import run_twin
+
+    with pytest.raises(BadGenaiError, match="the KV cache holds 64"):
+        run_twin(export_dir, parse_target("qnn:SM8650"), {}, tmp_path / "work", prompt="The farm " * 40)

@@ -109,10 +109,10 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
     (out / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
 
 
-def generate(folder: Path, prompt: str, tokens: int) -> dict[str, Any]:
-    """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai: the
-    prompt's ids, the tokens, each step's logits (the distribution the token was taken from),
-    and the timings."""
+def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None) -> dict[str, Any]:
+    """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
+    where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
+    tokens, each step's logits (the distribution the token was taken from), and the timings."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -121,6 +121,11 @@ def generate(folder: Path, prompt: str, tokens: int) -> dict[str, Any]:
     tokenizer = og.Tokenizer(model)
     load = time.perf_counter() - t
     ids = [int(i) for i in tokenizer.encode(prompt)]
+    if limit is not None:
+        tokens = min(tokens, limit - len(ids))
+        if tokens < 1:
+            raise BadGenaiError(f"the twin's prompt is {len(ids)} tokens, the KV cache holds {limit}",
+                                hint="give a shorter prompt")
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False)
     gen = og.Generator(model, params)
@@ -219,7 +224,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
 
-    ref = generate(src_dir, prompt, tokens)
+    ref = generate(src_dir, prompt, tokens, export.kv.length)
     pad = export.config.get("model", {}).get("pad_token_id")
     if isinstance(pad, int) and pad in ref["prompt_ids"]:
         raise BadGenaiError(f"the twin's prompt encodes to the pad token {pad}: genai pads prompt windows with "
@@ -229,7 +234,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
                 "detail": "loading or running the twin crashed onnxruntime-genai on the QNN HTP backend"})
     _register_qnn()
     try:
-        got = generate(twin_dir, prompt, tokens)
+        got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
