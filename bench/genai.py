@@ -249,8 +249,11 @@ def main() -> int:
         subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2",
                         "--hidden", str(args.hidden), "--layers", str(args.layers)], check=True, capture_output=True,
                        env=_env(tmp / "unused"))
-        part_bytes = [sum((export / f).stat().st_size for f in (f"context_{i}.onnx", f"transformer_{i}.onnx.data"))
-                      for i in range(2)]
+        from farm.core import genai
+
+        ex = genai.read_export(export)
+        part_bytes = [sum((export / f).stat().st_size for f in (p.prefill.graph.file, p.decode.graph.file, *p.data))
+                      for p in ex.parts]
         seq = sequential(export, tmp)
         fm = farm(export, tmp, args.workers)
         doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
