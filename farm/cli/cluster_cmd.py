@@ -113,7 +113,7 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     st = _wait_local(settings, st, args)
     doc = release_json(st.release_id, st.model, st.builds)
     doc["graphs"] = group.names
-    _show_release(doc, args.json, answered=answered)
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
 
 
@@ -154,7 +154,7 @@ def _submit_genai(args: argparse.Namespace, settings: Settings) -> int:
     answered = answered_builds(st)
     st = _wait_local(settings, st, args)
     doc = release_json(st.release_id, st.model, st.builds, tag_moved=getattr(st, "tag_moved", None))
-    _show_release(doc, args.json, answered=answered)
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
 
 
@@ -197,7 +197,7 @@ def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
                 st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=group.get("tag_moved"))
     doc["graphs"] = [g["name"] for g in graphs]
-    _show_release(doc, args.json, answered=answered)
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
 
 
