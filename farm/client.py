@@ -45,7 +45,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,7 @@ from farm.core.untrusted import (
     check_target_name,
     check_version,
     clean_text,
+    manifest_stages,
     shown,
 )
 
@@ -111,6 +112,7 @@ class InstallResult:
     signed_by: str | None
     downloaded_bytes: int = 0  # received over the network for this install's files
     reused_bytes: int = 0  # verified where --dest already held them: not fetched, not moved
+    stages: list[dict[str, str]] = field(default_factory=list)  # each file's role (a group, a genai package)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -979,6 +981,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     except ManifestError as exc:
         raise ManifestError(exc.message, hint=HINT_SERVER) from None
     _check_manifest_binding(manifest, res, q)
+    stages = manifest_stages(manifest)  # refused before anything is written
     signed_by = _check_signatures(artifact, res.get("signatures", []), trusted_keys or [],
                                   required=require_signature, allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
@@ -1008,7 +1011,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
     if kept == sum(sizes.values()) and _holds_exactly(out, files):
         # Up to date: every file verified where it is, nothing else there; nothing is moved.
         shutil.rmtree(partial, ignore_errors=True)
-        return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept)
+        return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept, stages)
     with staged(out) as staging:
         for f in files:
             target = inside(staging, f["name"])
@@ -1021,7 +1024,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
             except OSError:
                 shutil.copyfile(source, target)
     shutil.rmtree(partial, ignore_errors=True)
-    return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept)
+    return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept, stages)
 
 
 def _placed(out: Path, name: str) -> Path | None:

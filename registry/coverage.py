@@ -238,14 +238,14 @@ def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
     artifacts ``(model, backend, target, toolchain, ctx_model)``: every one of them a weight-shared
     graph group or a multi-SoC binary (the x86_64 simulator loads neither: ``registry.resolve``).
     A cell with one plain single-SoC artifact is verifiable and not listed. QNN only."""
-    from registry.resolve import UNVERIFIED_MULTI_SOC, UNVERIFIED_SHARED
+    from registry.resolve import SHARED_KINDS, UNVERIFIED_MULTI_SOC, UNVERIFIED_SHARED
 
     kinds: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
     for m, be, target, tc, ctx_model in artifacts:
         if be != "qnn":
             continue
         for soc in socs(be, target):
-            kind = ("multi" if soc != target else "") + ("group" if ctx_model == "g0_ctx.onnx" else "")
+            kind = ("multi" if soc != target else "") + ("group" if ctx_model in SHARED_KINDS else "")
             kinds[(m, be, soc, tc)].add(kind or "plain")
     out = {}
     for key, seen in kinds.items():
@@ -253,7 +253,7 @@ def unverifiable(artifacts: Any) -> dict[tuple[str, str, str, str], str]:
             continue
         why = []
         if any("group" in k for k in seen):
-            why.append(f"built only as a weight-shared graph group ({UNVERIFIED_SHARED})")
+            why.append(f"built only as weight-shared graph groups or genai packages ({UNVERIFIED_SHARED})")
         if any("multi" in k for k in seen):
             why.append(f"built only as a multi-SoC binary ({UNVERIFIED_MULTI_SOC})")
         out[key] = "; ".join(why) if len(why) == 1 else \
@@ -687,6 +687,23 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
                 measured["accuracy_min_psnr_db"] = low if have is None else min(have, low)
 
 
+def _twin_evidence(rows: Rows, placeholders: str, params: dict[str, Any],
+                   index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
+    """Issue 29 on each cell of a genai package (its artifact's ctx model is its
+    genai_config.json): ``twin``, the greedy tokens its twin matched of those compared
+    (``16/16``), or the twin's status when it gave no figure."""
+    for m, b, t, tc, desc in rows.rows(
+            "SELECT a.model_digest, a.backend, a.target, a.toolchain, a.description FROM artifacts a"
+            f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
+            " AND a.ctx_model = 'genai_config.json'", params):
+        tw = (as_json(desc) or {}).get("twin") if desc is not None else None
+        cell = index.get((m, b, t, tc))
+        if cell is None or not isinstance(tw, dict):
+            continue
+        cell["twin"] = (f"{tw.get('tokens_matched')}/{tw.get('tokens_compared')}" if tw.get("status") == "ok"
+                        else str(tw.get("status"))[:40])
+
+
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
                  newest: dict[str, str]) -> list[ModelCoverage]:
     from farm.core.times import iso
@@ -773,6 +790,7 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             f" WHERE model_digest IN ({placeholders}) AND status = 'active' AND backend = 'qnn'", params)).items():
         if (unverified_cell := index.get((m, b, soc, tc))) is not None and unverified_cell["state"] == "built":
             unverified_cell["unverified"] = why
+    _twin_evidence(rows, placeholders, params, index)
     tags = _tags(rows, digests)
     out = []
     for digest, name in found:

@@ -17,14 +17,14 @@ which is swapped with ``--out`` atomically (``farm.core.placement``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from farm.core.errors import DigestMismatchError, ManifestError, SignatureError, UnsignedError
 from farm.core.names import inside, safe_relative
 from farm.core.placement import destination, staged
-from farm.core.untrusted import check_manifest
+from farm.core.untrusted import check_manifest, manifest_stages
 from registry import manifest as mf
 from registry.models import Artifact
 from registry.store.base import BlobStore, download, read_bytes
@@ -49,6 +49,7 @@ class FetchResult:
     files: list[Path]
     bytes: int
     signed_by: str | None = None
+    stages: list[dict[str, str]] = field(default_factory=list)  # each file's role (a group, a genai package)
 
 
 def validate_manifest(manifest: Any) -> dict[str, Any]:
@@ -115,6 +116,7 @@ def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, expec
     manifest = read_manifest(store, artifact)
     check_binding(manifest, expected or Expected(artifact.model_digest, artifact.backend, artifact.target,
                                                  artifact.toolchain))
+    stages = manifest_stages(manifest)
     out = destination(out_dir)
     total = 0
     written = []
@@ -123,10 +125,10 @@ def fetch_artifact(store: BlobStore, artifact: Artifact, out_dir: Path, *, expec
             download(store, f["digest"], inside(staging, f["name"]), size=int(f["size"]))
             written.append(out / safe_relative(f["name"]))
             total += int(f["size"])
-    return FetchResult(artifact.digest, out / safe_relative(manifest["ctxModel"]), written, total, signed_by)
+    return FetchResult(artifact.digest, out / safe_relative(manifest["ctxModel"]), written, total, signed_by, stages)
 
 
 def receipt(result: FetchResult, extra: dict[str, Any]) -> dict[str, Any]:
     return {"artifact": result.artifact, "ctx_model": os.fspath(result.ctx_model),
             "files": [os.fspath(p) for p in result.files], "bytes": result.bytes, "signed_by": result.signed_by,
-            **extra}
+            "stages": result.stages, **extra}

@@ -276,6 +276,17 @@ class ReleaseBuild(Base):
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), primary_key=True, index=True)
 
 
+class GenaiPart(Base):
+    """A genai package's build and, per part, the group build it is assembled from
+    (farm.pipeline.genai): the cluster's fan-in reads it when a part's build is final."""
+
+    __tablename__ = "genai_parts"
+
+    package_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"), primary_key=True)
+    part: Mapped[int] = mapped_column(Integer, primary_key=True)
+    part_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+
+
 # ``report``: devices posting load reports (issue 23); outside the read < submit < admin ladder.
 TOKEN_SCOPES = ("read", "submit", "admin", "report")
 

@@ -69,6 +69,7 @@ class Candidate:
     compatibility: dict[str, str] | None = None  # EP name -> the EP's own compatibility string
     files: list[FileRow] = field(default_factory=list)
     signatures: list[tuple[str, str]] = field(default_factory=list)  # (public key, signature), oldest first
+    description: dict[str, Any] | None = None  # read for a winner that carries figures (a genai package's twin)
 
     @property
     def short_id(self) -> str:
@@ -100,6 +101,13 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
                       probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None,
                       nodes_ep=r[11], nodes_cpu=r[12], cpu_op_types=as_json(r[13]), compatibility=as_json(r[14]))
             for r in rows.rows(sql, params)]
+
+
+def artifact_description(rows: Rows, artifact_id: int) -> dict[str, Any] | None:
+    """An artifact's description (JSON), read only for a winner that carries figures."""
+    found = rows.rows("SELECT description FROM artifacts WHERE id = :id", {"id": artifact_id})
+    value = as_json(found[0][0]) if found else None
+    return value if isinstance(value, dict) else None
 
 
 def artifact_files(rows: Rows, artifact_id: int) -> list[FileRow]:

@@ -77,15 +77,19 @@ def qnn_rule(artifact: Artifact, device: Device) -> Verdict:
         return Verdict(False, "rule", why)
     if parse_version(artifact.toolchain) > parse_version(device.runtime):
         return Verdict(False, "rule", f"built with QNN {artifact.toolchain}, newer than the runtime {device.runtime}")
-    # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups).
-    if getattr(artifact, "ctx_model", "") == "g0_ctx.onnx":
+    # A graph group's first context model is g0_ctx.onnx (fixed stems, farm.core.groups); a
+    # genai package's is its genai_config.json (farm.pipeline.genai): its parts are groups.
+    shared = SHARED_KINDS.get(getattr(artifact, "ctx_model", ""))
+    if shared:
         return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime} "
-                                     f"(a weight-shared graph group, unverified here: {UNVERIFIED_SHARED})",
+                                     f"({shared}, unverified here: {UNVERIFIED_SHARED})",
                        unverified=UNVERIFIED_SHARED)
     return Verdict(True, "rule", f"same SoC, built with QNN {artifact.toolchain} <= runtime {device.runtime}")
 
 
 UNVERIFIED_SHARED = "the x86_64 simulator cannot load weight-shared contexts"
+SHARED_KINDS = {"g0_ctx.onnx": "a weight-shared graph group",
+                "genai_config.json": "a genai package of weight-shared parts"}
 UNVERIFIED_MULTI_SOC = "the x86_64 simulator cannot load multi-SoC contexts"
 
 
@@ -253,6 +257,10 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
 def _with_files(rows: Rows, choice: tuple[Candidate, Verdict]) -> tuple[Candidate, Verdict]:
     # The winner's files and signatures in one round trip (the service answers with both).
     choice[0].files, choice[0].signatures = files_and_signatures(rows, choice[0].id, choice[0].digest)
+    if choice[0].ctx_model == "genai_config.json":  # a genai package: its twin's figures go in the answer
+        from registry.reads import artifact_description
+
+        choice[0].description = artifact_description(rows, choice[0].id)
     return choice
 
 
@@ -288,7 +296,7 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
             **({"unverified": v.unverified} if v.unverified else {}),
             "offload": offload(getattr(artifact, "nodes_ep", None), getattr(artifact, "nodes_cpu", None),
                                getattr(artifact, "cpu_op_types", None)),
-            "compatibility": dict(getattr(artifact, "compatibility", None) or {})}
+            "compatibility": dict(getattr(artifact, "compatibility", None) or {}), **_twin(artifact)}
 
 
 def offload(nodes_ep: int | None, nodes_cpu: int | None, cpu_op_types: list[str] | None) -> dict[str, Any]:
@@ -326,3 +334,11 @@ def admit(ref: Any, soc: Any, runtime: str, arch: str) -> None:
             raise ReportSocMismatchError(f"artifact built for {ref.target}; the report names {soc.name}: {v.reason}")
         raise ReportRuntimeMismatchError(f"the compatibility rule refuses runtime {runtime} for this build: "
                                          f"{v.reason}")
+
+
+def _twin(artifact: Any) -> dict[str, Any]:
+    """A genai package's twin figures (farm.pipeline.genai: the parts compiled without sharing,
+    generated from on the simulator against the CPU EP), as resolve's ``twin`` key."""
+    desc = getattr(artifact, "description", None)
+    tw = desc.get("twin") if isinstance(desc, dict) else None
+    return {"twin": tw} if isinstance(tw, dict) else {}

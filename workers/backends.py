@@ -60,3 +60,19 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
     from workers.qnn.accuracy import check_accuracy as check
 
     return check(model, ctx_model, target, work_dir, **kw)
+
+
+def check_genai_folder(folder: Path, work_dir: Path, **kw: Any) -> dict[str, Any]:
+    """A built genai folder as a device opens it (``workers.qnn.genai.check_folder``: og.Config,
+    files, EPContext paths, each part's binary holding exactly its two graphs)."""
+    from workers.qnn.genai import check_folder
+
+    return check_folder(folder, work_dir, **kw)
+
+
+def genai_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, **kw: Any) -> dict[str, Any]:
+    """The twin of a genai package (``workers.qnn.genai.run_twin``): its parts compiled without
+    sharing, generated from on the simulator against the source pipeline on the CPU EP."""
+    from workers.qnn.genai import run_twin
+
+    return run_twin(export_dir, target, options, work_dir, **kw)

@@ -156,8 +156,13 @@ def run_one(command: str, req_path: str, res_path: str, commands: Commands,
         import traceback
 
         traceback.print_exc()
-        message = str(exc).strip() or type(exc).__name__
-        out = {"ok": False, "error": {"code": classify(message), "message": message[:4000]}}
+        from farm.core.errors import FarmError
+
+        if isinstance(exc, FarmError):  # a child's own verdict keeps its code and hint
+            out = {"ok": False, "error": {k: v for k, v in exc.to_dict().items() if k != "details"}}
+        else:
+            message = str(exc).strip() or type(exc).__name__
+            out = {"ok": False, "error": {"code": classify(message), "message": message[:4000]}}
         rc = 1
     write_result(out)
     return rc

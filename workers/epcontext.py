@@ -97,6 +97,10 @@ def _context_files(nodes: list[dict[str, Any]], root: Path) -> list[tuple[str, P
     for attrs in nodes:
         if attrs.get("embed_mode", 1) != 0:
             continue
+        if attrs.get("main_context") == 0 and "ep_cache_context" not in attrs:
+            # A second partition of the same model (the EP split it around a CPU op): its graph
+            # is in the binary its main node names; the QNN EP writes no ep_cache_context here.
+            continue
         rel = str(attrs.get("ep_cache_context", ""))
         pure = PurePosixPath(rel.replace("\\", "/"))
         resolved = (root / pure).resolve()

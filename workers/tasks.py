@@ -57,6 +57,15 @@ def _finish(ex: Any, queue: str | None, result: Any) -> None:
     probes. Runs in the task, or on the executor's publisher thread."""
     from farm.pipeline.reconcile import schedule_probes
 
+    if result.outcome in ("succeeded", "failed", "exhausted"):
+        try:  # issue 29: the last part of a genai package sends the package's build (the fan-in)
+            from farm.pipeline.genai import after_part
+
+            after_part(settings, ex.registry, result.build_id, app)
+        except Exception:
+            import logging
+
+            logging.getLogger("ctxfarm.genai").warning("could not send a genai package's build", exc_info=True)
     if result.outcome == "retry":
         if queue:
             send(app, COMPILE_TASK, [result.build_id], queue, countdown=result.countdown)
@@ -101,7 +110,12 @@ def compile_model(self: Any, build_id: int) -> str:
         # A compiled build is published on the executor's publisher thread while the next
         # message is taken: its lease is held until the commit (a worker that dies meanwhile
         # leaves it to the lease and the reconciler, as one that dies mid-compile does).
-        result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
+        from farm.pipeline.genai import execute_package
+
+        # A genai package's build compiles nothing: it is assembled from its parts' builds.
+        result = execute_package(ex, build_id)
+        if result is None:
+            result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
     finally:
         executing.clear()
         if result is None or result.outcome != "publishing":

@@ -177,6 +177,8 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
                 if c and c.get("unverified"):  # built only as groups / multi-SoC binaries (issue 31)
                     label += " unverified"
+                if c and c.get("twin"):  # a genai package: greedy tokens its twin matched (issue 29)
+                    label += f" twin {c['twin']}"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
                 if c and c.get("partial_offload"):  # ops left on the device's CPU (issue 30)

@@ -23,6 +23,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="*", help="path to the .onnx (external-data files beside it); several "
                    "models build in one pool of parallel compiles")
     add_group_arguments(p)
+    from farm.cli.genai_cmd import add_genai_arguments
+
+    add_genai_arguments(p)
     p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME",
                    help="target to build for, e.g. qnn:SM8650 (repeatable; see `farm targets`)")
     p.add_argument("--name", help="model name; NAME:TAG then points at this model's digest (one model only)")
@@ -82,6 +85,10 @@ def group_of(args: argparse.Namespace, settings: Settings | None = None) -> Any:
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.pipeline.cached import answer
 
+    if getattr(args, "genai", None):
+        from farm.cli.genai_cmd import run_build
+
+        return run_build(args, settings, build_json)
     group = group_of(args, settings)
     if group is not None:
         try:

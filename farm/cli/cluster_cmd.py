@@ -24,6 +24,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         from farm.cli.build_cmd import add_group_arguments
 
         add_group_arguments(p)
+        p.add_argument("--genai", metavar="DIR",
+                       help="an exported static decoder pipeline: each part's prefill + decode one weight-shared "
+                            "group build on the workers, the package assembled into one onnxruntime-genai folder "
+                            "when its parts are done (docs/shipping-llm.md)")
         p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME")
         p.add_argument("--sdk", action="append", default=[], metavar="VERSION",
                        help="toolchain version(s) to build with (repeatable); default: every one a live worker serves")
@@ -70,6 +74,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         return serve(settings, args.backend, concurrency=args.concurrency, loglevel=args.loglevel)
     if name == "workers":
         return _workers(args, settings)
+    if name == "submit" and getattr(args, "genai", None):
+        return _submit_genai(args, settings)
     if name == "submit" and (args.graph or args.group_file):
         return _submit_group(args, settings)
     if getattr(args, "server", None):
@@ -88,7 +94,7 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     """``farm submit --graph NAME=PATH ...``: a graph group as one release (farm.core.groups)."""
     from farm.cli.build_cmd import group_of
     from farm.core.errors import AccuracyUnverifiedError, UsageError
-    from farm.pipeline.plan import submit_release, wait_release
+    from farm.pipeline.plan import submit_release
 
     if getattr(args, "matrix", None):
         raise UsageError("--matrix is not read for a graph group", hint="give its targets with -t and --sdk")
@@ -108,11 +114,52 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"release {st.release_id} ({st.model}): group of {len(group.names)} graphs "
               f"({', '.join(group.names)}): {_counts_text(st.builds)}", file=sys.stderr)
-    if args.wait and not st.done:
-        st = wait_release(settings, st.release_id, timeout=args.timeout)
+    answered = answered_builds(st)
+    st = _wait_local(settings, st, args)
     doc = release_json(st.release_id, st.model, st.builds)
     doc["graphs"] = group.names
-    _show_release(doc, args.json)
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
+    return 0 if doc["ok"] or not args.wait else 1
+
+
+def _wait_local(settings: Settings, st: Any, args: argparse.Namespace) -> Any:
+    """--wait on the index: a row per build as it changes (not minutes of silence); builds final
+    when submitted are answers from the index, shown as cached."""
+    from farm.pipeline.plan import wait_release
+
+    if not args.wait:
+        return st
+    with ReleaseProgress(live=False if args.json else None) as progress:
+        progress.submitted(st)
+        if not st.done:
+            st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
+    return st
+
+
+def _submit_genai(args: argparse.Namespace, settings: Settings) -> int:
+    """``farm submit --genai DIR``: a genai package as one release on the cluster
+    (farm.pipeline.genai.submit_package): its parts' group builds and the package's builds."""
+    from farm.core.errors import UsageError
+    from farm.pipeline.genai import submit_package
+
+    if args.model or args.graph or args.group_file or getattr(args, "matrix", None):
+        raise UsageError("--genai DIR is the whole model: give no model path, --graph or --matrix with it",
+                         hint="farm submit --genai EXPORT_DIR -t qnn:SM8650 --name llm/tiny --tag t")
+    if getattr(args, "server", None):
+        raise UsageError("farm submit --genai runs where the index is; through the HTTP service it is not "
+                         "available yet", hint="run it on a host with FARM_DATABASE_URL, FARM_STORE_URL and the "
+                                               "broker set (or farm build --genai for the embedded farm)")
+    if args.min_psnr is not None or args.require_full_offload:
+        raise UsageError("--min-psnr/--require-full-offload gate one context; a genai package carries its twin")
+    st = submit_package(settings, args.genai, list(args.target), list(args.sdk), list(args.option), name=args.name,
+                        tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
+                        force_tag=args.force_tag)
+    if not args.json:
+        print(f"release {st.release_id} ({st.model}): genai package: {_counts_text(st.builds)}", file=sys.stderr)
+    answered = answered_builds(st)
+    st = _wait_local(settings, st, args)
+    doc = release_json(st.release_id, st.model, st.builds, tag_moved=getattr(st, "tag_moved", None))
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
 
 
@@ -146,11 +193,16 @@ def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"release {st['release']} ({group['digest'][:19]}): group of {len(graphs)} graphs "
               f"({', '.join(g['name'] for g in graphs)}): {_counts_text(st['builds'])}", file=sys.stderr)
-    if args.wait and not st.get("done"):
-        st = wait_release(client, st["release"], timeout=args.timeout)
+    answered = answered_builds(st)
+    if args.wait:
+        # A row per build as it changes (not a minute of silence); final ones are cached answers.
+        with ReleaseProgress(live=False if args.json else None) as progress:
+            progress.submitted(st)
+            if not st.get("done"):
+                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=group.get("tag_moved"))
     doc["graphs"] = [g["name"] for g in graphs]
-    _show_release(doc, args.json)
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
 
 

@@ -208,7 +208,13 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
             target = load_catalog().get(f"{artifact.backend}:{artifact.target}")
             try:
-                doc["load"] = checked_load(result.ctx_model, target)
+                from farm.cli.folder_check import check_folder, is_folder_artifact
+
+                if is_folder_artifact(result.ctx_model.parent):
+                    # A graph group or genai package: every context in the folder, one outcome.
+                    doc["load"] = check_folder(result.ctx_model.parent, target, checked_load)
+                else:
+                    doc["load"] = checked_load(result.ctx_model, target)
             except FarmError as exc:
                 # The files are in place (digests verified); the load check failed: say both.
                 if args.json:
@@ -216,7 +222,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 else:
                     print("\n".join(lines))
                 raise
-            lines += load_lines(doc["load"])
+            lines += folder_lines(doc["load"]) if "contexts" in doc["load"] else load_lines(doc["load"])
         print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
         return 0
     finally:
@@ -314,6 +320,15 @@ def load_lines(load: dict[str, Any]) -> list[str]:
     return lines
 
 
+def folder_lines(report: dict[str, Any]) -> list[str]:
+    """A folder's load check: each context model's outcome, each CPU stage's presence."""
+    lines = [f"checked {report['folder']} ({report['kind']}) for {report['target']}: "
+             f"{len(report['contexts'])} context model(s) loaded"]
+    for c in report["contexts"]:
+        lines.append(f"  {c['file']}: {c['outcome']}")
+    return lines
+
+
 def _load_check(args: argparse.Namespace) -> int:
     from farm.core.catalog import parse_target
     from farm.core.errors import MissingExtraError
@@ -323,6 +338,13 @@ def _load_check(args: argparse.Namespace) -> int:
     if ctx_model.is_dir() and (ctx_model / "model_ctx.onnx").is_file():
         ctx_model = ctx_model / "model_ctx.onnx"  # the DIR that `farm install --dest DIR` filled
     try:
+        if ctx_model.is_dir():
+            from farm.cli.folder_check import check_folder
+
+            # A genai package or a graph group's folder: every context in it, one outcome.
+            result = check_folder(ctx_model, target, checked_load)
+            print(json.dumps(result, indent=2) if args.json else "\n".join(folder_lines(result)))
+            return 0
         result = checked_load(ctx_model, target)
     except MissingExtraError as exc:
         # The runner says what a build host lacks; a device loads with the runtime it has.

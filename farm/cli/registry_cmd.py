@@ -157,6 +157,7 @@ def _show(info: dict[str, Any], as_json: bool) -> int:
               f"embed_mode={n.get('embed_mode')} main_context={n.get('main_context')} "
               f"partition={n.get('partition_name')}")
     _show_description(info.get("description"), manifest.get("graphs"))
+    _show_package(manifest.get("genai"), (info.get("description") or {}).get("twin"))
     verdicts = info["verdicts"]
     unverified = (info.get("description") or {}).get("unverified")
     if unverified:  # no runtime here can load it: examined (above), never "loads"
@@ -193,7 +194,7 @@ def _show_description(desc: dict[str, Any] | None, graphs: list[dict[str, Any]] 
         for g in graphs:
             print(f"  {g['name']:16s} {g['ctxModel']:14s} uses {', '.join(g['contexts'])}  "
                   f"compile {g.get('compileSeconds', 0):.3f} s")
-    if not desc:
+    if not desc or "check" not in desc:  # a genai package's description holds its stages and twin
         return
     print(f"described {desc.get('check')}")
     for name, b in (desc.get("binaries") or {}).items():
@@ -207,6 +208,29 @@ def _show_description(desc: dict[str, Any] | None, graphs: list[dict[str, Any]] 
         if g.get("inputs") is not None:
             print(f"    inputs  {_tensors(g['inputs'])}")
             print(f"    outputs {_tensors(g['outputs'])}")
+
+
+def _show_package(genai: Any, twin: Any) -> None:
+    """A genai package (farm.pipeline.genai): each stage's role and file, each part's binary and
+    group artifact, and the twin's figures."""
+    if not isinstance(genai, dict):
+        return
+    stages = [st for st in genai.get("stages") or [] if isinstance(st, dict)]
+    print(f"genai     {genai.get('config')}: {len(stages)} stages")
+    for st in stages:
+        print(f"  {str(st.get('role')):16s} {st.get('file')}")
+    for p in genai.get("parts") or []:
+        print(f"  part {p.get('part')}: {', '.join(p.get('binaries') or [])} (group artifact "
+              f"{str(p.get('artifact'))[7:19]}, build {p.get('build')})")
+    if isinstance(twin, dict):
+        if twin.get("status") == "ok":
+            first = (twin.get("first_step") or {}).get("psnr_db")
+            print(f"twin      {twin.get('tokens_matched')}/{twin.get('tokens_compared')} greedy tokens matched the "
+                  f"CPU EP (the parts compiled without sharing, on the simulator); first step's logits PSNR {first} dB")
+        else:
+            print(f"twin      {twin.get('status')}: {str(twin.get('detail') or '')[:200]}")
+    else:
+        print("twin      not run (farm build --genai runs it unless --no-twin)")
 
 
 def _note(v: dict[str, Any]) -> str:

@@ -249,6 +249,7 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
                           "downloaded_bytes": int(result.downloaded_bytes), "reused_bytes": int(result.reused_bytes),
                           "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by,
+                          "stages": result.stages,
                           **({"report": reported} if reported is not None else {})}, indent=2))
     else:
         print(str(result.ctx_model))

@@ -18,6 +18,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── TargetMismatchError      target-mismatch    load-check: built for another SoC (or by another EP)
     ├── RuntimeTooOldError       runtime-too-old    load-check: built with a newer SDK than the runtime
     ├── RuntimeCrashedError      runtime-crashed    load-check: the runtime died loading or running it
+    ├── LoadUnverifiedError      load-unverified    load-check: checked what it can, cannot load it here (exit 4)
     ├── CompileTimeoutError      timeout            compile exceeded its time limit
     ├── WorkerLostError          worker-lost        the compiling process died
     ├── StorageError             storage-error      blob store unusable
@@ -35,6 +36,8 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── BadNameError             bad-name           a model name or tag outside the name grammar (exit 2)
     ├── BadGroupError            bad-group          a graph group with a bad or repeated graph name (exit 2)
     ├── LocalOnlyError           local-only         a command with no remote form, in a shell with only FARM_SERVER (exit 2)
+    ├── BadGenaiError            bad-genai          an LLM export folder that can't be mapped to a genai package (exit 2)
+    ├── GenaiFolderError         genai-folder-invalid  a built genai folder failed its check (config, files, binaries)
     ├── ResourceLimitError       resource-limit     a compile went past its memory or time cap
     ├── LeaseLostError           lease-lost         another executor took the build over (internal)
     ├── SchemaMismatchError      schema-mismatch    index schema older/newer than this code
@@ -48,6 +51,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── ServerError              server-error       HTTP client: the service is unreachable or broken
     ├── AccuracyBelowThresholdError accuracy-below-threshold  an output's PSNR under --min-psnr
     ├── AccuracyUnverifiedError  accuracy-unverified --min-psnr, but no usable accuracy figure
+    ├── TwinMismatchError        twin-mismatch      --require-twin: a genai package's twin missed a token
     ├── RateLimitedError         rate-limited       HTTP: too many device reports / waiting long polls (429)
     ├── NoPublishedBuildsError   no-published-builds  farm package: the model has no published build to package
     ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
@@ -172,6 +176,14 @@ class RuntimeCrashedError(FarmError):
     default_hint = "only a run on the device itself can tell whether the context works there"
 
 
+class LoadUnverifiedError(FarmError):
+    code = "load-unverified"
+    exit_code = 4
+    summary = ("`load-check`: every check this runtime can make passed, but it cannot load the context (weight-shared "
+               "or multi-SoC on the x86_64 simulator): no verdict, exit 4")
+    default_hint = "load it on a device with the target SoC (og.Model(dir) for a genai package, docs/shipping-llm.md)"
+
+
 class CompileTimeoutError(FarmError):
     code = "timeout"
     summary = "`submit --wait --timeout` ran out (the release keeps running)"
@@ -277,6 +289,20 @@ class LocalOnlyError(UsageError):
                     "host), or unset FARM_SERVER to use this machine's own index")
 
 
+class BadGenaiError(UsageError):
+    code = "bad-genai"
+    summary = "an LLM export folder that can't be mapped (unknown layout, missing or bad file, mismatched parts)"
+    default_hint = ("give the folder an exporter left: Olive's QNN recipe (embeddings.onnx, context_<i>.onnx, "
+                    "iterator_<i>.onnx, lm_head.onnx) or AI Hub's (prompt/token graphs per part), with its "
+                    "genai_config.json and tokenizer files (docs/genai.md)")
+
+
+class GenaiFolderError(FarmError):
+    code = "genai-folder-invalid"
+    summary = "a built genai folder failed its check: config, a file it names, an EPContext path or a part's binary"
+    default_hint = "the build log names the file; the source export is the likely cause (farm build --genai)"
+
+
 class ResourceLimitError(FarmError):
     code = "resource-limit"
     summary = "the compile went past `FARM_COMPILE_MEMORY_MB` or `FARM_COMPILE_TIMEOUT` (cached; `--retry-failed`)"
@@ -348,9 +374,11 @@ BUILD_FAILURE_CODES = (
     "resource-limit",
     "interrupted",
     "cancelled",
+    "genai-folder-invalid",
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
-DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit"})
+DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit",
+                                    "genai-folder-invalid"})
 
 def _subclasses(cls: type[FarmError]) -> list[type[FarmError]]:
     out = []
@@ -407,6 +435,14 @@ class AccuracyUnverifiedError(FarmError):
     code = "accuracy-unverified"
     summary = "`--min-psnr` asked, but no runtime here gave a figure (cannot load, crashed, over its time budget)"
     default_hint = "drop --min-psnr for artifacts only devices can verify"
+
+
+class TwinMismatchError(FarmError):
+    code = "twin-mismatch"
+    summary = ("`--require-twin`: a genai package's twin (the parts compiled without sharing) did not generate every "
+               "greedy token the CPU EP did, or could not run (the package is still published)")
+    default_hint = ("the package is built and published; `farm show` has the twin's figures (tokens matched, first "
+                    "step's logits PSNR); drop --require-twin to accept it unverified")
 
 
 class RateLimitedError(FarmError):

@@ -122,3 +122,28 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
     if manifest["ctxModel"] not in names:
         raise bad("'ctxModel' is not one of its files")
     return manifest
+
+
+_ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}(?:\.[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?")
+
+
+def manifest_stages(manifest: dict[str, Any]) -> list[dict[str, str]]:
+    """What each file of a checked manifest is, for ``--json`` on a device: a genai package's
+    stages (``genai.stages``: file and role, ``part0.prefill``, ``embeddings``...) or a graph
+    group's graphs (their context model and graph name); [] for a single context. Every file
+    must be one the manifest lists and every role a plain dotted name, else ``bad-manifest``."""
+    names = {f["name"] for f in manifest["files"]}
+    raw: list[tuple[Any, Any]] = []
+    genai = manifest.get("genai")
+    if isinstance(genai, dict) and isinstance(genai.get("stages"), list):
+        raw = [(s.get("file"), s.get("role")) if isinstance(s, dict) else (None, None) for s in genai["stages"]]
+    elif isinstance(manifest.get("graphs"), list):
+        raw = [(g.get("ctxModel"), g.get("name")) if isinstance(g, dict) else (None, None)
+               for g in manifest["graphs"]]
+    out = []
+    for file, role in raw[:MAX_FILES]:
+        if not isinstance(file, str) or file not in names or not isinstance(role, str) or not _ROLE.fullmatch(role):
+            raise ManifestError(f"manifest is not valid: a stage {shown(file)} / {shown(role)} is not one of its "
+                                "files with a plain role")
+        out.append({"file": file, "role": role})
+    return out

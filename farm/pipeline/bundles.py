@@ -59,8 +59,21 @@ def download_bundle(store: Any, files: list[dict[str, Any]], dest: Path) -> Path
 
     check_files(files)
     dest.mkdir(parents=True, exist_ok=True)
+    first: dict[str, Path] = {}
     for f, path in lay_out(dest, files):
+        seen = first.get(f["digest"])
+        if seen is not None:
+            # One external-data file used by several graphs (a group's prefill and decode): it
+            # comes from the store once and sits once on disk, a hard link under each name.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            try:
+                os.link(seen, path)
+            except OSError:
+                shutil.copyfile(seen, path)
+            continue
         download(store, f["digest"], path, size=int(f["size"]))
+        first[f["digest"]] = path
     return dest / files[0]["path"]
 
 
@@ -161,7 +174,9 @@ class BundleCache:
                 listing = d / LISTING
                 if d.name.startswith(".") or not listing.is_file():
                     continue
-                size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                # A file hard-linked under two names (shared external data) counts once.
+                size = sum({(st.st_dev, st.st_ino): st.st_size
+                            for st in (p.stat() for p in d.rglob("*") if p.is_file())}.values())
                 entries.append((listing.stat().st_mtime, size, d))
                 total += size
         except OSError:

@@ -88,9 +88,17 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["ep_cache_context"] == b"g0_ctx_qnn.bin" and attrs["main_context"] == 1
     # load-check on this machine says why it can't tell, instead of blaming the file.
+    # Its own outcome and exit status (issue 29), not runtime-crashed, and checked before any load.
     checked = farm(farm_env, "load-check", str(dev / "g1_ctx.onnx"), "-t", "qnn:SM8650", check=False)
-    assert checked.returncode != 0 and "Traceback" not in checked.stderr
+    assert checked.returncode == 4 and "Traceback" not in checked.stderr
+    assert "error[load-unverified]" in checked.stderr and "runtime-crashed" not in checked.stderr
     assert "simulator cannot load weight-shared contexts" in checked.stderr and "no verdict on the device" in checked.stderr
+    # The folder itself: both graphs checked, one outcome.
+    folder = farm(farm_env, "load-check", str(dev), "-t", "qnn:SM8650", "--json", check=False)
+    assert folder.returncode == 4, folder.stderr
+    err = json.loads(folder.stdout)["error"]
+    assert err["code"] == "load-unverified" and "graph group" in err["message"]
+    assert [c["file"] for c in err["details"]["contexts"]] == ["g0_ctx.onnx", "g1_ctx.onnx"]
 
 
 def test_group_refusals_write_nothing(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:

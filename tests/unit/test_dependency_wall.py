@@ -10,8 +10,9 @@ MODULES = ("farm", "farm.pipeline.plan", "registry.install", "farm.cli", "farm.c
            "registry.index", "registry.resolve", "registry.lite", "registry.reads", "farm.pipeline.cached",
            "registry.manifest", "registry.store.local", "workers", "workers.backends",
            "workers.runner", "workers.qnn.runner", "workers.qnn.accuracy", "workers.epcontext", "workers.host",
-           "workers.childproc", "farm.core.packages", "farm.pipeline.packages", "workers.ortpackage")
-FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt")
+           "workers.childproc", "farm.core.packages", "farm.pipeline.packages", "workers.ortpackage",
+           "farm.core.genai", "workers.qnn.genai", "workers.qnn.genai_child")
+FORBIDDEN = ("onnxruntime", "onnxruntime_qnn", "tensorrt", "onnxruntime_genai")
 
 
 def test_no_onnxruntime_in_the_control_plane():

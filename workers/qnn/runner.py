@@ -18,6 +18,7 @@ from typing import Any
 from farm.core.catalog import Target
 from farm.core.errors import (
     FarmError,
+    LoadUnverifiedError,
     MissingExtraError,
     RuntimeCrashedError,
     RuntimeTooOldError,
@@ -128,7 +129,28 @@ def _simulator_cannot_load(context: dict[str, Any], ctx: ContextModel) -> str | 
         return description.MULTI_SOC_UNVERIFIED
     if re.fullmatch(r"g\d{1,2}_ctx\.onnx", ctx.path.name) and ctx.files:  # a graph group's fixed stems
         return description.SHARED_UNVERIFIED
+    if ctx.files and _shares_binary(ctx):  # a genai package's part: context_0_ctx.onnx + iterator_0_ctx.onnx
+        return description.SHARED_UNVERIFIED
     return None
+
+
+def _shares_binary(ctx: ContextModel, limit: int = 256) -> bool:
+    """Whether another context model beside this one points at one of its binaries (weight
+    sharing has no field of its own: both EPContext nodes name the same .bin)."""
+    from workers.epcontext import read_epcontext
+
+    mine = set(ctx.files)
+    for other in sorted(ctx.path.parent.glob("*.onnx"))[:limit]:
+        if other.name == ctx.path.name or other.stat().st_size > 64 << 20:  # a context model is small
+            continue
+        try:
+            nodes, _ = read_epcontext(other)
+        except Exception:  # noqa: BLE001 - not a model a device would load: no evidence either way
+            continue
+        if mine & {str(n.get("ep_cache_context")) for n in nodes if n.get("embed_mode", 1) == 0
+                   and n.get("ep_cache_context")}:
+            return True
+    return False
 
 
 def _model_io(path: Path) -> dict[str, list[dict[str, Any]]] | None:
@@ -390,6 +412,16 @@ class QnnRunner:
                          "newer runtimes load older contexts (measured)")
         if not built:
             notes.append("the context records no SDK version: it was not checked against the runtime")
+        unloadable = _simulator_cannot_load(context, ctx) if runtime["simulator"] else None
+        if unloadable:
+            # Known before trying: the load would crash or be refused, a verdict on the simulator,
+            # not on the context. Everything checkable was checked: say so, as its own outcome.
+            report["unverified"] = unloadable
+            raise LoadUnverifiedError(
+                f"{ctx_model.name}: its files, SoC ({built_for or 'not recorded'}) and SDK ({built or 'not recorded'}) "
+                f"check out for {target.ref}; not loaded: {unloadable}",
+                hint=f"no verdict on the device: this runtime is the {runtime['device']}; load it on a device with "
+                     f"{target.name} (og.Model(dir) for a genai package, docs/shipping-llm.md)", details=report)
         try:
             loaded = self.load_check(ctx_model, target, timeout=timeout)
         except FarmError as exc:

@@ -23,6 +23,7 @@ STABLE_CODES = {
     "TargetMismatchError": "target-mismatch",
     "RuntimeTooOldError": "runtime-too-old",
     "RuntimeCrashedError": "runtime-crashed",
+    "LoadUnverifiedError": "load-unverified",
     "CompileTimeoutError": "timeout",
     "WorkerLostError": "worker-lost",
     "StorageError": "storage-error",
@@ -52,6 +53,7 @@ STABLE_CODES = {
     "ServerError": "server-error",
     "AccuracyBelowThresholdError": "accuracy-below-threshold",
     "AccuracyUnverifiedError": "accuracy-unverified",
+    "TwinMismatchError": "twin-mismatch",
     "RateLimitedError": "rate-limited",
     "NoPublishedBuildsError": "no-published-builds",  # issue 30: farm package
     "PackageFilesMissingError": "package-files-missing",
@@ -68,6 +70,8 @@ STABLE_CODES = {
     "QuotaUploadsError": "quota-uploads",
     "QuotaUploadBytesError": "quota-upload-bytes",
     "QuotaReleasesError": "quota-releases",
+    "BadGenaiError": "bad-genai",
+    "GenaiFolderError": "genai-folder-invalid",
 }
 
 

@@ -26,7 +26,8 @@ def installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
     def install(*_a: Any, **_k: Any) -> Any:
         return types.SimpleNamespace(artifact="sha256:" + "a" * 64, ctx_model=ctx, files=[ctx], bytes=10,
-                                     resumed_bytes=0, signed_by=None, downloaded_bytes=10, reused_bytes=0)
+                                     resumed_bytes=0, signed_by=None, downloaded_bytes=10, reused_bytes=0,
+                                     stages=[])
 
     monkeypatch.setattr(farm.client, "install", install)
     return ctx

@@ -1,0 +1,294 @@
+"""An LLM export built into one onnxruntime-genai folder (issue 29): the farm with two workers
+against the parts built one after the other in one process, in one run.
+
+The export: bench/genai_export.py, 2 parts (default --hidden 2048 --layers 20: about 1.5 GiB
+of fp32 weights per part, each part's prefill and decode sharing one external-data file).
+
+Prints, each against a baseline measured in the same run:
+  - the parts compiled one after the other in one process (farm.pipeline.plan.build of each
+    part's group, the embedded farm) vs `farm submit --genai` on a farm of two QNN 2.51.0
+    workers (Redis broker, a private PostgreSQL database, SeaweedFS store): wall time of the
+    parts' builds (first start to last finish, from the build rows) and of the whole package
+    (submit to answer, with the folder check and the twin); goal: parts <= 0.6x;
+  - predicted (the memory planner's line) vs measured peak RSS of each part's compile;
+  - bytes uploaded by a cached re-submit (blobs new in the store; goal 0) and its answer;
+  - folder install (registry.install.fetch_artifact: every file verified, swapped into place)
+    vs bare boto3 GETs of the same files from the same SeaweedFS.
+Writes bench/out/genai.json.
+
+    python bench/genai.py --hidden 256 --layers 4     # a small run, about a minute
+    python bench/genai.py                              # 2 x ~1.5 GiB parts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MIB = 1 << 20
+TARGET = "qnn:SM8650"
+WORKER_FARM = ROOT / ".venvs" / "qnn-2.51.0" / "bin" / "farm"
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["FARM_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _builds(settings: Any, ids: list[int] | None = None) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from registry.index import Registry
+    from registry.models import Build
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            q = select(Build).order_by(Build.id)
+            return [{"id": b.id, "model": b.model_digest, "state": str(b.state), "started": b.started_at,
+                     "finished": b.finished_at, "worker": b.worker, "phases": dict(b.phases or {})}
+                    for b in s.scalars(q) if ids is None or b.id in ids]
+    finally:
+        reg.close()
+
+
+def _peak(phases: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(predicted, measured) peak RSS of a build's compile in MiB, from its phases (the memory
+    planner's ``predicted_peak_mb``, the compile child's ``peak_rss_kib``)."""
+    kib = phases.get("child.peak_rss_kib")
+    return phases.get("predicted_peak_mb"), (float(kib) / 1024 if kib else None)
+
+
+def sequential(export: Path, tmp: Path) -> dict[str, Any]:
+    """The baseline: each part's group built with the embedded farm, one after the other, in
+    this process (a private FARM_HOME: nothing cached)."""
+    from farm.core import genai
+    from farm.core.groups import inspect_group
+    from farm.core.settings import Settings
+    from farm.pipeline.plan import build
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp / "seq-home")})
+    ex = genai.read_export(export)
+    parts = []
+    t0 = time.perf_counter()
+    for i in range(len(ex.parts)):
+        group = inspect_group(ex.group_members(i), display=f"part{i}")
+        t = time.perf_counter()
+        report = build(settings, group, [TARGET])
+        (o,) = report.outcomes
+        if o.state == "failed":
+            raise SystemExit(f"sequential part {i}: {o.error_code}: {o.error_message}")
+        (row,) = [b for b in _builds(settings) if b["id"] == o.build_id]
+        predicted, measured = _peak(row["phases"])
+        parts.append({"part": i, "wall_s": time.perf_counter() - t, "compile_s": o.compile_seconds,
+                      "predicted_peak_mib": predicted, "measured_peak_mib": measured})
+    return {"wall_s": time.perf_counter() - t0, "parts": parts}
+
+
+def farm(export: Path, tmp: Path, workers: int) -> dict[str, Any]:
+    """`farm submit --genai --wait` on a private farm of ``workers`` QNN 2.51.0 workers, then a
+    cached re-submit and the folder's install, against bare boto3."""
+    import psycopg
+
+    from farm.core.settings import Settings
+    from infra.devfarm.services import start_redis, start_seaweedfs
+    from registry.db import migrate
+
+    db = f"ctxfarm_bench_{uuid.uuid4().hex[:10]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    db_url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
+    redis = start_redis(tmp / "redis")
+    weed = start_seaweedfs(tmp / "weed")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        migrate(db_url)
+        store_url = f"s3://ctxfarm-bench/{uuid.uuid4().hex[:12]}?endpoint={weed.url}"
+        env = _env(tmp / "farm-home", FARM_DATABASE_URL=db_url, FARM_STORE_URL=store_url, FARM_BROKER_URL=redis.url,
+                   FARM_HEARTBEAT_SECONDS="2", FARM_ACCURACY_BUDGET=os.environ.get("FARM_ACCURACY_BUDGET", "300"))
+        settings = Settings.from_env(env)
+        for i in range(workers):
+            log = open(tmp / f"worker-{i}.log", "wb")
+            procs.append(subprocess.Popen([str(WORKER_FARM), "worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while len(json.loads(_cli(env, "workers", "--json").stdout)) < workers:
+            if time.monotonic() > deadline:
+                raise SystemExit("the workers did not register: see " + str(tmp / "worker-0.log"))
+            time.sleep(0.5)
+        time.sleep(1.0)
+        t = time.perf_counter()
+        doc = json.loads(_cli(env, "submit", "--genai", str(export), "-t", TARGET, "--name", "llm/bench", "--tag",
+                              "b", "--wait", "--json").stdout)
+        package_wall = time.perf_counter() - t
+        if not doc["ok"]:
+            raise SystemExit(f"the package failed: {json.dumps(doc, indent=2)[:3000]}")
+        rows = _builds(settings, [b["build"] for b in doc["builds"]])
+        package_row = max(rows, key=lambda r: r["id"])  # queued last: the package's own build
+        part_rows = [r for r in rows if r is not package_row]
+        parts_wall = (max(r["finished"] for r in part_rows) - min(r["started"] for r in part_rows)).total_seconds()
+        parts = []
+        for i, r in enumerate(sorted(part_rows, key=lambda r: r["id"])):
+            predicted, measured = _peak(r["phases"])
+            parts.append({"part": i, "worker": r["worker"], "predicted_peak_mib": predicted,
+                          "measured_peak_mib": measured,
+                          "wall_s": (r["finished"] - r["started"]).total_seconds()})
+        # A cached re-submit: what it sends to the store (new blobs), and what it answers.
+        before = _blob_sizes(settings)
+        t = time.perf_counter()
+        again = _cli(env, "submit", "--genai", str(export), "-t", TARGET, "--name", "llm/bench", "--tag", "b", "--wait")
+        resubmit_s = time.perf_counter() - t
+        after = _blob_sizes(settings)
+        uploaded = sum(size for d, size in after.items() if d not in before)
+        install = _install(settings, store_url, weed.url, tmp)
+        return {"workers": workers, "package_wall_s": package_wall, "parts_wall_s": parts_wall, "parts": parts,
+                "package_build_s": (package_row["finished"] - package_row["started"]).total_seconds(),
+                "resubmit": {"seconds": resubmit_s, "bytes_uploaded": uploaded,
+                             "answer_cached": again.stdout.count("cached"), "answer_lines": again.stdout.splitlines()},
+                "install": install}
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 15)
+                p.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        weed.stop()
+        redis.stop()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _blob_sizes(settings: Any) -> dict[str, int]:
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        return {b.digest: int(b.size) for b in reg.store.iter_blobs()}
+    finally:
+        reg.close()
+
+
+def _install(settings: Any, store_url: str, endpoint: str, tmp: Path) -> dict[str, Any]:
+    """fetch_artifact of the package (every file verified, placed atomically) vs bare boto3
+    download_file of the same objects (the store's own keys), same SeaweedFS, same bytes."""
+    import boto3
+    from botocore.config import Config
+
+    from farm.cli.device_cmd import _resolve
+    from registry.index import Registry
+    from registry.install import fetch_artifact
+    from registry.store.base import blob_key
+    from registry.store.s3 import S3BlobStore
+
+    class Args:
+        model, soc, qnn, gpu, trt, platform = "llm/bench:b", "SM8650", "2.51.0", None, None, "linux-x86-64"
+        fail_devices = 3
+
+    reg = Registry.open(settings)
+    try:
+        artifact, _, _ = _resolve(reg, Args())
+        t = time.perf_counter()
+        result = fetch_artifact(reg.store, artifact, tmp / "device" / "llm")
+        farm_s = time.perf_counter() - t
+    finally:
+        reg.close()
+    st = S3BlobStore.from_url(store_url)
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      config=Config(request_checksum_calculation="when_required",
+                                    response_checksum_validation="when_required", s3={"addressing_style": "path"}))
+    raw_dir = tmp / "raw-get"
+    raw_dir.mkdir()
+    blobs = {f.digest: int(f.size) for f in artifact.files if f.role in ("ctx-model", "context")}
+    t = time.perf_counter()
+    for i, digest in enumerate(blobs):
+        s3.download_file(st.bucket, st._key(blob_key(digest)), str(raw_dir / f"b{i}"))  # noqa: SLF001
+    raw_s = time.perf_counter() - t
+    size = sum(blobs.values())
+    return {"files": len(result.files), "bytes": result.bytes, "farm_s": farm_s, "raw_s": raw_s,
+            "farm_mib_s": result.bytes / MIB / farm_s, "raw_mib_s": size / MIB / raw_s, "ratio": farm_s / raw_s}
+
+
+def main() -> int:
+    # SeaweedFS without an IAM config accepts any key pair; boto3 insists on having one.
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "ctxfarm-bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "ctxfarm-bench-secret")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=20)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", default=str(ROOT / "bench" / "out" / "genai.json"))
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ctxfarm-bench-genai-"))
+    try:
+        export = tmp / "export"
+        subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2",
+                        "--hidden", str(args.hidden), "--layers", str(args.layers)], check=True, capture_output=True,
+                       env=_env(tmp / "unused"))
+        from farm.core import genai
+
+        ex = genai.read_export(export)
+        part_bytes = [sum((export / f).stat().st_size for f in (p.prefill.graph.file, p.decode.graph.file, *p.data))
+                      for p in ex.parts]
+        seq = sequential(export, tmp)
+        fm = farm(export, tmp, args.workers)
+        doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+               "cpus": os.cpu_count(), "hidden": args.hidden, "layers": args.layers,
+               "part_bytes": part_bytes, "sequential": seq, "farm": fm,
+               "parts_ratio": fm["parts_wall_s"] / seq["wall_s"]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(f"export: 2 parts of {', '.join(f'{b / 2**30:.2f} GiB' for b in part_bytes)} "
+          f"(hidden {args.hidden}, {args.layers} layers)")
+    print(f"{'':34s}{'sequential':>12s}{'farm':>12s}{'ratio':>8s}")
+    print(f"{'parts built (wall s)':34s}{seq['wall_s']:12.1f}{fm['parts_wall_s']:12.1f}{doc['parts_ratio']:8.2f}"
+          "   goal <= 0.6")
+    print(f"{'package answered (wall s)':34s}{'':12s}{fm['package_wall_s']:12.1f}"
+          f"   (assembly + checks + twin {fm['package_build_s']:.1f} s)")
+    for s_, f_ in zip(seq["parts"], fm["parts"], strict=True):
+        print(f"part {s_['part']} peak RSS MiB predicted/measured  seq {s_['predicted_peak_mib']}/"
+              f"{_n(s_['measured_peak_mib'])}  farm {f_['predicted_peak_mib']}/{_n(f_['measured_peak_mib'])} "
+              f"(worker {f_['worker']})")
+    rs = fm["resubmit"]
+    print(f"cached re-submit: {rs['bytes_uploaded']} bytes uploaded (goal 0), {rs['seconds']:.1f} s, "
+          f"{rs['answer_cached']} build(s) answered cached")
+    ins = fm["install"]
+    print(f"install: {ins['files']} files {ins['bytes'] / MIB:.1f} MiB in {ins['farm_s']:.2f} s "
+          f"({ins['farm_mib_s']:.0f} MiB/s) vs raw S3 GET {ins['raw_s']:.2f} s ({ins['raw_mib_s']:.0f} MiB/s): "
+          f"{ins['ratio']:.2f}x")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _n(v: Any) -> str:
+    return f"{v:.0f}" if isinstance(v, int | float) else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

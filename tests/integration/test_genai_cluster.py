@@ -1,0 +1,72 @@
+"""A genai package on the distributed farm (issue 29): `farm submit --genai` sends each part's
+group build to the QNN 2.51.0 workers (two of them: the parts build at once), and the worker
+that finishes the last part sends the package's build, which a worker assembles, checks and
+publishes. One release holds the package's build and its parts'."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.test_farm_cluster import Farm, farm_cluster  # noqa: F401 - the fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_submit_genai_fans_out_to_workers_and_answers_one_folder(farm_cluster: Farm,  # noqa: F811
+                                                                 tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2"],
+                   check=True, capture_output=True, timeout=120)
+    farm_cluster.start_worker("2.51.0")
+    farm_cluster.start_worker("2.51.0")
+    got = farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag", "c",
+                           "--wait", "--timeout", "240", "--json", timeout=300)
+    doc = json.loads(got.stdout)
+    assert doc["ok"] and doc["done"], doc
+    builds = {b["build"]: b for b in doc["builds"]}
+    assert len(builds) == 3 and all(b["state"] == "succeeded" for b in builds.values())
+    # The package's build ran after both parts: its model is the package, the parts' are groups.
+    rows = farm_cluster.builds()
+    package = max(rows, key=lambda r: r["id"])
+    assert package["id"] in builds
+
+    dest = tmp_path / "device"
+    fetched = json.loads(farm_cluster.cli("fetch", "--model", "llm/tiny:c", "--soc", "SM8650", "--qnn", "2.51.0",
+                                          "--dest", str(dest), "--json").stdout)
+    assert fetched["ctx_model"] == str(dest / "genai_config.json")
+    assert sorted(p.name for p in dest.glob("*.bin")) == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"]
+    res = json.loads(farm_cluster.cli("resolve", "--model", "llm/tiny:c", "--soc", "SM8650", "--qnn", "2.51.0",
+                                      "--json").stdout)
+    assert res["twin"]["status"] == "ok" and res["twin"]["tokens_matched"] == res["twin"]["tokens_compared"]
+
+    # Submitted again: every build answered from the index, shown as cached, nothing sent.
+    again = farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag",
+                             "c", "--wait")
+    assert again.stdout.count("cached") == 3 and "succeeded" not in again.stdout, again.stdout
+
+
+def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
+    """`farm cancel RELEASE` while the parts compile: every build of the package's release is
+    final (cancelled, or done before the cancel), the package publishes nothing, and the next
+    submit builds it (a cancel is not a verdict)."""
+    export = tmp_path / "export"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2"],
+                   check=True, capture_output=True, timeout=120)
+    farm_cluster.start_worker("2.51.0")
+    st = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
+                                     "--json").stdout)
+    farm_cluster.cli("cancel", str(st["release"]))
+    done = json.loads(farm_cluster.cli("status", str(st["release"]), "--json", check=False).stdout)
+    assert done["done"], done
+    package = max(b["build"] for b in done["builds"])
+    (pkg,) = [b for b in done["builds"] if b["build"] == package]
+    assert pkg["state"] == "failed" and pkg["error_code"] == "cancelled" and pkg["artifact"] is None
+    # Nothing is left running once the workers have seen the cancel; no artifact for the package.
+    rows = farm_cluster.wait_builds(lambda rows: all(r["state"] in ("succeeded", "failed") for r in rows))
+    assert [r for r in rows if r["id"] == package][0]["code"] == "cancelled"
+    again = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
+                                        "--wait", "--timeout", "240", "--json", timeout=300).stdout)
+    assert again["ok"], again

@@ -1,0 +1,169 @@
+"""The genai package's pieces that need no compile (farm.pipeline.genai, farm.core.untrusted's
+manifest_stages, farm.cli.folder_check, the bundle cache's shared files)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import helper
+
+from farm.core.errors import LoadUnverifiedError, ManifestError, NotAContextError, NotFoundError
+from farm.core.untrusted import manifest_stages
+from farm.pipeline.genai import rename_contexts, twin_refusal
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _ctx_model(bin_name: str) -> bytes:
+    node = helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", embed_mode=0,
+                            ep_cache_context=bin_name, source="QNNExecutionProvider")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def test_rename_contexts_points_the_epcontext_at_the_new_binary_only() -> None:
+    data = _ctx_model("g0_ctx_qnn.bin")
+    out = onnx.load_from_string(rename_contexts(data, {"g0_ctx_qnn.bin": "context_0_ctx_qnn.bin"}))
+    (attr,) = [a for a in out.graph.node[0].attribute if a.name == "ep_cache_context"]
+    assert attr.s == b"context_0_ctx_qnn.bin"
+    # A name not in the mapping: the very same bytes (the blob stays the group's).
+    assert rename_contexts(data, {"other.bin": "x.bin"}) == data
+
+
+def _manifest(**extra: Any) -> dict[str, Any]:
+    return {"files": [{"name": n, "digest": DIGEST, "size": 1} for n in
+                      ("genai_config.json", "context_0_ctx.onnx", "embeddings.onnx")], **extra}
+
+
+def test_manifest_stages_names_roles_and_refuses_what_the_manifest_does_not_hold() -> None:
+    stages = [{"file": "embeddings.onnx", "role": "embeddings"}, {"file": "context_0_ctx.onnx", "role": "part0.prefill"}]
+    assert manifest_stages(_manifest(genai={"stages": stages})) == stages
+    assert manifest_stages(_manifest(graphs=[{"name": "prefill", "ctxModel": "context_0_ctx.onnx"}])) == [
+        {"file": "context_0_ctx.onnx", "role": "prefill"}]
+    assert manifest_stages(_manifest()) == []
+    for bad in ([{"file": "../etc/passwd", "role": "embeddings"}],       # not one of its files
+                [{"file": "embeddings.onnx", "role": "../x"}],           # not a plain role
+                [{"file": "embeddings.onnx", "role": "x" * 200}],
+                ["embeddings.onnx"]):
+        with pytest.raises(ManifestError):
+            manifest_stages(_manifest(genai={"stages": bad}))
+
+
+def test_the_twin_gate() -> None:
+    assert twin_refusal({"status": "ok", "tokens_compared": 16, "tokens_matched": 16}, DIGEST) is None
+    for tw in (None, {"status": "unverified", "detail": "budget"}, {"status": "ok", "tokens_compared": 16,
+                                                                     "tokens_matched": 15},
+               {"status": "ok", "tokens_compared": 0, "tokens_matched": 0}):
+        refusal = twin_refusal(tw, DIGEST)
+        assert refusal is not None and refusal.code == "twin-mismatch"
+
+
+def _folder(tmp_path: Path, config: Any) -> Path:
+    d = tmp_path / "pkg"
+    d.mkdir()
+    (d / "genai_config.json").write_text(json.dumps(config))
+    return d
+
+
+class _Target:
+    ref = "qnn:SM8650"
+
+
+def test_folder_check_gives_one_outcome_for_the_folder(tmp_path: Path) -> None:
+    from farm.cli.folder_check import check_folder
+
+    config = {"model": {"decoder": {"pipeline": [{"e": {"filename": "embeddings.onnx"},
+                                                  "c": {"filename": "context_0_ctx.onnx"}}]}}}
+    d = _folder(tmp_path, config)
+    (d / "embeddings.onnx").write_bytes(b"x")
+    # A stage file the config names is missing: not-found naming it.
+    with pytest.raises(NotFoundError, match="context_0_ctx.onnx"):
+        check_folder(d, _Target(), lambda p, t: {})
+    (d / "context_0_ctx.onnx").write_bytes(b"x")
+
+    def weight_shared(path: Path, target: Any) -> dict[str, Any]:
+        if path.name == "embeddings.onnx":
+            raise NotAContextError("plain model")
+        raise LoadUnverifiedError("shared", details={"unverified": "the simulator cannot load weight-shared contexts"})
+
+    with pytest.raises(LoadUnverifiedError) as got:
+        check_folder(d, _Target(), weight_shared)
+    assert got.value.exit_code == 4 and "weight-shared" in got.value.message
+    outcomes = {c["file"]: c["outcome"] for c in got.value.details["contexts"]}
+    assert outcomes["embeddings.onnx"].startswith("cpu stage") and outcomes["context_0_ctx.onnx"].startswith("checked")
+    # Every context loads: one report, ok.
+    ok = check_folder(d, _Target(), lambda p, t: (_ for _ in ()).throw(NotAContextError("x"))
+                      if p.name == "embeddings.onnx" else {"load_seconds": 0.1})
+    assert ok["ok"] and len(ok["contexts"]) == 2
+
+
+def test_folder_check_refuses_a_config_naming_a_path_outside(tmp_path: Path) -> None:
+    from farm.cli.folder_check import check_folder
+
+    d = _folder(tmp_path, {"model": {"decoder": {"pipeline": [{"c": {"filename": "../outside.onnx"}}]}}})
+    (tmp_path / "outside.onnx").write_bytes(b"x")
+    with pytest.raises(NotFoundError, match="outside"):
+        check_folder(d, _Target(), lambda p, t: {})
+    (d / "genai_config.json").write_text("{not json")
+    with pytest.raises(NotFoundError, match="not a readable genai config"):
+        check_folder(d, _Target(), lambda p, t: {})
+
+
+def test_a_file_listed_twice_in_a_snapshot_is_fetched_once_and_stored_once(tmp_path: Path) -> None:
+    from farm.pipeline.bundles import download_bundle
+    from registry.store.base import put_bytes
+    from registry.store.local import LocalBlobStore
+
+    store = LocalBlobStore(tmp_path / "store")
+    data = os.urandom(4096)
+    digest = put_bytes(store, data).digest
+    head = put_bytes(store, b"onnx").digest
+    files = [{"path": "group.json", "digest": head, "size": 4, "stored": True},
+             {"path": "g0/model.data", "digest": digest, "size": 4096, "stored": True},
+             {"path": "g1/model.data", "digest": digest, "size": 4096, "stored": True}]
+    download_bundle(store, files, tmp_path / "out")
+    a, b = tmp_path / "out" / "g0" / "model.data", tmp_path / "out" / "g1" / "model.data"
+    assert a.read_bytes() == b.read_bytes() == data
+    assert a.stat().st_ino == b.stat().st_ino  # one file on disk, two names
+
+
+def _layout(stages: list[dict[str, Any]], parts: list[dict[str, Any]]) -> Any:
+    from farm.pipeline.genai import Layout
+
+    return Layout([], stages, parts, {}, {}, [], {}, 0.0, 0, 0)
+
+
+def test_the_farm_refuses_to_publish_a_folder_that_does_not_hold_together(tmp_path: Path) -> None:
+    """genai-folder-invalid, naming the file: a stage the config does not name, a binary a
+    part's context models do not both use, an EPContext pointing outside the folder."""
+    from farm.core.errors import GenaiFolderError
+    from farm.pipeline.genai import check_folder
+
+    stages = [{"file": "context_0_ctx.onnx", "role": "part0.prefill", "part": 0},
+              {"file": "iterator_0_ctx.onnx", "role": "part0.decode", "part": 0}]
+    parts = [{"part": 0, "binaries": ["context_0_ctx_qnn.bin"]}]
+    config = {"model": {"decoder": {"pipeline": [{"c": {"filename": "context_0_ctx.onnx"},
+                                                  "i": {"filename": "iterator_0_ctx.onnx"}}]}}}
+    d = _folder(tmp_path, config)
+    (d / "context_0_ctx_qnn.bin").write_bytes(b"ctx")
+    (d / "context_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    check_folder(d, _layout(stages, parts))  # holds together
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("other.bin"))
+    (d / "other.bin").write_bytes(b"x")
+    with pytest.raises(GenaiFolderError, match="context_0_ctx_qnn.bin"):
+        check_folder(d, _layout(stages, parts))
+    (d / "iterator_0_ctx.onnx").write_bytes(_ctx_model("../escape.bin"))
+    with pytest.raises(GenaiFolderError, match="outside the folder"):
+        check_folder(d, _layout(stages, parts))
+    (d / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"pipeline": [
+        {"c": {"filename": "context_0_ctx.onnx"}}]}}}))
+    with pytest.raises(GenaiFolderError, match="iterator_0_ctx.onnx"):
+        check_folder(d, _layout(stages, parts))

@@ -1,0 +1,50 @@
+"""The twin's comparison (workers.qnn.genai_child.compare_runs): tokens matched as the common
+prefix, where the runs first differ and by how much the reference preferred its own token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workers.qnn.genai_child import compare_runs
+
+
+def _run(tokens: list[int], *, vocab: int = 8, bump: float = 0.0, at: int = -1) -> dict[str, Any]:
+    """A run whose step-i logits peak at tokens[i] (+1 over the rest); ``bump`` shifts step
+    ``at``'s logits of the token after it, so the two runs' logits differ there."""
+    logits = []
+    for i, t in enumerate(tokens):
+        lg = np.zeros(vocab, np.float32)
+        lg[t] = 1.0
+        if i == at:
+            lg[(t + 1) % vocab] += bump
+        logits.append(lg)
+    return {"tokens": tokens, "logits": logits}
+
+
+def test_all_tokens_match() -> None:
+    ref = _run([1, 2, 3, 4])
+    twin = _run([1, 2, 3, 4], bump=0.01, at=2)
+    out = compare_runs(ref, twin)
+    assert (out["tokens_compared"], out["tokens_matched"], out["first_mismatch"]) == (4, 4, None)
+    assert out["mismatch_logit_gap"] is None
+    assert abs(out["max_logit_error"] - 0.01) < 1e-6
+    assert out["first_step"]["psnr_db"] == 200.0  # identical first step: the cap
+
+
+def test_a_flip_is_counted_from_the_first_difference_with_its_gap() -> None:
+    ref = _run([1, 2, 3, 4, 5])
+    ref["logits"][2][6] = 0.97  # the reference's runner-up at step 2, 0.03 behind
+    twin = _run([1, 2, 6, 4, 5])  # later tokens equal again: not counted, the text differs
+    out = compare_runs(ref, twin)
+    assert (out["tokens_matched"], out["first_mismatch"]) == (2, 2)
+    assert abs(out["mismatch_logit_gap"] - 0.03) < 1e-6
+    # Logit errors only over the steps both ran on the same text (0..2).
+    assert abs(out["max_logit_error"] - 1.0) < 1e-6
+
+
+def test_a_twin_that_stopped_early_matches_what_it_generated() -> None:
+    out = compare_runs(_run([1, 2, 3]), _run([1, 2]))
+    assert (out["tokens_compared"], out["tokens_matched"], out["first_mismatch"]) == (3, 2, 2)
+    assert out["mismatch_logit_gap"] is None

@@ -1,0 +1,67 @@
+"""The genai checks of the QNN backend, parent side: no onnxruntime here. Each runs
+``workers.qnn.genai_child`` as a child process under a time and memory budget
+(``workers.runner.run_child``), so a simulator crash or hang costs one record, never the worker.
+
+- ``check_folder(folder, work_dir, parts=...)``: a built genai folder (the artifact) is what a
+  device can open: ``og.Config`` parses it, every file it names exists, every EPContext points
+  inside it, each part's ``.bin`` holds exactly its two graphs. Returns the child's description;
+  raises ``GenaiFolderError`` (``genai-folder-invalid``) naming the file.
+- ``run_twin(export_dir, target, options, work_dir)``: the weight-shared artifact can't run here
+  (the simulator crashes on shared contexts, measured), so its parts are compiled again without
+  sharing, and that twin generates ``tokens`` greedy tokens through onnxruntime-genai on the
+  simulator against the source pipeline on the CPU EP. Returns the figures (``status`` ``ok`` |
+  ``unverified`` | ``runtime-crashed``, tokens compared and matched, first mismatch and its
+  logit gap, first step's logits PSNR, timings); a crash keeps what was finished.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from farm.core.catalog import Target
+from farm.core.errors import WorkerLostError
+from farm.core.genai import TWIN_PROMPT, TWIN_TOKENS
+from workers.runner import run_child
+
+MODULE = "workers.qnn.genai_child"
+
+
+def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None, timeout: float = 300.0,
+                 memory_mb: int = 0, python: str | None = None) -> dict[str, Any]:
+    """Check a built genai folder in a child process (see the module docstring). ``parts``:
+    each part's [prefill file, decode file], when the caller knows them (the manifest's roles).
+    ``python``: the interpreter of the worker environment to run it in (default: this one).
+    Raises ``GenaiFolderError``; a child that dies is ``worker-lost`` / ``resource-limit``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    result, _, _ = run_child(MODULE, "check", {"folder": str(Path(folder).resolve()), "parts": parts or []},
+                             work_dir, timeout=timeout, memory_mb=memory_mb, python=python)
+    result.pop("ok", None)
+    return result
+
+
+def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, *,
+             tokens: int = TWIN_TOKENS, prompt: str = TWIN_PROMPT, timeout: float = 900.0,
+             memory_mb: int = 0, python: str | None = None) -> dict[str, Any]:
+    """The twin check of an export folder for ``target`` (compiled with the build's own
+    provider options, ``workers.qnn.runner.provider_options``). Raises ``BadGenaiError`` for an
+    export that can't be mapped, ``ToolchainError`` when the EP compiles no node; a runtime that
+    dies while generating is ``status: runtime-crashed`` with the steps it finished."""
+    from workers.qnn.runner import provider_options
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
+           "provider_options": provider_options(target, options), "tokens": int(tokens), "prompt": prompt}
+    try:
+        result, wall, _ = run_child(MODULE, "twin", req, work_dir, timeout=timeout, memory_mb=memory_mb,
+                                    python=python)
+    except WorkerLostError as exc:  # died before its first checkpoint: during the compile
+        return {"status": "runtime-crashed", "detail": exc.message, "tokens_compared": int(tokens),
+                "tokens_matched": 0, "prompt": prompt}
+    result.pop("ok", None)
+    result.pop("partial", None)
+    if result.get("crashed"):
+        result["status"] = "runtime-crashed"
+        result["detail"] = f"{result.get('detail')}: {result.pop('crashed')}"
+    result["wall_seconds"] = round(wall, 3)
+    return result
