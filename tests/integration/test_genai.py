@@ -96,7 +96,7 @@ def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm
             page = render_page(s, model=["llm/tiny"])
     finally:
         reg.close()
-    assert f"built twin {twin['tokens_matched']}/{twin['tokens_compared']}" in page
+    assert f"built unverified twin {twin['tokens_matched']}/{twin['tokens_compared']}" in page
 
     # The same command again: answered from the index, nothing compiled or assembled.
     before = snapshot(settings)

@@ -83,10 +83,15 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     dev = tmp_path / "device"
     farm(farm_env, "fetch", "--model", "llm/tiny:t1", "--soc", "SM8650", "--qnn", "2.51.0", "--out", str(dev))
     assert sorted(p.name for p in dev.iterdir()) == ["g0_ctx.onnx", "g0_ctx_qnn.bin", "g1_ctx.onnx"]
+    partitions = []
     for ctx in ("g0_ctx.onnx", "g1_ctx.onnx"):
         node = onnx.load(str(dev / ctx)).graph.node[0]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["ep_cache_context"] == b"g0_ctx_qnn.bin" and attrs["main_context"] == 1
+        partitions.append(attrs["partition_name"].decode())
+    # Each graph's own context model, naming its own graph in the binary (a merge once published
+    # the last graph's context model under every graph's name: decode would have run prefill).
+    assert partitions == [g["qnn_graphs"][0] for g in desc["graphs"]] and len(set(partitions)) == 2, (partitions, desc)
     # load-check on this machine says why it can't tell, instead of blaming the file.
     # Its own outcome and exit status (issue 29), not runtime-crashed, and checked before any load.
     checked = farm(farm_env, "load-check", str(dev / "g1_ctx.onnx"), "-t", "qnn:SM8650", check=False)

@@ -259,7 +259,8 @@ def test_hostile_command_arguments(settings: Settings, farm_env: dict[str, str],
         (["status", "--build", "-3"], 2, "usage"),
         (["resolve", "--model", "good", "--soc", "SM8650", "--qnn", "banana"], 2, "usage"),
         (["resolve", "--model", "good", "--soc", "SM9999", "--qnn", "2.51.0"], 2, "unknown-target"),
-        (["show", "zzzzzz"], 2, "usage"),
+        (["show", "zzzzzz"], 1, "not-found"),  # a model name (farm show takes NAME:TAG, NAME, a digest)
+        (["show", "!bad name"], 2, "bad-name"),
         (["resolve", "--model", "sha256:" + "0" * 64, "--soc", "SM8650", "--qnn", "2.51.0"], 1, "not-found"),
     ]
     for args, rc, code in cases:
@@ -303,9 +304,10 @@ BAD_INVOCATIONS: list[tuple[list[str], str, str | None]] = [
     (["resolve", "--model", "sha256:abc", "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "not a model digest"),
     (["resolve", "--model", "sha256:" + "0" * 65, "--soc", "SM8650", "--qnn", "2.51.0"], "usage", "not a model digest"),
     (["ls", "--model", "sha256:zz"], "usage", "not a model digest"),
-    (["show", "zzzzzz"], "usage", "not an artifact id"),
-    (["show", "../../etc"], "usage", "not an artifact id"),
-    (["show", ""], "usage", "not an artifact id"),
+    (["show", "sha256:zz"], "usage", "is not a model digest"),
+    (["show", "!bad name"], "bad-name", "is not allowed"),
+    (["show", "../../etc"], "bad-name", "is not allowed"),
+    (["show", ""], "bad-name", "is not allowed"),
     (["fetch", "sha256:xyz", "-d", "{d}"], "usage", "not an artifact id"),
     (["status", "--build", "abc"], "usage", "invalid int value"),
     # options and names

@@ -304,7 +304,9 @@ class QnnRunner:
             ctx_name = f"g{i}_ctx.onnx"
             nodes, placement, compat = read[i]
             bins = referenced_files(nodes, out_dir)
-            files.append(OutputFile(ctx_name, ctx_path, "ctx-model", MEDIA_CTX_MODEL))
+            # Its own context model (not the last one the loop above read: every graph then
+            # published the last graph's, caught by the genai folder check under onnxruntime 1.32).
+            files.append(OutputFile(ctx_name, out_dir / ctx_name, "ctx-model", MEDIA_CTX_MODEL))
             files += [OutputFile(b, out_dir / b, "context", MEDIA_QNN_CONTEXT) for b in bins
                       if b not in {f.name for f in files}]
             nodes_all += [{**n, "graph": g["name"]} for n in nodes]
