@@ -63,24 +63,10 @@ def _session_options(provider_options: dict[str, str] | None):  # type: ignore[n
     return ort, so
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int] | None:
-    """The protobuf varint at ``data[at:]`` and the offset after it (None past 10 bytes)."""
-    value = shift = 0
-    for i in range(at, min(at + 10, len(data))):
-        value |= (data[i] & 0x7F) << shift
-        shift += 7
-        if not data[i] & 0x80:
-            return value, i + 1
-    return None
-
-
 def ir_version_of(head: bytes) -> int | None:
-    """A serialized ModelProto's ``ir_version`` (field 1, a varint) when it is the first field,
-    as onnx and onnxruntime write it; None otherwise."""
-    if not head or head[0] != 0x08:
-        return None
-    got = _varint(head, 1)
-    return got[0] if got else None
+    """A serialized ModelProto's ``ir_version`` when it is the first field (field 1, a varint), as
+    onnx and onnxruntime write it, and fits one byte (every IR version so far); None otherwise."""
+    return head[1] if len(head) >= 2 and head[0] == 0x08 and head[1] < 0x80 else None
 
 
 # The IR version onnxruntime 1.24 to 1.31 write context models in (1.24.4 measured; 1.31.1
@@ -96,14 +82,13 @@ def keep_ir_version(ctx_path: str, source_path: str) -> int | None:
     which IR 13 describes. Patched in place, one byte for one (both versions under 128), so the
     file's size is unchanged whatever it holds; returns the version written, or None if left."""
     with open(source_path, "rb") as f:
-        source = ir_version_of(f.read(16))
+        source = ir_version_of(f.read(2))
     with open(ctx_path, "r+b") as f:
-        head = f.read(16)
-        written = ir_version_of(head)
-        if source is None or written is None or len(head) < 2 or head[1] != written:
-            return None  # not first, or a multi-byte varint: leave the file as onnxruntime wrote it
+        written = ir_version_of(f.read(2))
+        if source is None or written is None:
+            return None  # not the first field: leave the file as onnxruntime wrote it
         wanted = max(source, CONTEXT_IR)
-        if not 0 < wanted < written < 128:
+        if not 0 < wanted < written:
             return None
         f.seek(1)
         f.write(bytes([wanted]))
