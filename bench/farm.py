@@ -327,8 +327,6 @@ def import_breakdown(python: Path, model: str, targets: list[str], env: dict[str
         name = parts[2].strip()
         family = next((label for label, roots in IMPORT_FAMILIES
                        if any(name == r or name.startswith(r + ".") for r in roots)), "other")
-        if family == "ctxfarm (farm, registry, workers)" and name == "registry.models":
-            family = "registry ORM models"
         own[family] = own.get(family, 0.0) + int(parts[0]) / 1000
     total = sum(own.values())
     return {"wall_s": wall, "rc": proc.returncode, "import_ms": total,

@@ -1263,10 +1263,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
                           signatures: list[dict[str, str]] | None = None, required: bool = False,
                           allow_unsigned: bool = False) -> InstallResult:
@@ -1325,3 +1321,7 @@ def install_package(server: str, token: str | None, ref: str, *, dest: str | os.
     return install_package_files(client, str(answer.get("digest")), answer["record_size"], Path(dest),
                                  trusted=trusted_keys or [], signatures=sigs, required=require_signature,
                                  allow_unsigned=allow_unsigned)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

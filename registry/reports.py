@@ -94,15 +94,14 @@ class ArtifactRef:
 
 def artifact_ref(rows: Rows, digest: str) -> ArtifactRef | None:
     """An artifact by its manifest digest, with its build's options (the TensorRT rule reads them)."""
-    import json
+    from registry.lite import as_json
 
     hit = rows.rows("SELECT a.id, a.backend, a.target, a.toolchain, a.ctx_model, b.options FROM artifacts a"
                     " LEFT JOIN builds b ON b.id = a.build_id WHERE a.digest = :d", {"d": digest})
     if not hit:
         return None
     aid, backend, target, toolchain, ctx_model, options = hit[0]
-    if isinstance(options, str):
-        options = json.loads(options)
+    options = as_json(options)
     return ArtifactRef(int(aid), str(backend), str(target), str(toolchain), str(ctx_model or ""),
                        dict(options or {}))
 

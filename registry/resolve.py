@@ -168,7 +168,7 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
     devices = devices or {}
     judged = []
     for a in arts:
-        v = verdict(a, device)
+        v = rule = verdict(a, device)
         probe = probes.get((a.id, device.runtime))
         if probe is not None and a.target == device.target.name:
             what = "loaded" if probe.verdict == "loads" else "failed to load"
@@ -180,7 +180,7 @@ def rank(arts: list[Artifact], device: Device, probes: dict[tuple[int, str], Any
         dev = devices.get(a.id)
         # Devices refine the rule, never override it: evidence counts only where the rule serves
         # this artifact to this device (same SoC or a multi-SoC build naming it, runtime new enough).
-        if dev is not None and device.target.name in a.target.split("+") and verdict(a, device).loads:
+        if dev is not None and device.target.name in a.target.split("+") and rule.loads:
             v = _device_verdict(dev, device, fail_devices) or v
         judged.append((a, v))
     good = [(a, v) for a, v in judged if v.loads]

@@ -26,11 +26,8 @@ def unprintable(text: str) -> str | None:
     if text.isascii() and text.isprintable():  # the common case: no per-character lookups
         return None
     for ch in text:
-        if ch.isprintable() and unicodedata.category(ch) not in _HIDDEN:
-            continue
-        if ch == " ":
-            continue
-        return f"U+{ord(ch):04X}"
+        if not ch.isprintable() or unicodedata.category(ch) in _HIDDEN:
+            return f"U+{ord(ch):04X}"
     return None
 
 
@@ -41,11 +38,13 @@ def printable(text: str) -> str:
     """``text`` safe to show on a terminal or in a log line: every character ``unprintable`` names
     is written as ``\\uXXXX``, so stored text can neither move the cursor,
     recolour the screen, reorder a line (bidi) nor forge a second line."""
+    import unicodedata
+
     if text.isascii() and text.isprintable():
         return text
     out = []
     for ch in text:
-        if ch != " " and unprintable(ch) is not None:
+        if not ch.isprintable() or unicodedata.category(ch) in _HIDDEN:
             out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
         else:
             out.append(ch)

@@ -31,6 +31,7 @@ one blob.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -91,6 +92,14 @@ class PackageBundle:
 
     def files_json(self) -> list[dict[str, Any]]:
         return [entry for entry, _ in self.sources()]
+
+    def cleanup(self) -> None:
+        """Remove the temporary directories of genai.json and of each part's group.json (the
+        caller's ``finally``: success, refusal or Ctrl-C leave nothing in TMPDIR)."""
+        for g in self.parts:
+            g.cleanup()
+        if self._dir.name.startswith("ctxfarm-genai-"):
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def sources(self) -> list[tuple[dict[str, Any], Path]]:
         out: list[tuple[dict[str, Any], Path]] = [
@@ -253,6 +262,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             report.outcomes.append(o)
         return PackageReport(report, parts)
     finally:
+        pkg.cleanup()
         reg.close()
 
 
@@ -450,8 +460,9 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     for st in export.cpu:
         names[st.name] = st.graph.file
     config = genai.config_bytes(genai.genai_config(export, names))
-    blobs[sha256_bytes(config)] = config
-    add(CONFIG_NAME, sha256_bytes(config), len(config), "application/json", role="ctx-model")
+    config_digest = sha256_bytes(config)
+    blobs[config_digest] = config
+    add(CONFIG_NAME, config_digest, len(config), "application/json", role="ctx-model")
     stages = [{"name": st.name, "role": roles[st.name], "file": names[st.name],
                **({"part": st.part} if st.part is not None else {})} for st in export.stages]
     return Layout(files, stages, part_rows, blobs, toolchain, epcontext,
@@ -616,14 +627,6 @@ def twin_of(description: dict[str, Any] | None) -> dict[str, Any] | None:
     return tw if isinstance(tw, dict) else None
 
 
-def stages_of(manifest: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A package manifest's stages with their roles (None: not a genai package)."""
-    g = manifest.get("genai")
-    if not isinstance(g, dict) or not isinstance(g.get("stages"), list):
-        return None
-    return [s for s in g["stages"] if isinstance(s, dict)]
-
-
 # ---- the link between a package's build and its parts' builds --------------------------------------
 
 def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> None:
@@ -696,6 +699,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
 
     own = registry is None
     reg = registry or Registry.open(settings)
+    pkg: PackageBundle | None = None
     try:
         request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
                                        retry_failed, force_tag)
@@ -749,6 +753,8 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         out.tag_moved = moved
         return out
     finally:
+        if pkg is not None:
+            pkg.cleanup()
         if own:
             reg.close()
 

@@ -35,9 +35,13 @@ def tiny(tmp_path: Path) -> Path:
 
 def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm_env: dict[str, str],
                                                        tiny: Path, tmp_path: Path) -> None:
-    out = json.loads(farm(farm_env, "build", "--genai", str(tiny), "-t", "qnn:SM8650", "--name", "llm/tiny",
-                          "--tag", "t", "--json").stdout)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = json.loads(farm({**farm_env, "TMPDIR": str(scratch)}, "build", "--genai", str(tiny), "-t", "qnn:SM8650",
+                          "--name", "llm/tiny", "--tag", "t", "--json").stdout)
     assert out["ok"] and out["kind"] == "genai-package" and out["name"] == "llm/tiny" and out["tag"] == "t"
+    # The package's genai.json and its parts' group.json lived in temporary directories: gone.
+    assert sorted(p.name for p in scratch.glob("ctxfarm-*")) == []
     valid("build", out)
     (pkg,) = out["builds"]
     assert pkg["state"] == "built" and pkg["nodes_cpu"] == 0 and pkg["nodes_ep"] == 4
