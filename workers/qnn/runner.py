@@ -428,12 +428,8 @@ class QnnRunner:
             loaded = self.load_check(ctx_model, target, timeout=timeout)
         except FarmError as exc:
             exc.details = {**report, **({"log": exc.details["log"][-8000:]} if "log" in exc.details else {})}
-            unloadable = _simulator_cannot_load(context, ctx) if runtime["simulator"] else None
-            if isinstance(exc, ToolchainError | RuntimeCrashedError) and unloadable:
-                exc.message = f"{exc.message} -- {unloadable}"
-                exc.hint = ("no verdict on the device: this runtime is the x86_64 simulator; load-check it on a "
-                            f"device with {target.name} (its description was checked when it was built: farm show)")
-            elif isinstance(exc, ToolchainError):
+            # (What the simulator can't load was answered load-unverified above, before trying.)
+            if isinstance(exc, ToolchainError):
                 checked = ", ".join(f"{k} {v}" for k, v in (("SoC", built_for), ("SDK", built)) if v)
                 exc.hint = (f"the message is the QNN SDK's own; the file's {checked} matched this runtime, so the "
                             "context itself was refused: fetch it again (farm fetch verifies digests) or rebuild it"
