@@ -167,9 +167,11 @@ def _build(reg: Registry, settings: Settings, row: tuple[Any, ...], fetch: Any) 
                                        hint="run `farm registry verify --repair`")
     for f in payload:
         fetch(f["digest"], int(f["size"]), what)
-    first_ctx = next(f for f in payload if f["name"] == manifest["ctxModel"])
-    meta = _compat_metadata(Path(fetch(first_ctx["digest"], int(first_ctx["size"]), what)))
-    compat = pk.compatibility_string(backend, manifest, meta)
+    compat = pk.compatibility_string(backend, manifest, None)
+    if compat is None and pk.EP_OF.get(backend):  # published before the manifest recorded it
+        first_ctx = next(f for f in payload if f["name"] == manifest["ctxModel"])
+        meta = _compat_metadata(Path(fetch(first_ctx["digest"], int(first_ctx["size"]), what)))
+        compat = pk.compatibility_string(backend, manifest, meta)
     provider: dict[str, str] = {}
     graphs = manifest.get("graphs")
     if backend == "qnn":
