@@ -70,6 +70,8 @@ class Candidate:
     files: list[FileRow] = field(default_factory=list)
     signatures: list[tuple[str, str]] = field(default_factory=list)  # (public key, signature), oldest first
     description: dict[str, Any] | None = None  # read for a winner that carries figures (a genai package's twin)
+    reported: bool = True  # whether any device report names it (True where unknown: read them)
+    total: int | None = None  # the model's active artifacts of this backend, all targets (read with a target)
 
     @property
     def short_id(self) -> str:
@@ -82,8 +84,15 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
     build's options and the probe verdict recorded for exactly ``runtime``, in one statement
     (indexes: artifacts (model_digest, backend, target, toolchain), compat_verdicts
     (artifact_id); the UNIQUE verdict key makes the outer join one row per artifact)."""
+    # ``reported``: whether any device report names the artifact (an index probe each), so resolve
+    # reads the device evidence only where there is some. With a target: ``total``, the model's
+    # active artifacts of the backend on every target, so a miss with enough of this target's to
+    # name as nearest is explained without reading the others (``registry.resolve``).
+    total = ("(SELECT count(*) FROM artifacts c WHERE c.model_digest = :model AND c.backend = :backend"
+             " AND c.status = :active)" if target is not None else "NULL")
     sql = ("SELECT a.id, a.digest, a.target, a.toolchain, a.options_digest, a.ctx_model, a.created_at, b.options,"
-           " v.verdict, v.detail, v.recorded_at, a.nodes_ep, a.nodes_cpu, a.cpu_op_types, a.compatibility"
+           " v.verdict, v.detail, v.recorded_at, a.nodes_ep, a.nodes_cpu, a.cpu_op_types, a.compatibility,"
+           f" EXISTS (SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id), {total}"
            " FROM artifacts a JOIN builds b ON b.id = a.build_id"
            " LEFT JOIN compat_verdicts v ON v.artifact_id = a.id AND v.runtime_backend = :backend"
            " AND v.runtime_version = :runtime AND v.source = :probe"
@@ -95,11 +104,13 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
         sql += (" AND (a.target = :target OR a.id IN"
                 " (SELECT t.artifact_id FROM artifact_targets t WHERE t.target = :target))")
         params["target"] = target
+    sql += " ORDER BY a.id"  # the same order whichever plan: ties in the ranking fall the same way
     return [Candidate(id=r[0], digest=r[1], model_digest=model_digest, backend=backend, target=r[2],
                       toolchain=r[3], options_digest=r[4], ctx_model=r[5], created_at=as_datetime(r[6]),
                       build=BuildRef(as_json(r[7]) or {}),
                       probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None,
-                      nodes_ep=r[11], nodes_cpu=r[12], cpu_op_types=as_json(r[13]), compatibility=as_json(r[14]))
+                      nodes_ep=r[11], nodes_cpu=r[12], cpu_op_types=as_json(r[13]), compatibility=as_json(r[14]),
+                      reported=bool(r[15]), total=None if r[16] is None else int(r[16]))
             for r in rows.rows(sql, params)]
 
 

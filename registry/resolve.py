@@ -218,7 +218,12 @@ def _device_verdict(dev: Any, device: Device, fail_devices: int) -> Verdict | No
 def _devices(rows: Rows, arts: list[Candidate], device: Device) -> dict[int, Any]:
     from registry.reports import device_verdicts
 
-    return device_verdicts(rows, [a.id for a in arts], device.backend, device.runtime, device.target.name)
+    # Only where a device reported anything (``Candidate.reported``): most artifacts have no reports.
+    ids = [a.id for a in arts if getattr(a, "reported", True)]
+    return device_verdicts(rows, ids, device.backend, device.runtime, device.target.name) if ids else {}
+
+
+NEAREST = 5  # candidates a miss names
 
 
 def resolve(session: Session | Rows, model_digest: str, device: Device, *, model_label: str = "",
@@ -231,24 +236,34 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
     if device.backend == "qnn":
         # The QNN rule never serves another SoC: look at this one first, the rest only to explain a miss.
         arts = candidates(rows, model_digest, device, device.target.name)
-        good, _ = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
+        good, bad = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
         if good:
             return _with_files(rows, good[0])
+        # The nearest sort this SoC's own first, and all it needs says what this SoC lacks: with
+        # enough of them, the other targets' artifacts are only counted (``total``), not read.
+        if sum(a.target == device.target.name for a, _ in bad) >= NEAREST and arts[0].total is not None:
+            _miss(model_label or model_digest, device, arts[0].total, bad)
     arts = candidates(rows, model_digest, device)
     good, bad = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
     if good:
         return _with_files(rows, good[0])
-    label = model_label or model_digest
+    _miss(model_label or model_digest, device, len(arts), bad)
+    raise AssertionError("unreachable")
+
+
+def _miss(label: str, device: Device, total: int, bad: list[tuple[Artifact, Verdict]]) -> None:
+    """Raise the explained miss: ``total`` artifacts of the model for the backend, none loads;
+    ``bad``, nearest first."""
     nearest = [{"artifact": a.digest, "target": a.target, "toolchain": a.toolchain, "reason": v.reason}
-               for a, v in bad[:5]]
-    if not arts:
+               for a, v in bad[:NEAREST]]
+    if not total:
         msg = f"no {device.backend} artifact of {label} exists"
         hint = f"build one: farm build MODEL --target {device.target.ref}"
     else:
-        msg = (f"none of the {len(arts)} {device.backend} artifact(s) of {label} loads on "
+        msg = (f"none of the {total} {device.backend} artifact(s) of {label} loads on "
                f"{device.target.ref} with runtime {device.runtime}")
         lines = [f"{a.short_id} {a.target} {device.backend.upper()} {a.toolchain}: "
-                 f"{'probe: ' if v.source == 'probe' else ''}{v.reason}" for a, v in bad[:5]]
+                 f"{'probe: ' if v.source == 'probe' else ''}{v.reason}" for a, v in bad[:NEAREST]]
         needed = _what_is_needed(bad, device)
         hint = "nearest: " + "; ".join(lines) + (f". {needed}" if needed else "")
     raise NoMatchError(msg, hint=hint, details={"nearest": nearest})

@@ -67,8 +67,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.add_exception_handler(SessionRedirect, _session)  # type: ignore[arg-type]
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    for module in (health, models, releases, builds, resolve, blobs, tags, coverage, workers, artifacts):
+    for module in (health, models, releases, builds, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
+    resolve.include(app)  # issue 33: its hot GET route first
     from farm.api.routes import cancel, upload_sessions
 
     app.include_router(cancel.router)  # issue 22: farm cancel

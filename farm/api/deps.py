@@ -304,12 +304,13 @@ class RouteGuard:
         self.inner = inner
         self.methods = set(route.methods or ())
         self.page = any(getattr(c, "page", False) for c in calls)
-        self.needed = next((c.needed for c in calls if hasattr(c, "needed")), None)
-        streamed = next((c.body_limit for c in calls if hasattr(c, "body_limit")), None)
+        self.needed = next((c.needed for c in calls if hasattr(c, "needed")), getattr(route, "needed", None))
+        streamed = next((c.body_limit for c in calls if hasattr(c, "body_limit")), getattr(route, "body_limit", None))
         self.buffered = streamed is None and isinstance(route, APIRoute) and route.body_field is not None
         # A plain Starlette route (the device reports' fast path; the API document) checks its own
         # token and declared size (reports: 16 KiB) in that order; here only what it reads is counted.
-        self.own_checks = not isinstance(route, APIRoute)
+        # One that declares ``needed`` and ``body_limit`` (resolve's fast path) is checked here.
+        self.own_checks = not isinstance(route, APIRoute) and self.needed is None
         if streamed is not None:
             self.limit_of: Any = streamed
         elif self.buffered or self.own_checks:

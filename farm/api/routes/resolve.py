@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Annotated, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from starlette.routing import Route
 
 from farm.api.answers import Answer, AnswerCache, etag_of, none_match
-from farm.api.deps import MetricsDep, RegistryDep, read
+from farm.api.deps import NO_BODY, read
 from farm.core import errors as E
 from farm.pipeline import plan
 from registry.index import Registry
@@ -23,28 +26,116 @@ router = APIRouter(tags=["read"])
             responses={200: {"description": "the artifact to load; ETag names what to install",
                              "content": {"application/json": {"schema": {"type": "object"}}}},
                        304: {"description": "If-None-Match matched: nothing new to install"}})
-def resolve(request: Request, reg: RegistryDep, metrics: MetricsDep, model: Annotated[str, Query(max_length=300)],
-            soc: Annotated[str | None, Query(max_length=64)] = None,
-            qnn: Annotated[str | None, Query(max_length=64)] = None,
-            gpu: Annotated[str | None, Query(max_length=64)] = None,
-            trt: Annotated[str | None, Query(max_length=64)] = None,
-            platform: Annotated[str, Query(max_length=64)] = "linux-x86-64",
-            manifest: bool = True,
-            if_none_match: Annotated[str | None, Header(max_length=4096)] = None) -> Response:
+async def resolve(request: Request, model: Annotated[str, Query(max_length=300)],
+                  soc: Annotated[str | None, Query(max_length=64)] = None,
+                  qnn: Annotated[str | None, Query(max_length=64)] = None,
+                  gpu: Annotated[str | None, Query(max_length=64)] = None,
+                  trt: Annotated[str | None, Query(max_length=64)] = None,
+                  platform: Annotated[str, Query(max_length=64)] = "linux-x86-64",
+                  manifest: bool = True,
+                  if_none_match: Annotated[str | None, Header(max_length=4096)] = None) -> Response:
     """The artifact this device should load: manifest, signatures, where to get each file.
     ``manifest=false`` leaves the manifest out (a device that fetches and verifies the
     manifest blob itself saves the service a store read). The answer's weak ``ETag`` changes
     exactly when what the device should install changes (the artifact or its signatures); a poll
-    with ``If-None-Match`` (a tag it holds, or ``*``) gets ``304`` while it has not."""
+    with ``If-None-Match`` (a tag it holds, or ``*``) gets ``304`` while it has not. (Served by
+    ``fast_route``, which ``include`` puts first; this one documents it in the OpenAPI schema.)"""
+    return await _respond(request, _Question(model, soc, qnn, gpu, trt, platform, manifest), if_none_match)
+
+
+class _Question(NamedTuple):
+    model: str
+    soc: str | None
+    qnn: str | None
+    gpu: str | None
+    trt: str | None
+    platform: str
+    manifest: bool
+
+
+# The route's declared limits (above), checked by hand on the fast route: the same 400 ``usage``.
+_LIMITS = (("model", 300), ("soc", 64), ("qnn", 64), ("gpu", 64), ("trt", 64), ("platform", 64))
+# What pydantic reads as a boolean from a query string (lax mode).
+_BOOLS = {"0": False, "off": False, "f": False, "false": False, "n": False, "no": False,
+          "1": True, "on": True, "t": True, "true": True, "y": True, "yes": True}
+
+
+def _invalid(where: str, what: str) -> E.UsageError:
+    return E.UsageError(f"{where}: {what}"[:300], hint="see /openapi.json")
+
+
+def _question(request: Request) -> tuple[_Question, str | None]:
+    """The query and If-None-Match as the documented route declares them: each within its
+    length, ``model`` required, ``manifest`` a boolean (the last of a repeated parameter counts,
+    unknown ones are ignored, as FastAPI does)."""
+    q = request.query_params
+    got: dict[str, str | None] = {}
+    for name, limit in _LIMITS:
+        value = q.get(name)
+        if value is not None and len(value) > limit:
+            raise _invalid(f"query.{name}", f"String should have at most {limit} characters")
+        got[name] = value
+    if got["model"] is None:
+        raise _invalid("query.model", "Field required")
+    raw_manifest = q.get("manifest")
+    manifest = True if raw_manifest is None else _BOOLS.get(raw_manifest.strip().lower())
+    if manifest is None:
+        raise _invalid("query.manifest", "Input should be a valid boolean, unable to interpret input")
+    inm = request.headers.get("if-none-match")
+    if inm is not None and len(inm) > 4096:
+        raise _invalid("header.if-none-match", "String should have at most 4096 characters")
+    return _Question(got["model"] or "", got["soc"], got["qnn"], got["gpu"], got["trt"],
+                     got["platform"] if got["platform"] is not None else "linux-x86-64", manifest), inm
+
+
+async def _fast_get(request: Request) -> Response:
+    """``GET /v1/resolve`` as a plain Starlette route: the same checks and answer as the documented
+    one, without FastAPI's dependency solving and its walk over every router (a device's hottest
+    read). ``RouteGuard`` checks its read token and that no body comes (the route's ``needed`` and
+    ``body_limit``); the answer is computed on this module's own threads."""
+    question, inm = _question(request)
+    return await _respond(request, question, inm)
+
+
+async def _respond(request: Request, question: _Question, if_none_match: str | None) -> Response:
+    metrics = request.app.state.metrics
     started = time.perf_counter()
     try:
-        answer = _answer(request, reg, model, soc, qnn, gpu, trt, platform, manifest)
+        answer = await asyncio.wrap_future(_pool().submit(_answer, request, request.app.state.registry, *question))
         headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
         if none_match(if_none_match, answer.etag):
             return Response(status_code=304, headers=headers)
         return Response(answer.body, media_type="application/json", headers=headers)
     finally:
         metrics.resolve_seconds.observe(time.perf_counter() - started)
+
+
+# Resolve's own threads: its reads wait on the database there, never on the event loop. As many as
+# the reader's pool holds connections (``_reader``), so none waits for a connection.
+RESOLVE_THREADS = 8
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(RESOLVE_THREADS, thread_name_prefix="resolve")
+    return _POOL
+
+
+fast_route = Route("/v1/resolve", _fast_get, methods=["GET"])
+fast_route.needed = "read"  # type: ignore[attr-defined]  # RouteGuard: a read token ...
+fast_route.body_limit = lambda _request: NO_BODY  # type: ignore[attr-defined]  # ... and no body
+
+
+def include(app: Any) -> None:
+    """The routes of this module on ``app``: the documented router, and ``fast_route`` first of all
+    routes."""
+    app.include_router(router)
+    app.router.routes.insert(0, fast_route)
 
 
 def _device(soc: str | None, qnn: str | None, gpu: str | None, trt: str | None, platform: str) -> Any:
