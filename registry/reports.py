@@ -193,7 +193,7 @@ class ReportWriter:
     wait for the WAL flush (``synchronous_commit = off``): a crash of the *database server* may
     lose the last moments of answered reports (a few hundred ms), never the index's consistency."""
 
-    def __init__(self, db: Any, max_batch: int = 500, linger: float = 0.02):
+    def __init__(self, db: Any, max_batch: int = 500, linger: float = 0.0):
         import queue
         import threading
 

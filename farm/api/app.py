@@ -50,7 +50,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         if registry is None:
             reg.close()
 
-    app = FastAPI(title="ctxfarm", version="1", description=__doc__, responses=ERRORS,  # type: ignore[arg-type]
+    app = Service(title="ctxfarm", version="1", description=__doc__, responses=ERRORS,  # type: ignore[arg-type]
                   lifespan=lifespan)
     app.state.settings = settings
     app.state.registry = reg
@@ -84,7 +84,39 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     from farm.api.deps import guard_routes
 
     guard_routes(app)  # issue 32: every route, the token before the body and the body within its cap
+    app.take_first(resolve.fast_route, reports.fast_route)  # issue 33: a device's poll and its report
     return app
+
+
+class Service(FastAPI):
+    """FastAPI, with the device fleet's hottest routes (``take_first``) answered before its
+    middleware stack and its walk over every router: a route taken here is the same Starlette
+    route, behind the same ``RouteGuard`` (token, body caps), in ``ErrorBoundary`` (every failure
+    the documented error body). Measured: the stack and the router cost a third of a cached
+    resolve's service CPU."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first: dict[tuple[str, str], Any] = {}
+
+    def take_first(self, *routes: Any) -> None:
+        """Serve these plain routes (their method and exact path) ahead of everything else.
+        Call it after ``guard_routes``: what is taken is each route's guarded handler."""
+        from farm.api.deps import RouteGuard
+
+        for route in routes:
+            assert isinstance(route.handle, RouteGuard), "guard_routes first"
+            for method in route.methods or ():
+                self.first[(method, route.path)] = ErrorBoundary(route.handle)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            route = self.first.get((scope["method"], scope["path"]))
+            if route is not None:
+                scope["app"] = self
+                await route(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
