@@ -133,30 +133,66 @@ KEY = ("artifact_id", "token_id", "device_id", "runtime_backend", "runtime_versi
 
 def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
     """Insert or replace many reports in one statement; their row ids, in order. Reports of one
-    key within the batch collapse to the last one (``count`` adds up). Plain SQL on the session's
-    connection (the same text on PostgreSQL and SQLite): the ORM's bulk path cost more CPU than
-    the database did (1.4 ms a report in batches of 8, measured)."""
-    from registry.lite import pyformat
-
+    key within the batch collapse to the last one (``count`` adds up). A token revoked while its
+    reports waited in the writer (the service caches identities for seconds) has them stored
+    struck (``revoked_at``), in the same statement, so they never count, even for a moment.
+    Plain SQL on the session's connection: the ORM's bulk path cost more CPU than the database did
+    (1.4 ms a report in batches of 8, measured). PostgreSQL: one statement text whatever the batch
+    size (columns as arrays, ``unnest``), which the driver prepares once per connection."""
     now = datetime.now(UTC)
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     keys = []
     for artifact_id, token_id, fields in reports:
         values = {k: fields.get(k) for k in FIELDS}
-        values.update(artifact_id=artifact_id, token_id=token_id, received_at=now, revoked_at=None)
+        values.update(artifact_id=artifact_id, token_id=token_id)
         key = tuple(values[k] for k in KEY)
         keys.append(key)
         values["count"] = rows[key]["count"] + 1 if key in rows else 1
         rows[key] = values
-    dialect = s.get_bind().dialect.name
+    conn = s.connection()
+    if s.get_bind().dialect.name == "postgresql":
+        params = [now, now, *([row[c] for row in rows.values()] for c, _type in _ARRAYS)]
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.execute(_PG_BATCH, params)
+            got = cur.fetchall()
+        finally:
+            cur.close()
+    else:
+        got = _sqlite_batch(conn, list(rows.values()), now)
+    ids = {tuple(r[1:]): int(r[0]) for r in got}
+    return [ids[k] for k in keys]
+
+
+# Each column the batch carries and its PostgreSQL array type (unnest's input).
+_ARRAYS = tuple((c, "float8[]" if c in ("load_ms", "first_inference_ms", "peak_memory_mb", "psnr_db")
+                 else "timestamptz[]" if c == "reported_at" else "text[]") for c in FIELDS) + (
+    ("artifact_id", "int[]"), ("token_id", "int[]"), ("count", "int[]"))
+_PG_BATCH = (
+    f"INSERT INTO device_reports ({', '.join(c for c, _ in _ARRAYS)}, received_at, revoked_at, revoked_why)"
+    f" SELECT {', '.join('x.' + c for c, _ in _ARRAYS)}, %s::timestamptz,"
+    " CASE WHEN t.revoked_at IS NULL THEN NULL ELSE %s::timestamptz END,"
+    " CASE WHEN t.revoked_at IS NULL THEN NULL ELSE 'token revoked' END"
+    f" FROM unnest({', '.join(f'%s::{t}' for _, t in _ARRAYS)}) AS x({', '.join(c for c, _ in _ARRAYS)})"
+    " LEFT JOIN api_tokens t ON t.id = x.token_id"
+    f" ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*FIELDS, "received_at", "revoked_at", "revoked_why"))
+    + ", count = device_reports.count + excluded.count"
+    f" RETURNING id, {', '.join(KEY)}")
+
+
+def _sqlite_batch(conn: Any, rows: list[dict[str, Any]], now: datetime) -> list[Any]:
+    """SQLite: the batch as one multi-row INSERT, then the struck tokens' reports (SQLite stores
+    naive UTC text, as SQLAlchemy does)."""
+    stamp = now.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
     params: dict[str, Any] = {}
     groups = []
-    for i, row in enumerate(rows.values()):
+    for i, row in enumerate(rows):
         names = []
         for c in _COLUMNS:
-            v = row[c]
-            if dialect == "sqlite" and isinstance(v, datetime):
-                v = v.astimezone(UTC).replace(tzinfo=None).isoformat(" ")  # as SQLAlchemy stores them
+            v = row.get(c) if c not in ("received_at", "revoked_at") else (stamp if c == "received_at" else None)
+            if isinstance(v, datetime):
+                v = v.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
             params[f"p{i}_{c}"] = v
             names.append(f":p{i}_{c}")
         groups.append("(" + ", ".join(names) + ")")
@@ -165,20 +201,14 @@ def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[
            + ", ".join(f"{c} = excluded.{c}" for c in (*FIELDS, "received_at"))
            + ", count = device_reports.count + excluded.count, revoked_at = NULL"
            f" RETURNING id, {', '.join(KEY)}")
-    if dialect == "postgresql":
-        sql = pyformat(sql)
-    conn = s.connection()
-    ids = {tuple(r[1:]): int(r[0]) for r in conn.exec_driver_sql(sql, params).fetchall()}
-    # A token revoked while its reports waited here (the service caches identities for seconds):
-    # what it said is withdrawn in the same transaction, so it never counts, even for a moment.
-    tokens = sorted({t for _a, t, _f in reports})
-    strike = (f"UPDATE device_reports SET revoked_at = :now, revoked_why = 'token revoked'"
-              f" WHERE revoked_at IS NULL AND token_id IN ({', '.join(f':t{i}' for i in range(len(tokens)))})"
-              " AND token_id IN (SELECT id FROM api_tokens WHERE revoked_at IS NOT NULL)")
-    strike_params: dict[str, Any] = {f"t{i}": t for i, t in enumerate(tokens)}
-    strike_params["now"] = (now.astimezone(UTC).replace(tzinfo=None).isoformat(" ") if dialect == "sqlite" else now)
-    conn.exec_driver_sql(pyformat(strike) if dialect == "postgresql" else strike, strike_params)
-    return [ids[k] for k in keys]
+    got = conn.exec_driver_sql(sql, params).fetchall()
+    tokens = sorted({row["token_id"] for row in rows})
+    conn.exec_driver_sql(
+        "UPDATE device_reports SET revoked_at = :now, revoked_why = 'token revoked'"
+        f" WHERE revoked_at IS NULL AND token_id IN ({', '.join(f':t{i}' for i in range(len(tokens)))})"
+        " AND token_id IN (SELECT id FROM api_tokens WHERE revoked_at IS NOT NULL)",
+        {"now": stamp, **{f"t{i}": t for i, t in enumerate(tokens)}})
+    return got
 
 
 _COLUMNS = (*FIELDS, "artifact_id", "token_id", "received_at", "revoked_at", "count")
@@ -186,65 +216,77 @@ _COLUMNS = (*FIELDS, "artifact_id", "token_id", "received_at", "revoked_at", "co
 
 class ReportWriter:
     """Writes reports in batches from one thread: every report that arrives while a batch is
-    being written goes into the next one (one statement, one commit), so a burst of devices
-    costs a few transactions, not one each. A report is answered 201 only once its batch has
-    committed: a crash of the service never loses an answered report (an unanswered one was never
-    acknowledged, and a device that sends it again counts once). On PostgreSQL the commit does not
-    wait for the WAL flush (``synchronous_commit = off``): a crash of the *database server* may
-    lose the last moments of answered reports (a few hundred ms), never the index's consistency."""
+    being written goes into the next one (one statement, one commit; no waiting for more: an
+    idle service writes a lone report at once, a busy one in batches as large as the arrivals
+    during one write), so a burst of devices costs a few transactions, not one each. A report
+    is answered 201 only once its batch has committed: a crash of the service never loses an
+    answered report (an unanswered one was never acknowledged, and a device that sends it again
+    counts once). On PostgreSQL the commit does not wait for the WAL flush
+    (``synchronous_commit = off``): a crash of the *database server* may lose the last moments of
+    answered reports (a few hundred ms), never the index's consistency. The waiting requests are
+    woken once per batch and event loop (``call_soon_threadsafe``), not once each."""
 
-    def __init__(self, db: Any, max_batch: int = 500, linger: float = 0.0):
+    def __init__(self, db: Any, max_batch: int = 500):
         import queue
         import threading
 
-        # ``linger``: how long a batch waits for more reports once one arrived. Fewer, larger
-        # transactions cost less CPU per report and bump the model's resolve generation (the
-        # coverage triggers) less often: cached resolve answers live longer while reports arrive.
-        self.db, self.max_batch, self.linger = db, max_batch, linger
-        self.queue: queue.SimpleQueue[tuple[int, int, dict[str, Any], Any]] = queue.SimpleQueue()
+        self.db, self.max_batch = db, max_batch
+        self.queue: queue.SimpleQueue[tuple[int, int, dict[str, Any], Any, Any]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="report-writer", daemon=True)
         self.thread.start()
 
-    def submit(self, artifact_id: int, token_id: int, fields: dict[str, Any]) -> Any:
-        """A ``concurrent.futures.Future`` of the report's row id."""
-        from concurrent.futures import Future
+    async def write(self, artifact_id: int, token_id: int, fields: dict[str, Any]) -> int:
+        """The report's row id, once its batch has committed."""
+        import asyncio
 
-        fut: Future[int] = Future()
-        self.queue.put((artifact_id, token_id, fields, fut))
-        return fut
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        self.queue.put((artifact_id, token_id, fields, loop, fut))
+        return await fut
 
     def _run(self) -> None:
         import queue
-        import time
 
         while True:
             batch = [self.queue.get()]
-            deadline = time.monotonic() + self.linger
             while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
                 try:
-                    batch.append(self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait())
+                    batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
+            outcomes: list[Any] = []
             try:
-                ids = self._write([(a, t, f) for a, t, f, _ in batch])
+                outcomes = self._write([(a, t, f) for a, t, f, _l, _f in batch])
             except Exception:  # a bad row must not fail its neighbours: one by one
-                for a, t, f, fut in batch:
+                for a, t, f, _loop, _fut in batch:
                     try:
-                        fut.set_result(self._write([(a, t, f)])[0])
+                        outcomes.append(self._write([(a, t, f)])[0])
                     except Exception as exc:  # noqa: BLE001 - handed to the waiting request
-                        fut.set_exception(exc)
-                continue
-            for (_a, _t, _f, fut), report_id in zip(batch, ids, strict=True):
-                fut.set_result(report_id)
+                        outcomes.append(exc)
+            by_loop: dict[Any, list[tuple[Any, Any]]] = {}
+            for (_a, _t, _f, loop, fut), outcome in zip(batch, outcomes, strict=True):
+                by_loop.setdefault(loop, []).append((fut, outcome))
+            for loop, settled in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_settle, settled)
+                except RuntimeError:  # that loop is closed: nobody waits there any more
+                    pass
 
     def _write(self, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
         with self.db.session() as s:
             if s.get_bind().dialect.name == "postgresql":
-                from sqlalchemy import text
-
-                s.execute(text("SET LOCAL synchronous_commit = off"))
+                s.connection().exec_driver_sql("SET LOCAL synchronous_commit = off")
             return record_many(s, reports)
+
+
+def _settle(settled: list[tuple[Any, Any]]) -> None:
+    for fut, outcome in settled:
+        if fut.done():  # the request went away (cancelled)
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
 
 
 def revoke(s: Any, *, token_name: str | None = None, report_id: int | None = None) -> int:

@@ -14,7 +14,6 @@ show and lift what independent reports withhold from resolve.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -284,7 +283,7 @@ async def _handle(request: Request, token_id: int) -> JSONResponse:
         else:
             artifact_id, out, fields = await run_in_threadpool(_prepare, reg, st, report)
         # Written by the batching writer (registry.reports.ReportWriter): no pool thread waits.
-        out["report"] = await asyncio.wrap_future(st.writer(reg).submit(artifact_id, token_id, fields))
+        out["report"] = await st.writer(reg).write(artifact_id, token_id, fields)
     except E.FarmError as exc:
         st.refused.labels(exc.code).inc()
         if isinstance(exc, E.RateLimitedError):
