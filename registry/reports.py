@@ -140,6 +140,18 @@ def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[
     (1.4 ms a report in batches of 8, measured). PostgreSQL: one statement text whatever the batch
     size (columns as arrays, ``unnest``), which the driver prepares once per connection."""
     now = datetime.now(UTC)
+    conn = s.connection()
+    if s.get_bind().dialect.name == "postgresql":
+        with conn.connection.driver_connection.cursor() as cur:
+            return _pg_batch(cur, reports)
+    keys, rows = _collapse(reports)
+    ids = {tuple(r[1:]): int(r[0]) for r in _sqlite_batch(conn, list(rows.values()), now)}
+    return [ids[k] for k in keys]
+
+
+def _collapse(reports: list[tuple[int, int, dict[str, Any]]]
+              ) -> tuple[list[tuple[Any, ...]], dict[tuple[Any, ...], dict[str, Any]]]:
+    """(each report's key, in order; key -> its row, the last of a key's reports, ``count`` of them)."""
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     keys = []
     for artifact_id, token_id, fields in reports:
@@ -149,18 +161,15 @@ def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[
         keys.append(key)
         values["count"] = rows[key]["count"] + 1 if key in rows else 1
         rows[key] = values
-    conn = s.connection()
-    if s.get_bind().dialect.name == "postgresql":
-        params = [now, now, *([row[c] for row in rows.values()] for c, _type in _ARRAYS)]
-        cur = conn.connection.driver_connection.cursor()
-        try:
-            cur.execute(_PG_BATCH, params)
-            got = cur.fetchall()
-        finally:
-            cur.close()
-    else:
-        got = _sqlite_batch(conn, list(rows.values()), now)
-    ids = {tuple(r[1:]): int(r[0]) for r in got}
+    return keys, rows
+
+
+def _pg_batch(cur: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
+    """``record_many`` on a psycopg cursor: the batch as ``_PG_BATCH``."""
+    keys, rows = _collapse(reports)
+    now = datetime.now(UTC)
+    cur.execute(_PG_BATCH, [now, now, *([row[c] for row in rows.values()] for c, _type in _ARRAYS)])
+    ids = {tuple(r[1:]): int(r[0]) for r in cur.fetchall()}
     return [ids[k] for k in keys]
 
 
@@ -273,9 +282,21 @@ class ReportWriter:
                     pass
 
     def _write(self, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
+        if self.db.engine.dialect.name == "postgresql":
+            # The pooled driver connection itself: no ORM session to set up and tear down per batch.
+            raw = self.db.engine.raw_connection()
+            try:
+                with raw.driver_connection.cursor() as cur:
+                    cur.execute("SET LOCAL synchronous_commit = off")
+                    ids = _pg_batch(cur, reports)
+                raw.commit()
+                return ids
+            except BaseException:
+                raw.rollback()
+                raise
+            finally:
+                raw.close()  # back to the pool
         with self.db.session() as s:
-            if s.get_bind().dialect.name == "postgresql":
-                s.connection().exec_driver_sql("SET LOCAL synchronous_commit = off")
             return record_many(s, reports)
 
 

@@ -322,12 +322,13 @@ class RouteGuard:
         if scope["type"] != "http" or (self.methods and scope["method"] not in self.methods):
             await self.inner(scope, receive, send)  # the route answers 405 itself
             return
-        request = Request(scope, receive)
-        limit = int(self.limit_of(request))
-        too_large = f"{request.method} {request.url.path[:80]} takes at most {limit} bytes of body"
+        limit = int(self.limit_of(Request(scope, receive)))
+        path = str(scope.get("path", ""))[:80]
+        too_large = f"{scope['method']} {path} takes at most {limit} bytes of body"
         counted = _capped(receive, limit, too_large)
         request = Request(scope, counted)
-        if not self.page:
+        query = scope.get("query_string", b"")
+        if not self.page and query and (b"token" in query or b"%" in query):  # else no ?token= can be there
             refuse_query_token(request)
         if self.needed is not None:
             try:
@@ -342,7 +343,7 @@ class RouteGuard:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise E.TooLargeError(f"{too_large} ({declared[:20]} declared)")
         if limit == NO_BODY and declared is None and "transfer-encoding" in request.headers:
-            raise E.TooLargeError(f"{request.method} {request.url.path[:80]} takes no body")  # nothing acts on it
+            raise E.TooLargeError(f"{scope['method']} {path} takes no body")  # nothing acts on it
         if self.buffered:
             body = bytearray()
             async for chunk in request.stream():
