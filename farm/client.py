@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -986,16 +986,25 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
                                   required=require_signature, allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
     files: list[dict[str, Any]] = manifest["files"]
+    resumed, downloaded, kept = _fetch_and_place(client, out, files, connections=connections)
+    return InstallResult(artifact, out / safe_relative(manifest["ctxModel"]),
+                         [out / safe_relative(f["name"]) for f in files], sum(f["size"] for f in files), resumed,
+                         signed_by, downloaded, kept, stages)
+
+
+def _fetch_and_place(client: Client, out: Path, files: list[dict[str, Any]], *, connections: int,
+                     directories: Sequence[str] = ()) -> tuple[int, int, int]:
+    """Every file (``name``, ``digest``, ``size``: already checked) fetched by its digest into a
+    staging folder beside ``out`` (each verified, resuming what an earlier try left), then the
+    whole swapped into ``out`` atomically, with ``directories`` made even where empty. Files
+    ``out`` already holds at their names are taken as they are (a hard link, no byte fetched) and
+    verified like any download; when all are, and nothing else is there, nothing moves.
+    Returns (bytes resumed, bytes received, bytes kept from ``out``)."""
     sizes = {f["digest"]: f["size"] for f in files}
-    total = sum(f["size"] for f in files)
-    ctx_model = out / safe_relative(manifest["ctxModel"])
-    written = [out / safe_relative(f["name"]) for f in files]
     partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
         _remove(partial)
     partial.mkdir(exist_ok=True)
-    # Files --dest already holds at their names, of their declared sizes: taken as they are (a
-    # hard link, no byte fetched) and verified by their digest like any download.
     reused = _take_placed(out, partial, files)
     _check_room(partial, files)
     resumed = kept = 0
@@ -1008,11 +1017,13 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
         else:
             resumed += got
     downloaded = client.received - received
-    if kept == sum(sizes.values()) and _holds_exactly(out, files):
+    if kept == sum(sizes.values()) and _holds_exactly(out, files, directories):
         # Up to date: every file verified where it is, nothing else there; nothing is moved.
         shutil.rmtree(partial, ignore_errors=True)
-        return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept, stages)
+        return resumed, downloaded, kept
     with staged(out) as staging:
+        for d in directories:
+            inside(staging, d).mkdir(parents=True, exist_ok=True)
         for f in files:
             target = inside(staging, f["name"])
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -1024,7 +1035,7 @@ def install(server: str, token: str | None, model: str, *, dest: str | os.PathLi
             except OSError:
                 shutil.copyfile(source, target)
     shutil.rmtree(partial, ignore_errors=True)
-    return InstallResult(artifact, ctx_model, written, total, resumed, signed_by, downloaded, kept, stages)
+    return resumed, downloaded, kept
 
 
 def _placed(out: Path, name: str) -> Path | None:
@@ -1034,6 +1045,17 @@ def _placed(out: Path, name: str) -> Path | None:
         if inside(out, name) != out.resolve() / safe_relative(name) or path.resolve() != path:
             return None
         return path if stat_module.S_ISREG(os.stat(path, follow_symlinks=False).st_mode) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _placed_dir(out: Path, name: str) -> Path | None:
+    """``out/name`` where it is a directory reached through no symlink, else None."""
+    path = out / safe_relative(name)
+    try:
+        if inside(out, name) != out.resolve() / safe_relative(name) or path.resolve() != path:
+            return None
+        return path if stat_module.S_ISDIR(os.stat(path, follow_symlinks=False).st_mode) else None
     except (OSError, ValueError):
         return None
 
@@ -1060,12 +1082,15 @@ def _take_placed(out: Path, partial: Path, files: list[dict[str, Any]]) -> set[s
     return taken
 
 
-def _holds_exactly(out: Path, files: list[dict[str, Any]]) -> bool:
-    """``out`` holds the manifest's files and nothing else (directories only on their paths),
-    none a symlink, each the very file taken from it (checked by ``_take_placed``'s links: the
-    same inode as the verified copy)."""
+def _holds_exactly(out: Path, files: list[dict[str, Any]], directories: Sequence[str] = ()) -> bool:
+    """``out`` holds the manifest's files and nothing else (directories only on their paths and
+    the ``directories`` asked for, each of those there), none a symlink, each the very file taken
+    from it (checked by ``_take_placed``'s links: the same inode as the verified copy)."""
     want = {f["name"]: f["digest"] for f in files}
-    dirs = {"/".join(n.split("/")[:i]) for n in want for i in range(1, n.count("/") + 1)}
+    asked = {"/".join(d.split("/")[:i]) for d in directories for i in range(1, d.count("/") + 2)}
+    dirs = {"/".join(n.split("/")[:i]) for n in want for i in range(1, n.count("/") + 1)} | asked
+    if any(_placed_dir(out, d) is None for d in directories):
+        return False
     seen = 0
     for root, subdirs, names in os.walk(out):
         rel_root = Path(root).relative_to(out).as_posix()
@@ -1235,7 +1260,8 @@ def main(argv: list[str] | None = None) -> int:
                   "allow_unsigned": args.allow_unsigned or parse_bool("FARM_ALLOW_UNSIGNED", env.get("FARM_ALLOW_UNSIGNED")),
                   "timeout": args.timeout}
         if args.package:
-            result = install_package(args.server, args.token, args.package, dest=args.dest, **policy)
+            result = install_package(args.server, args.token, args.package, dest=args.dest,
+                                     connections=args.connections, **policy)
         else:
             qnn = detect_qnn() if args.detect else args.qnn
             result = install(args.server, args.token, args.model, dest=args.dest, soc=args.soc, qnn=qnn,
@@ -1265,7 +1291,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
                           signatures: list[dict[str, str]] | None = None, required: bool = False,
-                          allow_unsigned: bool = False) -> InstallResult:
+                          allow_unsigned: bool = False, connections: int = CONNECTIONS) -> InstallResult:
     """An ORT model package (``farm package --server``, issue 30) into ``dest``: its record
     fetched by ``digest`` (at most ``size`` bytes, checked against the digest), the signature
     policy applied to that digest, then every file it lists fetched by its digest (each size
@@ -1283,33 +1309,18 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
     signed_by = _check_signatures(digest, signatures or [], list(trusted or []), required=required,
                                   allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
-    partial = out.parent / f".{out.name}{STAGING_MARK}{PARTIAL}"
-    if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
-        _remove(partial)
-    partial.mkdir(exist_ok=True)
     files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
-    _check_room(partial, files)
-    resumed, received = 0, client.received
-    for f in files:  # a large variant in parallel ranges, as an artifact's files
-        resumed += client.download(f["digest"], partial / f["digest"][7:], size=f["size"], connections=CONNECTIONS)
-    with staged(out) as staging:
-        for d in doc["directories"]:
-            inside(staging, d).mkdir(parents=True, exist_ok=True)
-        for f in files:
-            target = inside(staging, f["name"])
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(partial / f["digest"][7:], target)
-            except OSError:
-                shutil.copyfile(partial / f["digest"][7:], target)
-    shutil.rmtree(partial, ignore_errors=True)
+    # As an artifact's files: a large variant in parallel ranges, files already in place kept.
+    resumed, downloaded, kept = _fetch_and_place(client, out, files, connections=connections,
+                                                 directories=doc["directories"])
     return InstallResult(digest, out / MANIFEST, [out / safe_relative(f["name"]) for f in files],
-                         sum(int(f["size"]) for f in files), resumed, signed_by, client.received - received)
+                         sum(int(f["size"]) for f in files), resumed, signed_by, downloaded, kept)
 
 
 def install_package(server: str, token: str | None, ref: str, *, dest: str | os.PathLike[str],
                     trusted_keys: list[str] | None = None, require_signature: bool = False,
-                    allow_unsigned: bool = False, timeout: float = 60.0) -> InstallResult:
+                    allow_unsigned: bool = False, timeout: float = 60.0, connections: int = CONNECTIONS
+                    ) -> InstallResult:
     """``farm install --package NAME:TAG``: the newest ORT model package made of NAME:TAG's
     current model (``GET /v1/packages?ref=``, a read token: it makes nothing), installed as
     ``install_package_files`` does."""
@@ -1320,7 +1331,7 @@ def install_package(server: str, token: str | None, ref: str, *, dest: str | os.
     sigs = answer.get("signatures") if isinstance(answer.get("signatures"), list) else []
     return install_package_files(client, str(answer.get("digest")), answer["record_size"], Path(dest),
                                  trusted=trusted_keys or [], signatures=sigs, required=require_signature,
-                                 allow_unsigned=allow_unsigned)
+                                 allow_unsigned=allow_unsigned, connections=connections)
 
 
 if __name__ == "__main__":

@@ -262,11 +262,14 @@ def _install_package(args: argparse.Namespace, settings: Settings) -> int:
     result = install_package(args.server, args.token, args.package, dest=args.dest,
                              trusted_keys=list(settings.trusted_keys),
                              require_signature=args.require_signature or settings.require_signature,
-                             allow_unsigned=args.allow_unsigned or settings.allow_unsigned)
+                             allow_unsigned=args.allow_unsigned or settings.allow_unsigned,
+                             connections=args.connections)
     if args.json:  # install.json: artifact is the package's digest, ctx_model its manifest.json
         print(json.dumps({"artifact": result.artifact, "ctx_model": str(result.ctx_model),
                           "files": [str(p) for p in result.files], "bytes": int(result.bytes),
-                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by}, indent=2))
+                          "resumed_bytes": int(result.resumed_bytes), "signed_by": result.signed_by,
+                          "downloaded_bytes": int(result.downloaded_bytes), "reused_bytes": int(result.reused_bytes)},
+                         indent=2))
     else:
         print(str(result.ctx_model.parent))
     return 0

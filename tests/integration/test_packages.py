@@ -195,6 +195,19 @@ def test_package_over_http_signed_and_farm_install_package(env: dict[str, str], 
         chosen = ort.ModelPackageContext(str(dev)).select_component(
             "model", ort.ModelPackageOptions(ort.SessionOptions()))
         assert chosen.get_selected_variant_name() == "cpu"
+        assert got["downloaded_bytes"] > 0 and got["reused_bytes"] == 0
+        # Installed again over itself (one connection): every file verified where it is, not a byte
+        # fetched, nothing moved (the same inodes); a file changed there is fetched again.
+        inodes = {p: p.stat().st_ino for p in dev.rglob("*") if p.is_file()}
+        again = json.loads(farm(remote, "install", "--package", "web:v1", "-d", str(dev), "--connections", "1",
+                                "--json").stdout)
+        assert (again["downloaded_bytes"], again["reused_bytes"]) == (0, got["bytes"])
+        assert {p: p.stat().st_ino for p in dev.rglob("*") if p.is_file()} == inodes
+        (dev / "manifest.json").write_bytes(b"{}" + b" " * ((dev / "manifest.json").stat().st_size - 2))
+        fixed = json.loads(farm(remote, "install", "--package", "web:v1", "-d", str(dev), "--json").stdout)
+        assert 0 < fixed["downloaded_bytes"] < got["bytes"]
+        assert ort.ModelPackageContext(str(dev)).select_component(
+            "model", ort.ModelPackageOptions(ort.SessionOptions())).get_selected_variant_name() == "cpu"
         # Signed by a key this device does not trust: refused, nothing placed.
         proc = farm({**remote, "FARM_TRUSTED_KEYS": other}, "install", "--package", "web:v1", "-d",
                     str(tmp_path / "untrusted"), "--json", check=False)
