@@ -180,3 +180,68 @@ def test_hostile_if_none_match_is_a_clear_answer(svc: dict[str, Any], header: st
     assert r.status_code in (200, 304, 400), (r.status_code, r.text[:200])
     if r.status_code == 400:
         assert r.json()["error"]["code"] == "usage"
+
+
+def test_the_fast_route_checks_the_query_as_the_documented_route_declares(svc: dict[str, Any]) -> None:
+    """GET /v1/resolve is served by a plain route ahead of FastAPI (issue 33): its query and
+    header are checked by hand, against the documented route's declaration, each bad one 400
+    ``usage`` naming the parameter; a body, a token in the URL, no token: 413, 401, 401."""
+    c = svc["c"]
+    base = "/v1/resolve?soc=SM8650&qnn=2.51.0"
+    for path, where in ((base, "query.model: Field required"),
+                        (f"{base}&model={'m' * 301}", "query.model: String should have at most 300"),
+                        (f"/v1/resolve?model=m:stable&soc={'S' * 65}&qnn=2.51.0", "query.soc: String should"),
+                        (f"{base}&model=m:stable&platform={'p' * 65}", "query.platform"),
+                        (f"{Q.replace('manifest=false', 'manifest=maybe')}", "query.manifest: Input should be a valid "
+                                                                              "boolean")):
+        r = c.get(path)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "usage", (path, r.text)
+        assert r.json()["error"]["message"].startswith(where), r.text
+    r = c.get(Q, headers={"If-None-Match": "x" * 4097})
+    assert r.status_code == 400 and "header.if-none-match" in r.json()["error"]["message"]
+    for spelled in ("true", "1", "yes", "on", "TRUE", "false", "0", "no", "off"):  # pydantic's booleans
+        r = c.get(Q.replace("manifest=false", f"manifest={spelled}"))
+        # These rows have no blobs: an answer that reads its manifest says so; one without reads none.
+        wants = spelled.lower() in ("true", "1", "yes", "on")
+        got = (r.status_code, r.json()["error"]["code"] if r.status_code != 200 else r.json()["manifest"])
+        assert got == ((404, "blob-not-found") if wants else (200, None)), (spelled, r.text)
+    assert c.get(f"{Q}&model=nosuch:v1").status_code == 404  # the last of a repeated parameter counts
+    assert c.get(f"{Q}&unknown=1").status_code == 200
+    assert c.request("GET", Q, content=b"x" * 10).status_code == 413
+    r = c.get(f"{Q}&token={c.headers['Authorization'].split()[1]}")
+    assert r.status_code == 401 and "in the URL" in r.json()["error"]["message"]
+    r = c.get(Q, headers={"Authorization": ""})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+
+def test_a_miss_names_the_nearest_without_reading_other_targets(svc: dict[str, Any],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """With five or more of the SoC's own artifacts to name, a QNN miss counts the others without
+    reading them: the answer is the one reading them all would give (nearest, count, what's needed)."""
+    from farm.core.catalog import load_catalog
+    from farm.core.errors import NoMatchError
+    from registry.lite import SessionRows
+    from registry.resolve import Device, resolve
+
+    reg, m = svc["reg"], svc["m"]
+    with reg.db.session() as s:
+        for tc in ("2.49.40", "2.51.0", "2.52.0", "2.53.0", "2.54.0"):
+            add_artifact(s, m, target="SM8650", toolchain=tc)
+        for soc in ("SM8750", "SM8550"):
+            add_artifact(s, m, target=soc, toolchain="2.40.0")
+    device = Device("qnn", load_catalog().get("SM8650", backend="qnn"), "2.45.0")
+    with reg.db.session() as s:
+        with pytest.raises(NoMatchError) as fast:
+            resolve(SessionRows(s), m, device, model_label="m:stable")
+    import dataclasses
+
+    import registry.resolve as R
+
+    real = R.candidates
+    # No count with the SoC's own candidates: the miss reads every target's, as before issue 33.
+    monkeypatch.setattr(R, "candidates", lambda *a, **k: [dataclasses.replace(c, total=None) for c in real(*a, **k)])
+    with reg.db.session() as s, pytest.raises(NoMatchError) as full:
+        resolve(SessionRows(s), m, device, model_label="m:stable")
+    assert (fast.value.message, fast.value.hint) == (full.value.message, full.value.hint)
+    assert fast.value.details == full.value.details and len(fast.value.details["nearest"]) == 5
+    assert "none of the 8 qnn artifact(s)" in fast.value.message  # 6 of SM8650, one each of the others
