@@ -10,6 +10,9 @@ if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv; fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn]' > .venv/pip.log 2>&1 \
   || { cat .venv/pip.log; exit 1; }
 FARM=.venv/bin/farm
+# Byte-compiled once here: Python writes .pyc files itself on a first import, except under
+# PYTHONDONTWRITEBYTECODE (set on some CI hosts), where every `farm` call compiled the CLI from source.
+.venv/bin/python -m compileall -q -j 0 farm registry workers infra > /dev/null || exit 1
 MODEL=$(.venv/bin/python -c 'import onnx, pathlib; print(pathlib.Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx")')
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxfarm-device-XXXXXX")
 trap 'rm -rf "$OUT"' EXIT

