@@ -1,0 +1,265 @@
+"""Early compiles: an uncached ``farm build`` starts its first compiles before it imports the pipeline.
+
+Before its first compile, a ``farm build`` call imported the pipeline (SQLAlchemy and the ORM
+models), onnx and the model check, opened the index and recorded the builds: most of a call's
+fixed cost on a small model, spent while the warm compile hosts it had just spawned sat ready.
+None of it changes what a compile writes. So the CLI, right after the cached path missed
+(``farm.pipeline.cached``), starts the compiles of the first builds (as many as the embedded pool
+runs at once, in its order) on a private copy of the model, laid out as the executor lays out a
+snapshot (``model.onnx`` in a fresh job dir), and then runs the pipeline as always: validation,
+snapshot, records, claim. The executor that claims a build adopts the early compile of the same
+build instead of starting another (``Executor._run``), and only when it is the compile the
+executor would run itself:
+
+- the same build key (model digest, backend, target, toolchain version, options digest), so the
+  same options and toolchain;
+- the same files: the copy was hashed as it was written, and its (path, sha256, size) must equal
+  the claimed row's snapshot listing, whose blobs the store verified: the bytes compiled are the
+  bytes recorded;
+- the same memory cap, time limit and self-probe (``verify_load``) as the executor's own job.
+
+Anything else discards it: another executor holds the build or finished it meanwhile, the request
+or the model is refused, the cap differs. A discarded compile is cancelled (its host kills the job)
+and its dir removed when the call ends (``EarlyCompiles.close``). An early compile records and
+publishes nothing: the claim, the lease, the publication and the self-probe verdict stay the
+executor's, as for every build; a failure it raises is handled by the executor's one failure path
+after the claim, as if its own compile had raised it.
+
+Only plain models compile early (no group, no genai package), only QNN targets (warm hosts), and
+only a model that can hold no external data: its bytes do not contain ``location``, the key every
+external-data entry of an ONNX tensor carries (``external_data`` is a list of key/value strings).
+Any other model is laid out by the pipeline, which knows its files only after inspecting it.
+Bounded in size (``EARLY_MAX_BYTES``): on a big model the fixed cost is noise beside the compile.
+
+This module imports no SQLAlchemy, onnx or onnxruntime (the CLI calls it before those imports).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.core.settings import Settings
+
+log = logging.getLogger("ctxfarm.pipeline")
+
+EARLY_MAX_BYTES = 64 * 1024 * 1024
+# Where an ONNX tensor's external data lives is the value of this key in its ``external_data``.
+EXTERNAL_KEY = b"location"
+
+
+class _Flag:
+    """The early job's cancel flag: its own (discarded) or, once adopted, the executor's too."""
+
+    def __init__(self) -> None:
+        self.own = threading.Event()
+        self.linked: Any = None
+
+    def is_set(self) -> bool:
+        linked = self.linked
+        return self.own.is_set() or (linked is not None and linked.is_set())
+
+
+@dataclass
+class EarlyCompile:
+    """One compile started early: its build key, what it compiles and under which limits."""
+
+    key: str
+    files: list[dict[str, Any]]  # [{"path", "digest", "size"}]: the copy it compiles
+    memory_mb: int
+    timeout: float
+    verify_load: bool
+    dir: Path  # the job dir: model/ (the copy) and work/ (the runner's)
+    started: float = field(default_factory=time.perf_counter)
+    future: Future[Any] = field(default_factory=Future)
+    call_seconds: float = 0.0  # the runner's call, as the executor times its own
+    flag: _Flag = field(default_factory=_Flag)
+
+    def matches(self, key: str, files: list[dict[str, Any]], memory_mb: int, timeout: float,
+                verify_load: bool) -> bool:
+        def listing(fs: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+            return [(str(f["path"]), str(f["digest"]), int(f["size"])) for f in fs]
+
+        return (key == self.key and listing(files) == listing(self.files) and memory_mb == self.memory_mb
+                and timeout == self.timeout and verify_load == self.verify_load)
+
+    def result(self, cancel: Any) -> Any:
+        """The runner's CompileOutput (or what it raised), the job stopped when ``cancel`` is set."""
+        self.flag.linked = cancel
+        return self.future.result()
+
+    def discard(self) -> None:
+        self.flag.own.set()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EarlyCompiles:
+    """The early compiles of one call, by build key; ``take`` hands one to the executor that
+    claimed its build, ``close`` discards the rest."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, EarlyCompile] = {}
+        self._discarded: list[EarlyCompile] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_key)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._by_key
+
+    def take(self, key: str, files: list[dict[str, Any]], *, memory_mb: int, timeout: float,
+             verify_load: bool) -> EarlyCompile | None:
+        """The early compile of this build when it is the one the executor would run (see the
+        module docstring); the caller owns it then (``remove`` its dir when done). One that does
+        not match is discarded here (``close`` waits for it and removes its dir)."""
+        with self._lock:
+            early = self._by_key.pop(key, None)
+            if early is None:
+                return None
+            if early.matches(key, files, memory_mb, timeout, verify_load):
+                return early
+            self._discarded.append(early)
+        early.discard()
+        return None
+
+    def add(self, early: EarlyCompile, run: Any) -> None:
+        with self._lock:
+            self._by_key[early.key] = early
+        threading.Thread(target=run, name=f"early-{early.key[:12]}", daemon=True).start()
+
+    def close(self) -> None:
+        """Discard every compile not taken, wait for its job to stop, remove its dir."""
+        with self._lock:
+            left = list(self._by_key.values()) + self._discarded
+            self._by_key.clear()
+            self._discarded = []
+        for early in left:
+            early.discard()
+        for early in left:
+            try:
+                early.future.exception()
+            finally:
+                early.remove()
+
+
+def start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
+          option_pairs: Sequence[str] = (), *, require_full_offload: bool = False) -> EarlyCompiles:
+    """Start the compiles of the first builds of ``build_many(settings, models, target_refs,
+    option_pairs)`` that can compile early (see the module docstring). Never raises for the
+    request: a request the pipeline would refuse starts nothing, and the pipeline says why."""
+    from farm.core.errors import FarmError
+
+    early = EarlyCompiles()
+    if not settings.early_compile:
+        return early
+    try:
+        _start(settings, models, target_refs, option_pairs, require_full_offload, early)
+    except FarmError:
+        pass  # the pipeline raises it with its own words
+    except Exception:  # noqa: BLE001 - an early compile is an optimisation: never a new failure
+        log.warning("no early compile", exc_info=True)
+    return early
+
+
+def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
+           option_pairs: Sequence[str], require_full_offload: bool, early: EarlyCompiles) -> None:
+    from farm.core.bundle import ONNX_NAME
+    from farm.core.groups import check_build_support
+    from farm.core.keys import build_key, bundle_digest, options_digest
+    from farm.pipeline.memory import PeakModel, build_jobs
+    from farm.pipeline.submission import parse_build_request
+    from workers.backends import get_runner
+
+    req = parse_build_request(target_refs, option_pairs, None, None, require_full_offload)
+    qnn = [t for t in req.targets if t.backend == "qnn"]
+    if not qnn:
+        return
+    runner = get_runner("qnn")
+    if not getattr(runner, "warm_host", False):
+        return
+    version = runner.toolchain().version
+    for t in qnn:
+        check_build_support(t, version, group=False)  # refused: the pipeline says so
+    # The embedded pool's first builds, in its order (model by model, target by target).
+    slots = build_jobs(settings, len(models) * len(req.targets))
+    for model in models:
+        for t in req.targets:
+            if slots <= 0:
+                return
+            slots -= 1
+            if t.backend != "qnn":
+                continue
+            job = _job_dir()
+            copy = _copy_model(Path(model), job / "model" / ONNX_NAME)
+            if copy is None:
+                shutil.rmtree(job, ignore_errors=True)
+                continue
+            digest, size = copy
+            key = build_key(bundle_digest(digest, []), t.backend, t.name, version, options_digest(req.options[t]))
+            if key in early:
+                shutil.rmtree(job, ignore_errors=True)
+                continue
+            # The executor's cap for a model of this size (farm.pipeline.execute: the default peak
+            # line until builds are recorded; a fitted line that caps otherwise discards it).
+            cap = (PeakModel().cap_mb(size, settings.compile_memory_mb) if settings.compile_memory_auto
+                   else settings.compile_memory_mb)
+            e = EarlyCompile(key, [{"path": ONNX_NAME, "digest": digest, "size": size}], cap,
+                             settings.compile_timeout, True, job)
+            early.add(e, _runner_call(runner, e, t, req.options[t]))
+
+
+def _job_dir() -> Path:
+    from farm.pipeline.bundles import JOB_PREFIX
+
+    return Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
+
+
+def _copy_model(src: Path, dest: Path) -> tuple[str, int] | None:
+    """Copy the .onnx to ``dest``, hashing what is written: (sha256, size); None when it can't
+    compile early (unreadable, too big, or it may name external data)."""
+    from farm.core.keys import sha256_bytes
+
+    try:
+        if not src.is_file() or src.stat().st_size > EARLY_MAX_BYTES:
+            return None
+        data = src.read_bytes()
+    except OSError:
+        return None
+    if not data or len(data) > EARLY_MAX_BYTES or EXTERNAL_KEY in data:
+        return None
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(data)
+    return sha256_bytes(data), len(data)
+
+
+def _runner_call(runner: Any, early: EarlyCompile, target: Any, options: dict[str, Any]) -> Any:
+    from workers.runner import CompileJob
+
+    def run() -> None:
+        job = CompileJob(early.dir / "model" / early.files[0]["path"], target, options, early.timeout,
+                         early.memory_mb, verify_load=early.verify_load, cancel=early.flag)
+        t = time.perf_counter()
+        try:
+            out = runner.compile(job, early.dir / "work")
+        except BaseException as exc:
+            early.call_seconds = time.perf_counter() - t
+            early.future.set_exception(exc)
+        else:
+            early.call_seconds = time.perf_counter() - t
+            early.future.set_result(out)
+
+    return run
