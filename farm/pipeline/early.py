@@ -53,8 +53,6 @@ from farm.core.settings import Settings
 log = logging.getLogger("ctxfarm.pipeline")
 
 EARLY_MAX_BYTES = 64 * 1024 * 1024
-# Where an ONNX tensor's external data lives is the value of this key in its ``external_data``.
-EXTERNAL_KEY = b"location"
 
 
 class _Flag:
@@ -231,6 +229,7 @@ def _job_dir() -> Path:
 def _copy_model(src: Path, dest: Path) -> tuple[str, int] | None:
     """Copy the .onnx to ``dest``, hashing what is written: (sha256, size); None when it can't
     compile early (unreadable, too big, or it may name external data)."""
+    from farm.core.bundle import names_no_external_data
     from farm.core.keys import sha256_bytes
 
     try:
@@ -239,7 +238,7 @@ def _copy_model(src: Path, dest: Path) -> tuple[str, int] | None:
         data = src.read_bytes()
     except OSError:
         return None
-    if not data or len(data) > EARLY_MAX_BYTES or EXTERNAL_KEY in data:
+    if not data or len(data) > EARLY_MAX_BYTES or not names_no_external_data(data):
         return None
     dest.parent.mkdir(parents=True)
     dest.write_bytes(data)
