@@ -128,7 +128,8 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
             # The first compiles start now, beside the pipeline's imports, index and model check;
             # each claimed build adopts its own (farm.pipeline.early).
-            started = early.start(settings, [models[i] for i in todo], args.target, options)
+            started = early.start(settings, [models[i] for i in todo], args.target, options,
+                                  retry_failed=args.retry_failed)
             try:
                 from farm.pipeline.plan import build_many
 

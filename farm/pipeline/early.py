@@ -13,17 +13,20 @@ executor would run itself:
 
 - the same build key (model digest, backend, target, toolchain version, options digest), so the
   same options and toolchain;
-- the same files: the copy was hashed as it was written, and its (path, sha256, size) must equal
-  the claimed row's snapshot listing, whose blobs the store verified: the bytes compiled are the
-  bytes recorded;
+- the same files: the copy is written from the very bytes that were hashed, and its (path,
+  sha256, size) must equal the claimed row's snapshot listing, whose blobs the store verified:
+  the bytes compiled are the bytes recorded;
 - the same memory cap, time limit and self-probe (``verify_load``) as the executor's own job.
 
-Anything else discards it: another executor holds the build or finished it meanwhile, the request
-or the model is refused, the cap differs. A discarded compile is cancelled (its host kills the job)
-and its dir removed when the call ends (``EarlyCompiles.close``). An early compile records and
-publishes nothing: the claim, the lease, the publication and the self-probe verdict stay the
-executor's, as for every build; a failure it raises is handled by the executor's one failure path
-after the claim, as if its own compile had raised it.
+A build the index already answers (a call that only sets a tag, a deterministic failure not
+retried) starts no early compile. An early compile no claimed build adopts is discarded: another
+executor holds the build or finished it meanwhile, the request or the model is refused, the
+model changed, the cap differs. A discarded
+compile is cancelled (its host kills the job) and its dir removed when the call ends
+(``EarlyCompiles.close``). An early compile records and publishes nothing: the claim, the lease,
+the publication and the self-probe verdict stay the executor's, as for every build; a failure it
+raises is handled by the executor's one failure path after the claim, as if its own compile had
+raised it.
 
 Only plain models compile early (no group, no genai package), only QNN targets (warm hosts), and
 only a model that can hold no external data: its bytes do not contain ``location``, the key every
@@ -155,17 +158,19 @@ class EarlyCompiles:
 
 
 def start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
-          option_pairs: Sequence[str] = (), *, require_full_offload: bool = False) -> EarlyCompiles:
+          option_pairs: Sequence[str] = (), *, require_full_offload: bool = False,
+          retry_failed: bool = False) -> EarlyCompiles:
     """Start the compiles of the first builds of ``build_many(settings, models, target_refs,
-    option_pairs)`` that can compile early (see the module docstring). Never raises for the
-    request: a request the pipeline would refuse starts nothing, and the pipeline says why."""
+    option_pairs)`` that can compile early (see the module docstring) and that the index does not
+    answer already (a call that only moves a tag compiles nothing). Never raises for the request:
+    a request the pipeline would refuse starts nothing, and the pipeline says why."""
     from farm.core.errors import FarmError
 
     early = EarlyCompiles()
     if not settings.early_compile:
         return early
     try:
-        _start(settings, models, target_refs, option_pairs, require_full_offload, early)
+        _start(settings, models, target_refs, option_pairs, require_full_offload, retry_failed, early)
     except FarmError:
         pass  # the pipeline raises it with its own words
     except Exception:  # noqa: BLE001 - an early compile is an optimisation: never a new failure
@@ -174,10 +179,11 @@ def start(settings: Settings, models: Sequence[str | Path], target_refs: Sequenc
 
 
 def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
-           option_pairs: Sequence[str], require_full_offload: bool, early: EarlyCompiles) -> None:
+           option_pairs: Sequence[str], require_full_offload: bool, retry_failed: bool,
+           early: EarlyCompiles) -> None:
     from farm.core.bundle import ONNX_NAME
     from farm.core.groups import check_build_support
-    from farm.core.keys import build_key, bundle_digest, options_digest
+    from farm.core.keys import build_key, bundle_digest, options_digest, sha256_bytes
     from farm.pipeline.memory import PeakModel, build_jobs
     from farm.pipeline.submission import parse_build_request
     from workers.backends import get_runner
@@ -194,30 +200,54 @@ def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequen
         check_build_support(t, version, group=False)  # refused: the pipeline says so
     # The embedded pool's first builds, in its order (model by model, target by target).
     slots = build_jobs(settings, len(models) * len(req.targets))
+    read: dict[str, bytes | None] = {}
+    first: list[tuple[bytes, Any, str]] = []  # (the model's bytes, target, build key)
     for model in models:
         for t in req.targets:
             if slots <= 0:
-                return
+                break
             slots -= 1
             if t.backend != "qnn":
                 continue
-            job = _job_dir()
-            copy = _copy_model(Path(model), job / "model" / ONNX_NAME)
-            if copy is None:
-                shutil.rmtree(job, ignore_errors=True)
+            if str(model) not in read:
+                read[str(model)] = _model_bytes(Path(model))
+            data = read[str(model)]
+            if data is None:
                 continue
-            digest, size = copy
-            key = build_key(bundle_digest(digest, []), t.backend, t.name, version, options_digest(req.options[t]))
-            if key in early:
-                shutil.rmtree(job, ignore_errors=True)
-                continue
-            # The executor's cap for a model of this size (farm.pipeline.execute: the default peak
-            # line until builds are recorded; a fitted line that caps otherwise discards it).
-            cap = (PeakModel().cap_mb(size, settings.compile_memory_mb) if settings.compile_memory_auto
-                   else settings.compile_memory_mb)
-            e = EarlyCompile(key, [{"path": ONNX_NAME, "digest": digest, "size": size}], cap,
-                             settings.compile_timeout, True, job)
-            early.add(e, _runner_call(runner, e, t, req.options[t]))
+            key = build_key(bundle_digest(sha256_bytes(data), []), t.backend, t.name, version,
+                            options_digest(req.options[t]))
+            first.append((data, t, key))
+    answered = _answered(settings, [k for _, _, k in first], retry_failed)
+    for data, t, key in first:
+        if key in answered or key in early:
+            continue
+        job = _job_dir()
+        (job / "model").mkdir()
+        (job / "model" / ONNX_NAME).write_bytes(data)
+        # The executor's cap for a model of this size (farm.pipeline.execute: the default peak
+        # line until builds are recorded; a fitted line that caps otherwise discards it).
+        cap = (PeakModel().cap_mb(len(data), settings.compile_memory_mb) if settings.compile_memory_auto
+               else settings.compile_memory_mb)
+        e = EarlyCompile(key, [{"path": ONNX_NAME, "digest": sha256_bytes(data), "size": len(data)}], cap,
+                         settings.compile_timeout, True, job)
+        early.add(e, _runner_call(runner, e, t, req.options[t]))
+
+
+def _answered(settings: Settings, keys: list[str], retry_failed: bool) -> set[str]:
+    """The keys the index answers without a compile (``farm.pipeline.cached``'s rule: succeeded
+    with an artifact not marked broken, or failed for a deterministic reason and not retried)."""
+    from farm.core.errors import DETERMINISTIC_FAILURES
+    from registry.lite import open_index
+    from registry.reads import builds_by_key
+
+    index = open_index(settings.database_url) if keys else None
+    if index is None:
+        return set()
+    with index:
+        rows = builds_by_key(index, keys)
+    return {k for k, b in rows.items()
+            if (b.state == "succeeded" and b.artifact is not None and b.artifact_status != "broken")
+            or (b.state == "failed" and not retry_failed and b.error_code in DETERMINISTIC_FAILURES)}
 
 
 def _job_dir() -> Path:
@@ -226,11 +256,9 @@ def _job_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
 
 
-def _copy_model(src: Path, dest: Path) -> tuple[str, int] | None:
-    """Copy the .onnx to ``dest``, hashing what is written: (sha256, size); None when it can't
-    compile early (unreadable, too big, or it may name external data)."""
+def _model_bytes(src: Path) -> bytes | None:
+    """The .onnx's bytes when it can compile early (readable, small, naming no external data)."""
     from farm.core.bundle import names_no_external_data
-    from farm.core.keys import sha256_bytes
 
     try:
         if not src.is_file() or src.stat().st_size > EARLY_MAX_BYTES:
@@ -240,9 +268,7 @@ def _copy_model(src: Path, dest: Path) -> tuple[str, int] | None:
         return None
     if not data or len(data) > EARLY_MAX_BYTES or not names_no_external_data(data):
         return None
-    dest.parent.mkdir(parents=True)
-    dest.write_bytes(data)
-    return sha256_bytes(data), len(data)
+    return data
 
 
 def _runner_call(runner: Any, early: EarlyCompile, target: Any, options: dict[str, Any]) -> Any:

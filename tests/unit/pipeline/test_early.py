@@ -246,3 +246,24 @@ def test_only_the_pools_first_builds_start_early(settings: Settings, tmp_path: P
                                                   key(models[1], TARGETS[0])])
     finally:
         started.close()
+
+
+def test_builds_the_index_answers_start_nothing(settings: Settings, tmp_path: Path, runner: RecordingRunner) -> None:
+    """A call the cached path can't answer whole (a new tag: a write) may still need no compile:
+    those builds start none early."""
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    build(settings, model, early.EarlyCompiles())
+    assert len(runner.jobs) == 2
+    assert len(early.start(settings, [model], TARGETS)) == 0
+    report = plan.build_many(settings, [model], TARGETS, name="m", tag="v2", early=early.EarlyCompiles())[0]
+    assert [o.state for o in report.outcomes] == ["cached", "cached"] and len(runner.jobs) == 2
+    # A deterministic failure is answered too, unless it is to be retried.
+    runner.fail = UnsupportedOpsError("the QNN EP took no node of this model (Foo)")
+    other = save(matmul_add(seed=2), tmp_path / "o.onnx")
+    build(settings, other, early.EarlyCompiles())
+    assert len(early.start(settings, [other], TARGETS)) == 0
+    again = early.start(settings, [other], TARGETS, retry_failed=True)
+    try:
+        assert len(again) == 2
+    finally:
+        again.close()
