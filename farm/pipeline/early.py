@@ -42,11 +42,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ from farm.core.settings import Settings
 log = logging.getLogger("ctxfarm.pipeline")
 
 EARLY_MAX_BYTES = 64 * 1024 * 1024
+CLOSE_WAIT_S = 10.0
 
 
 class _Flag:
@@ -152,25 +155,57 @@ class EarlyCompiles:
             early.discard()
         for early in left:
             try:
-                early.future.exception()
+                # Its job stops within the host's cancel poll once it runs; a host still starting
+                # is waited for, up to a bound: a discarded job publishes nothing either way, and
+                # it ends with this process (PR_SET_PDEATHSIG).
+                early.future.exception(timeout=CLOSE_WAIT_S)
+            except TimeoutError:
+                log.warning("an early compile did not stop within %s s: left to end with the process", CLOSE_WAIT_S)
             finally:
                 early.remove()
 
 
+@contextmanager
+def interruptible(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT raise ``Interrupted`` in the main thread: the compile
+    child is killed, the lease released, temp dirs removed; the caller exits. Only the main
+    thread can install handlers: elsewhere this is a no-op. (Here, not in farm.pipeline.execute,
+    so that ``farm build`` holds it from its first early compile on, before that import.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from farm.core.errors import Interrupted
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
           option_pairs: Sequence[str] = (), *, require_full_offload: bool = False,
-          retry_failed: bool = False) -> EarlyCompiles:
+          retry_failed: bool = False, into: EarlyCompiles | None = None,
+          progress: Sequence[Any] = ()) -> EarlyCompiles:
     """Start the compiles of the first builds of ``build_many(settings, models, target_refs,
     option_pairs)`` that can compile early (see the module docstring) and that the index does not
-    answer already (a call that only moves a tag compiles nothing). Never raises for the request:
-    a request the pipeline would refuse starts nothing, and the pipeline says why."""
+    answer already (a call that only moves a tag compiles nothing), in ``into`` (made by the
+    caller before, so that an interruption half-way still closes what was started) or a new
+    ``EarlyCompiles``. ``progress[i]`` hears ``compiling`` for each build of models[i] that starts
+    (the pipeline says the same when it claims the build: one state, timed from here). Never
+    raises for the request: a request the pipeline would refuse starts nothing, and the pipeline
+    says why."""
     from farm.core.errors import FarmError
 
-    early = EarlyCompiles()
+    early = EarlyCompiles() if into is None else into
     if not settings.early_compile:
         return early
     try:
-        _start(settings, models, target_refs, option_pairs, require_full_offload, retry_failed, early)
+        _start(settings, models, target_refs, option_pairs, require_full_offload, retry_failed, early, progress)
     except FarmError:
         pass  # the pipeline raises it with its own words
     except Exception:  # noqa: BLE001 - an early compile is an optimisation: never a new failure
@@ -180,7 +215,7 @@ def start(settings: Settings, models: Sequence[str | Path], target_refs: Sequenc
 
 def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequence[str],
            option_pairs: Sequence[str], require_full_offload: bool, retry_failed: bool,
-           early: EarlyCompiles) -> None:
+           early: EarlyCompiles, progress: Sequence[Any] = ()) -> None:
     from farm.core.bundle import ONNX_NAME
     from farm.core.groups import check_build_support
     from farm.core.keys import build_key, bundle_digest, options_digest, sha256_bytes
@@ -201,8 +236,8 @@ def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequen
     # The embedded pool's first builds, in its order (model by model, target by target).
     slots = build_jobs(settings, len(models) * len(req.targets))
     read: dict[str, bytes | None] = {}
-    first: list[tuple[bytes, Any, str]] = []  # (the model's bytes, target, build key)
-    for model in models:
+    first: list[tuple[bytes, Any, str, int]] = []  # (the model's bytes, target, build key, model index)
+    for i, model in enumerate(models):
         for t in req.targets:
             if slots <= 0:
                 break
@@ -216,9 +251,9 @@ def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequen
                 continue
             key = build_key(bundle_digest(sha256_bytes(data), []), t.backend, t.name, version,
                             options_digest(req.options[t]))
-            first.append((data, t, key))
-    answered = _answered(settings, [k for _, _, k in first], retry_failed)
-    for data, t, key in first:
+            first.append((data, t, key, i))
+    answered = _answered(settings, [k for _, _, k, _ in first], retry_failed)
+    for data, t, key, i in first:
         if key in answered or key in early:
             continue
         job = _job_dir()
@@ -231,6 +266,8 @@ def _start(settings: Settings, models: Sequence[str | Path], target_refs: Sequen
         e = EarlyCompile(key, [{"path": ONNX_NAME, "digest": sha256_bytes(data), "size": len(data)}], cap,
                          settings.compile_timeout, True, job)
         early.add(e, _runner_call(runner, e, t, req.options[t]))
+        if i < len(progress):
+            progress[i]("compiling", t.ref, {"toolchain": version, "attempt": 1})
 
 
 def _answered(settings: Settings, keys: list[str], retry_failed: bool) -> set[str]:

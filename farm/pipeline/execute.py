@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ from farm.core.options import check_embed_size
 from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.bundles import JOB_PREFIX, BundleCache, download_bundle, open_cache
+from farm.pipeline.early import interruptible  # noqa: F401 - the pipeline's callers find it here
 from farm.pipeline.events import Publisher
 from farm.pipeline.memory import MemoryGate, PeakModel, fit
 from farm.pipeline.memory import history as peak_history
@@ -662,28 +662,6 @@ def _read_row(s: Any, build_id: int) -> BuildRow:
     model = s.get(Model, b.model_digest)
     return BuildRow(b.backend, b.target, b.toolchain, dict(b.options), b.options_digest, b.build_key,
                     b.model_digest, [dict(f) for f in (model.files if model else [])], b.enqueued_at)
-
-
-# ---- signals: SIGTERM/SIGINT unwind the build like Ctrl-C ----------------------------------------
-
-@contextmanager
-def interruptible(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """While inside, SIGTERM and SIGINT raise ``Interrupted`` in the main thread: the compile
-    child is killed, the lease released, temp dirs removed; the caller exits. Only the main
-    thread can install handlers: elsewhere this is a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def wait_until_final_or_free(registry: Registry, build_id: int, *, poll: float = 0.25,

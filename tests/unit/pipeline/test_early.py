@@ -109,8 +109,11 @@ def sha(path: Path) -> str:
 def test_a_claimed_build_adopts_its_own_early_compile(settings: Settings, tmp_path: Path,
                                                       runner: RecordingRunner) -> None:
     model = save(matmul_add(seed=1), tmp_path / "m.onnx")
-    started = early.start(settings, [model], TARGETS)
+    seen: list[tuple[str, str, str]] = []
+    started = early.start(settings, [model], TARGETS, progress=[lambda e, t, info: seen.append(
+        (e, t, info["toolchain"]))])
     assert len(started) == 2
+    assert seen == [("compiling", t, "2.51.0") for t in TARGETS]  # timed from here, as the table shows it
     dirs = [j["dir"] for j in runner.jobs] or [e.dir for e in started._by_key.values()]
     report = build(settings, model, started)
     assert [o.state for o in report.outcomes] == ["built", "built"]
