@@ -183,3 +183,18 @@ def test_a_service_without_upload_sessions_gets_one_upload(service: dict[str, An
     monkeypatch.setattr(client, "json", older)
     got = send_model(client, model, args(), settings)
     assert len(got["files"]) == 2 and service["counting"].hits[("POST", "/v1/models")] == 1
+
+
+def test_a_small_lone_model_goes_in_one_request(service: dict[str, Any], settings: Settings, tmp_path: Path) -> None:
+    """No upload session for a lone .onnx of a few KiB: POST /v1/models, one request; held the
+    next time as any other."""
+    from tests.common.onnx_models import matmul_add, save
+
+    model = save(matmul_add(seed=21), tmp_path / "small.onnx")
+    client = Client(service["url"], service["token"])
+    counting: Counting = service["counting"]
+    first = send_model(client, model, args(), settings)
+    assert counting.hits.get(("POST", "/v1/models")) == 1
+    assert not counting.hits.get(("POST", "/v1/uploads")) and not counting.hits.get(("PATCH", "/v1/uploads/ID"))
+    again = send_model(client, model, args(), settings)
+    assert again["digest"] == first["digest"] and counting.hits.get(("POST", "/v1/models")) == 1
