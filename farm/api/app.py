@@ -40,6 +40,10 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        import asyncio
+
+        # Before the first request, not during it (farm.api.app.warm_up).
+        await asyncio.get_running_loop().run_in_executor(None, warm_up, settings)
         yield
         reader = getattr(app.state, "resolve_reader", None)  # resolve's own connections (routes/resolve.py)
         if reader is not None:
@@ -117,6 +121,31 @@ class Service(FastAPI):
                 await route(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+def warm_up(settings: Settings) -> None:
+    """What the first upload and the first release would otherwise load while their clients
+    wait, loaded at start (the service answers once it is done): onnx and its checker (every
+    upload is inspected, ~0.25 s to import), and with a broker the Celery app, its Redis
+    transport and a first connection (~0.45 s). Six pipelines submitting at once to a fresh
+    service waited on these, in turn, before the first build was queued. A broker that does not
+    answer yet is no reason not to start: each release checks it again."""
+    import logging
+
+    try:
+        import onnx.checker  # noqa: F401 - farm.core.bundle.inspect_model's
+    except ImportError:
+        pass
+    if settings.embedded:
+        return
+    from farm.pipeline.queues import check_broker, shared_app
+
+    try:
+        app = shared_app(settings)
+        check_broker(app)
+        app.amqp.router  # noqa: B018 - built on first use: the first send_task's
+    except Exception as exc:  # noqa: BLE001 - the release that needs the broker says why
+        logging.getLogger("ctxfarm.api").warning("broker not warmed up at start: %s", exc)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

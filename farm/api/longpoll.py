@@ -41,6 +41,7 @@ FEED_IDLE_S = 30.0  # the feed thread (and its broker connection) ends after thi
 @dataclass(eq=False)
 class _Ticket:
     loop: asyncio.AbstractEventLoop
+    builds: frozenset[int] | None = None  # the waiter's release's builds; None: woken by any event
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -56,8 +57,9 @@ class BuildFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def listen(self) -> _Ticket:
-        ticket = _Ticket(asyncio.get_running_loop())
+    def listen(self, builds: frozenset[int] | None = None) -> _Ticket:
+        """A ticket woken by events about ``builds`` (any build when None)."""
+        ticket = _Ticket(asyncio.get_running_loop(), builds)
         with self._lock:
             self._tickets.add(ticket)
             if self._thread is None and not self._stop.is_set():
@@ -76,8 +78,9 @@ class BuildFeed:
         try:
             with Subscription(self.broker_url) as sub:
                 while not self._stop.is_set():
-                    if sub.wait(None, 1.0):
-                        self._wake()
+                    ids = sub.next_events(1.0)
+                    if ids is None or ids:
+                        self._wake(ids)
                     with self._lock:
                         if self._tickets:
                             idle_since = time.monotonic()
@@ -89,9 +92,11 @@ class BuildFeed:
         with self._lock:
             self._thread = None
 
-    def _wake(self) -> None:
+    def _wake(self, ids: set[int] | None = None) -> None:
+        """Wake the waiters of releases with a build in ``ids`` (every waiter when None): six
+        pipelines waiting on their releases read SQL for their own builds' events only."""
         with self._lock:
-            tickets = list(self._tickets)
+            tickets = [t for t in self._tickets if ids is None or t.builds is None or not t.builds.isdisjoint(ids)]
         for t in tickets:
             try:
                 t.loop.call_soon_threadsafe(t.event.set)
@@ -157,7 +162,10 @@ class LongPolls:
         if st.done:
             return st
         with self.slot(token):
-            ticket = self.feed.listen()  # before the read below: a change after it wakes us
+            # Before the read below: a change after it wakes us. A release's builds are fixed
+            # when it is made: events about other builds need not wake this waiter.
+            ticket = self.feed.listen(frozenset(b["build"] for b in st.builds if isinstance(b.get("build"), int))
+                                      or None)
             gone = asyncio.ensure_future(disconnected())
             try:
                 seen = _states(st)

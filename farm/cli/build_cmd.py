@@ -124,12 +124,26 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         todo = [i for i, r in enumerate(found) if r is None]
         if todo:
             prestart_hosts(args.target, len(todo))
-            from farm.pipeline.plan import build_many
+            from farm.pipeline import early
 
-            # The rest in one pool of parallel compiles, every (model, target) build together.
-            built = build_many(settings, [models[i] for i in todo], args.target, options, name=args.name,
-                               tag=args.tag, progress=[listeners[i] for i in todo],
-                               retry_failed=args.retry_failed, force_tag=args.force_tag)
+            # SIGTERM/SIGINT unwind from here on (the early compiles stopped, their dirs removed),
+            # as they do once the builds run.
+            with early.interruptible():
+                started = early.EarlyCompiles()
+                try:
+                    # The first compiles start now, beside the pipeline's imports, index and model
+                    # check; each claimed build adopts its own (farm.pipeline.early).
+                    early.start(settings, [models[i] for i in todo], args.target, options,
+                                retry_failed=args.retry_failed, into=started,
+                                progress=[listeners[i] for i in todo])
+                    from farm.pipeline.plan import build_many
+
+                    # The rest in one pool of parallel compiles, every (model, target) build together.
+                    built = build_many(settings, [models[i] for i in todo], args.target, options,
+                                       name=args.name, tag=args.tag, progress=[listeners[i] for i in todo],
+                                       retry_failed=args.retry_failed, force_tag=args.force_tag, early=started)
+                finally:
+                    started.close()  # what no build adopted: stopped, its dir removed
             for i, r in zip(todo, built, strict=True):
                 found[i] = r
     reports = [r for r in found if r is not None]

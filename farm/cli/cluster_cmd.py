@@ -258,11 +258,15 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
     return 0
 
 
+ONE_REQUEST_MAX = 8 * 1024 * 1024  # a lone .onnx up to this size is uploaded in one request
+
+
 def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Settings | None) -> dict[str, Any]:
     """Hash first, then send only what the service lacks: a .onnx bundle's digest (remembered by
     its files' stat under FARM_HOME/cache, so an unchanged multi-GiB model is not read again) is
     offered with ``POST /v1/models/DIGEST``; only when the service does not hold it is the bundle
-    uploaded (streamed; external data in a tar written on the way). An archive is uploaded as it is."""
+    uploaded (streamed; external data in a tar written on the way), through a resumable session,
+    or in one request for a lone .onnx up to ``ONE_REQUEST_MAX``. An archive is uploaded as it is."""
     import time
 
     if path.suffix.lower() != ".onnx":
@@ -281,6 +285,13 @@ def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Setti
     # Resumable: the session of an upload of this bundle cut short earlier goes on where it stopped.
     sessions = settings.home / "cache" / "uploads.json" if settings is not None else None
     known = _load_json(sessions)
+    if len(bundle.members) == 1 and bundle.size <= ONE_REQUEST_MAX and bundle.digest not in known:
+        # A small lone .onnx goes in one request (POST /v1/models) rather than three (open a
+        # session, send, complete): resending it whole after a cut costs less than the session.
+        model = dict(client.upload_bundle(bundle.members, name=args.name, tag=args.tag, force_tag=args.force_tag))
+        if not args.json:
+            print(f"uploaded {bundle.size / 2**20:.1f} MiB in {time.perf_counter() - t:.2f} s", file=sys.stderr)
+        return model
 
     def remember(session: str) -> None:
         if sessions is not None:

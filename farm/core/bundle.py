@@ -61,6 +61,16 @@ class ModelBundle:
 
 ONNX_NAME = "model.onnx"  # the fixed name of the .onnx in every snapshot and job dir
 MAX_EXTERNAL_FILES = 4096
+# Where an ONNX tensor's external data lives is the value of this key among its ``external_data``
+# key/value strings: a model whose bytes hold no such key names no external-data file.
+EXTERNAL_KEY = b"location"
+
+
+def names_no_external_data(data: bytes) -> bool:
+    """True when a serialized model can't reference an external-data file: ``location`` occurs
+    nowhere in its bytes. (A model whose bytes hold it anyway, in a name, a doc string or a
+    weight, is only inspected in full: False never means it has external data.)"""
+    return EXTERNAL_KEY not in data
 
 
 def match_recorded(path: Path, onnx_digest: str, onnx_size: int,

@@ -78,6 +78,9 @@ class Settings:
     # Read by the compile hosts from the environment (workers.childproc.prefault_limit_mb); here so
     # that a bad value is refused where settings are read.
     prefault_mb: int = 1024
+    # Embedded `farm build`: start the first compiles before the pipeline is imported and the
+    # builds are recorded; each claimed build adopts its own (farm.pipeline.early).
+    early_compile: bool = True
     # Evidence (issue 23; docs/evidence.md). FARM_ACCURACY: "gate" runs the simulator accuracy
     # check only for requests with --min-psnr; "after" also after every QNN build (a follow-up
     # task on the probe queue, off the answer's path); "off" never (a gated request then says
@@ -175,6 +178,7 @@ class Settings:
             max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),
             bundle_cache_mb=integer("FARM_BUNDLE_CACHE_MB", 2048, allow_zero=True),
             prefault_mb=integer("FARM_PREFAULT_MB", 1024, allow_zero=True),
+            early_compile=parse_bool("FARM_EARLY_COMPILE", env.get("FARM_EARLY_COMPILE"), default=True),
             accuracy=_choice("FARM_ACCURACY", env.get("FARM_ACCURACY"), ("gate", "after", "off"), "gate"),
             accuracy_budget=number("FARM_ACCURACY_BUDGET", 300.0),
             reports_per_minute=integer("FARM_REPORTS_PER_MINUTE", 600),

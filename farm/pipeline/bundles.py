@@ -29,6 +29,9 @@ from farm.core.placement import STAGING_MARK, staged
 log = logging.getLogger("ctxfarm.bundles")
 
 LISTING = ".listing.json"
+# A job dir's name: this, the owning process's pid, "-" (farm.pipeline.execute.sweep_job_dirs
+# removes those whose owner is gone).
+JOB_PREFIX = "ctxfarm-job-"
 
 
 class _PlacedMeanwhile(Exception):

@@ -164,6 +164,40 @@ class Subscription:
             self.wakeups += 1
         return hit
 
+    def next_events(self, timeout: float) -> set[int] | None:
+        """The builds named by the events that came within ``timeout`` seconds (the first one and
+        any right behind it; empty: none came), or None when what happened is unknown (a dropped
+        or renewed subscription, local events dropped): then every waiter reads again."""
+        if self._pubsub is None and self.broker_url:
+            if self._subscribe():
+                self.wakeups += 1
+                return None
+        if self._pubsub is None:
+            with _hub.cond:
+                seq, ids = _hub.since(self._seq)
+                if ids is not None and not ids:
+                    _hub.cond.wait(max(timeout, 0.0))
+                    seq, ids = _hub.since(self._seq)
+                self._seq = seq
+        else:
+            ids = set()
+            try:
+                msg = self._pubsub.get_message(timeout=max(timeout, 0.0))
+                while msg is not None:  # the first one, then only what is already there
+                    if msg.get("type") == "message":
+                        try:
+                            ids.add(int(json.loads(msg["data"])["build"]))
+                        except (ValueError, KeyError, TypeError):
+                            pass
+                    msg = self._pubsub.get_message(timeout=0.0)
+            except Exception as exc:
+                log.warning("build event subscription lost (%s): reading the state again", exc)
+                self.close()
+                ids = None
+        if ids is None or ids:
+            self.wakeups += 1
+        return ids
+
     def _wait_redis(self, wanted: set[int] | None, timeout: float) -> bool:
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import tempfile
 import threading
 import time
@@ -46,7 +45,8 @@ from farm.core.keys import sha256_bytes, sha256_file
 from farm.core.options import check_embed_size
 from farm.core.settings import Settings
 from farm.pipeline import states
-from farm.pipeline.bundles import BundleCache, download_bundle, open_cache
+from farm.pipeline.bundles import JOB_PREFIX, BundleCache, download_bundle, open_cache
+from farm.pipeline.early import interruptible  # noqa: F401 - the pipeline's callers find it here
 from farm.pipeline.events import Publisher
 from farm.pipeline.memory import MemoryGate, PeakModel, fit
 from farm.pipeline.memory import history as peak_history
@@ -108,7 +108,9 @@ class Phases:
     (claim to that UPDATE; the commit itself is not in it) and ``outside_compile`` (total less
     ``ep_compile``). A worker publishing in the background adds ``critical`` (claim to the
     hand-over: what its compile slot spent) and ``publish_wait`` (waiting for the publication
-    before it, on the critical path too)."""
+    before it, on the critical path too). A build that adopted an early compile (farm.pipeline.early)
+    has no ``bundle_fetch`` and adds ``early_ahead`` (from the compile's start to its adoption) and
+    ``early_wait`` (what was left of it then): its ``ep_compile`` may exceed ``total``."""
 
     started: float = field(default_factory=time.perf_counter)
     ms: dict[str, Any] = field(default_factory=dict)
@@ -326,8 +328,11 @@ class Executor:
 
     def __init__(self, settings: Settings, registry: Registry, runner: Runner | None = None, *,
                  backend: str = "qnn", worker_id: int | None = None, owner: str | None = None,
-                 background_publish: bool = False):
+                 background_publish: bool = False, early: Any = None):
         self.settings = settings
+        # Compiles embedded ``farm build`` started before its pipeline (farm.pipeline.early): a
+        # claimed build adopts the one that is exactly its own compile instead of starting another.
+        self.early = early
         self.registry = registry
         # A worker publishes (uploads, then the one transaction) in the background, while its
         # next build claims and compiles: see ``execute``'s ``then``. One publication at a time.
@@ -423,21 +428,35 @@ class Executor:
             cap_mb = peaks.cap_mb(model_bytes, s_.compile_memory_mb) if s_.compile_memory_auto else s_.compile_memory_mb
             with ExitStack() as stack:
                 keeper = stack.enter_context(LeaseKeeper(self.registry, lease, s_.lease_seconds))
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
-                with ph.timed("bundle_fetch"):
-                    model_path, ph.ms["bundle_cache"] = fetch_bundle(
-                        self.registry, row.files, Path(tmp) / "model", cache=self.bundles,
-                        model_digest=row.model_digest)
                 cancel = keeper.lost if self.interrupt is None else _Either(keeper.lost, self.interrupt)
-                job = CompileJob(model_path, target, row.options, s_.compile_timeout, cap_mb,
-                                 verify_load=True, cancel=cancel)
+                # The same compile, started before the claim: its copy of the model was hashed as
+                # it was written and equals this row's snapshot (checked by ``take``), so fetching
+                # the snapshot again would lay out the same bytes.
+                early = (self.early.take(row.build_key, row.files, memory_mb=cap_mb, timeout=s_.compile_timeout,
+                                         verify_load=True) if self.early is not None else None)
+                if early is None:
+                    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-"))
+                    with ph.timed("bundle_fetch"):
+                        model_path, ph.ms["bundle_cache"] = fetch_bundle(
+                            self.registry, row.files, Path(tmp) / "model", cache=self.bundles,
+                            model_digest=row.model_digest)
+                    job = CompileJob(model_path, target, row.options, s_.compile_timeout, cap_mb,
+                                     verify_load=True, cancel=cancel)
+                else:
+                    stack.callback(early.remove)
                 waited = time.perf_counter()
                 with self.memory.admit(need_mb, what, stop=cancel):
                     t = time.perf_counter()
                     if t - waited >= 0.001:
                         ph.ms["memory_wait"] = _ms(t - waited)
-                    out = self.runner.compile(job, Path(tmp) / "work")
-                ph.compile(out, time.perf_counter() - t)
+                    if early is None:
+                        out = self.runner.compile(job, Path(tmp) / "work")
+                    else:
+                        # Started this long before it was adopted; the wait is what remained of it.
+                        ph.ms["early_ahead"] = _ms(t - early.started)
+                        out = early.result(cancel)
+                        ph.ms["early_wait"] = _ms(time.perf_counter() - t)
+                ph.compile(out, time.perf_counter() - t if early is None else early.call_seconds)
                 keeper.check()
                 if then is not None and self._publisher is not None:
                     # The lease keeper and the job dir go with the publication; this thread is free.
@@ -605,9 +624,6 @@ class _Either:
         return any(f.is_set() for f in self.flags)
 
 
-JOB_PREFIX = "ctxfarm-job-"
-
-
 def sweep_job_dirs(root: Path | None = None) -> list[Path]:
     """Remove job dirs left by executors that were SIGKILLed (they can't clean up): each dir
     names its owner's pid, and only dirs whose owner is gone are removed."""
@@ -646,28 +662,6 @@ def _read_row(s: Any, build_id: int) -> BuildRow:
     model = s.get(Model, b.model_digest)
     return BuildRow(b.backend, b.target, b.toolchain, dict(b.options), b.options_digest, b.build_key,
                     b.model_digest, [dict(f) for f in (model.files if model else [])], b.enqueued_at)
-
-
-# ---- signals: SIGTERM/SIGINT unwind the build like Ctrl-C ----------------------------------------
-
-@contextmanager
-def interruptible(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """While inside, SIGTERM and SIGINT raise ``Interrupted`` in the main thread: the compile
-    child is killed, the lease released, temp dirs removed; the caller exits. Only the main
-    thread can install handlers: elsewhere this is a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def wait_until_final_or_free(registry: Registry, build_id: int, *, poll: float = 0.25,

@@ -140,6 +140,20 @@ def cgroup_free_mb(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return max(limit - used, 0) // MIB
 
 
+def build_jobs(settings: Any, builds: int) -> int:
+    """How many builds embedded ``farm build`` compiles at once: one per CPU this process may
+    use, no more than there are builds, and only as many as MemAvailable holds at the compile
+    memory cap (FARM_COMPILE_MEMORY_MB) each; at least one."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(cpus, builds)
+    available = meminfo_mb()
+    if settings.compile_memory_mb > 0 and available is not None:
+        jobs = min(jobs, available // settings.compile_memory_mb)
+    return max(jobs, 1)
+
+
 def available_mb() -> int | None:
     """Memory a compile started now may use: MemAvailable, within the cgroup's limit."""
     figures = [v for v in (meminfo_mb(), cgroup_free_mb()) if v is not None]

@@ -31,6 +31,7 @@ from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.options import parse_pairs
 from farm.core.settings import Settings
 from farm.pipeline import states
+from farm.pipeline.memory import build_jobs  # noqa: F401 - here too, where callers find the pipeline
 
 # Validation and the report types live where the CLI's fast path can import them without
 # SQLAlchemy; re-exported here, where every other caller finds them.
@@ -164,11 +165,13 @@ def build(settings: Settings, model: str | Path | GroupBundle, target_refs: Sequ
 def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], target_refs: Sequence[str],
                option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                progress: Sequence[Progress] = (), registry: Registry | None = None, retry_failed: bool = False,
-               force_tag: bool = False, require_full_offload: bool = False) -> list[BuildReport]:
+               force_tag: bool = False, require_full_offload: bool = False, early: Any = None) -> list[BuildReport]:
     """Embedded, several models: every (model, target) build shares one pool of ``build_jobs``
     (12 builds on 2 CPUs run 2 at a time across models, not model by model). A report per model,
     in the order given; ``progress[i]`` hears models[i]'s events. Everything is validated and
-    every model's snapshot and builds are recorded before the first compile starts.
+    every model's snapshot and builds are recorded before the first compile starts, except the
+    compiles ``early`` (``farm.pipeline.early.start``, the CLI's) started before the pipeline:
+    a claimed build adopts the one that is exactly its own compile. The caller closes ``early``.
     ``name``/``tag`` name one model: with several, a usage error."""
     from farm.pipeline.execute import Executor, interruptible
     from workers.backends import get_runner
@@ -187,7 +190,7 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
         for t in targets:
             if t.backend not in executors:
                 try:
-                    executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
+                    executors[t.backend] = Executor(settings, reg, get_runner(t.backend), early=early)
                 except FarmError as exc:
                     raise NoWorkerError(f"cannot build {t.ref} here: {exc.message}", hint=exc.hint) from None
         # invalid-model before anything is written; a graph group comes inspected (farm.core.groups)
@@ -217,31 +220,6 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
     finally:
         if own:
             reg.close()
-
-
-def build_jobs(settings: Settings, builds: int) -> int:
-    """How many builds embedded ``farm build`` compiles at once: one per CPU this process may
-    use, no more than there are builds, and only as many as MemAvailable holds at the compile
-    memory cap (FARM_COMPILE_MEMORY_MB) each; at least one."""
-    import os
-
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    jobs = min(cpus, builds)
-    available = _mem_available_mb()
-    if settings.compile_memory_mb > 0 and available is not None:
-        jobs = min(jobs, available // settings.compile_memory_mb)
-    return max(jobs, 1)
-
-
-def _mem_available_mb() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],

@@ -86,3 +86,19 @@ def wait_for(pred, timeout: float, poll: float = 0.05):  # type: ignore[no-untyp
             return got
         time.sleep(poll)
     return pred()
+
+
+def recorded_states(home: Path) -> list[str]:
+    """The build states of the embedded index under ``home``, by id, read with sqlite3 (the index
+    may not exist yet: `farm build` starts its compiles before it records the builds,
+    farm.pipeline.early)."""
+    import sqlite3
+
+    db = Path(home) / "index.db"
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as c:
+            return [r[0] for r in c.execute("SELECT state FROM builds ORDER BY id")]
+    except sqlite3.Error:
+        return []

@@ -20,7 +20,7 @@ from farm.pipeline.plan import build
 from registry.index import Registry
 from registry.models import Build
 from tests.common.onnx_models import conv_relu_add, light, memory_bomb
-from tests.common.procs import alive, compile_children, compile_hosts, standbys, wait_for
+from tests.common.procs import alive, compile_children, compile_hosts, recorded_states, standbys, wait_for
 from workers.host import pool_for
 from workers.qnn.runner import CHILD, QnnRunner, provider_options
 from workers.runner import CompileJob
@@ -130,6 +130,10 @@ def start_parallel_build(env: dict[str, str], log: Path) -> tuple[subprocess.Pop
 def test_sigterm_of_a_parallel_farm_build_releases_every_build(settings: Settings, farm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
     proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
+    # The compiles start before the builds are recorded (farm.pipeline.early): SIGTERM once both
+    # builds are claimed, their compiles adopted.
+    assert wait_for(lambda: recorded_states(settings.home) == ["running", "running"], 120)
+    assert compile_children(proc.pid) == jobs
     hosts = compile_hosts(proc.pid)
     work_dirs = [Path(os.readlink(f"/proc/{j}/cwd")) for j in jobs]
     proc.send_signal(signal.SIGTERM)
@@ -141,9 +145,37 @@ def test_sigterm_of_a_parallel_farm_build_releases_every_build(settings: Setting
     assert rows(settings) == [("queued", 0, "interrupted"), ("queued", 0, "interrupted")]
 
 
+def test_sigterm_before_the_builds_are_recorded_stops_the_early_compiles(settings: Settings,
+                                                                         farm_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """SIGTERM while the compiles started early run and nothing is recorded yet (here: the
+    pipeline's import held back): interrupted, every job and host gone, their dirs removed,
+    nothing in the index."""
+    hold = tmp_path / "sitecustomize.py"  # the pipeline's import waits: the early phase lasts
+    hold.write_text("import builtins, time\n_imp = builtins.__import__\n"
+                    "def _slow(name, *a, **k):\n"
+                    "    if name == 'farm.pipeline.plan':\n        time.sleep(60)\n"
+                    "    return _imp(name, *a, **k)\n"
+                    "builtins.__import__ = _slow\n")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**farm_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), farm_env.get("PYTHONPATH") or root])}
+    proc, jobs = start_parallel_build(env, tmp_path / "build.log")
+    hosts = compile_hosts(proc.pid)
+    work_dirs = [Path(os.readlink(f"/proc/{j}/cwd")).parent for j in jobs]
+    assert recorded_states(settings.home) == []
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    out = (tmp_path / "build.log").read_text()
+    assert "error[interrupted]" in out and "Traceback" not in out
+    assert wait_for(lambda: not any(alive(p) for p in jobs + hosts), 5), "a compile job or host outlived farm build"
+    assert not any(d.exists() for d in work_dirs), "an early compile's dir was left behind"
+    assert recorded_states(settings.home) == []
+
+
 def test_sigkill_of_a_parallel_farm_build_kills_hosts_and_jobs(settings: Settings, farm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
     proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
+    assert wait_for(lambda: recorded_states(settings.home) == ["running", "running"], 120)  # claimed, compiles adopted
     hosts = compile_hosts(proc.pid)
     assert len(hosts) == 2
     ahead = wait_for(lambda: standbys(proc.pid), 5)  # each host's next job, forked ahead

@@ -14,6 +14,7 @@ import pytest
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from registry.index import Registry, find_artifact
+from registry.models import Build
 from tests.common.cli import farm
 from tests.common.onnx_models import conv_relu_add, light, partly_unsupported
 from tests.common.registry_state import snapshot
@@ -48,6 +49,39 @@ def test_two_socs_give_two_artifacts_and_rebuild_is_cached(settings: Settings, f
     assert [b["state"] for b in again["builds"]] == ["cached", "cached"]
     assert {b["artifact"] for b in again["builds"]} == {b["artifact"] for b in first.values()}
     assert snapshot(settings) == before, "a cached rebuild must not write anything"
+
+
+def test_early_compiles_write_the_bytes_of_compiles_after_the_claim(settings: Settings, farm_env: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    """`farm build` starts its compiles before the pipeline (farm.pipeline.early) and each claimed
+    build adopts its own: the artifacts are those of a call that compiles only after the claim
+    (FARM_EARLY_COMPILE=0), and the builds say they were adopted."""
+    model = str(light("squeezenet"))
+    args = ["build", model, "-t", "qnn:SM8650", "-t", "qnn:SM8750", "--json"]
+    early = json.loads(farm(farm_env, *args).stdout)
+    late_env = {**farm_env, "FARM_HOME": str(tmp_path / "late"), "FARM_EARLY_COMPILE": "0"}
+    late = json.loads(farm(late_env, *args).stdout)
+    assert [b["state"] for b in early["builds"]] == ["built", "built"] == [b["state"] for b in late["builds"]]
+    assert early["model"] == late["model"]
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            got = {b["target"]: {f.name: f.digest for f in find_artifact(s, b["artifact"]).files
+                                 if f.role in ("ctx-model", "context")} for b in early["builds"]}
+            phases = [s.get(Build, b["build_id"]).phases for b in early["builds"]]  # type: ignore[union-attr]
+    finally:
+        reg.close()
+    assert all("early_ahead" in ph and "bundle_fetch" not in ph for ph in phases), phases
+    reg = Registry.open(Settings.from_env(late_env))
+    try:
+        with reg.db.session() as s:
+            want = {b["target"]: {f.name: f.digest for f in find_artifact(s, b["artifact"]).files
+                                  if f.role in ("ctx-model", "context")} for b in late["builds"]}
+            late_phases = [s.get(Build, b["build_id"]).phases for b in late["builds"]]  # type: ignore[union-attr]
+    finally:
+        reg.close()
+    assert got == want  # reproducible builds: the same context model and binary, byte for byte
+    assert not any("early_ahead" in ph for ph in late_phases)
 
 
 def test_fetch_as_device_and_load(settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from registry.models import Build, Model, Tag
 from tests.common.cli import farm
 from tests.common.index_rows import add_model, spec
 from tests.common.onnx_models import conv_relu_add, light
-from tests.common.procs import alive, compile_children, wait_for
+from tests.common.procs import alive, compile_children, recorded_states, wait_for
 
 
 def row_of(settings: Settings) -> dict[str, object]:
@@ -54,6 +54,8 @@ def test_sigterm_of_farm_build_releases_and_the_next_build_takes_over_at_once(se
     children = wait_for(lambda: compile_children(proc.pid), 60)
     assert children, (tmp_path / "first.log").read_text()
     (child,) = children
+    # The compile starts before the build is recorded (farm.pipeline.early): once it is claimed.
+    assert wait_for(lambda: recorded_states(settings.home) == ["running"], 60)
     work_dir = Path(os.readlink(f"/proc/{child}/cwd"))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 130
@@ -78,6 +80,7 @@ def test_sigkill_of_farm_build_kills_its_compile_and_the_lease_lapses(settings: 
     env = {**farm_env, "FARM_LEASE_SECONDS": "3"}
     proc = start_build(env, light("vgg19"), tmp_path / "first.log")
     (child,) = wait_for(lambda: compile_children(proc.pid), 60)
+    assert wait_for(lambda: recorded_states(settings.home) == ["running"], 60)  # claimed
     proc.kill()
     proc.wait()
     assert wait_for(lambda: not alive(child), 5), "the compile child outlived its killed parent"

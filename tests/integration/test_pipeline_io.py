@@ -65,3 +65,28 @@ def test_wait_release_is_woken_by_the_build_event_not_by_polling(tmp_path: Path)
     finally:
         reg.close()
         redis.stop()
+
+
+def test_next_events_names_the_builds_published_on_the_broker(redis_server: str) -> None:
+    """The service's long-poll feed reads which builds changed (farm.api.longpoll wakes only
+    their releases' waiters): every id published on the broker, in one batch when they come
+    together; a dropped subscription is None (every waiter reads again)."""
+    from farm.pipeline.events import Publisher
+
+    with Subscription(redis_server) as sub:
+        assert sub.next_events(0.05) == set()
+        pub = Publisher(redis_server)
+        pub.publish(11, "running")
+        pub.publish(12, "succeeded")
+        got: set[int] = set()
+        while got != {11, 12}:
+            ids = sub.next_events(60)
+            assert ids is not None and ids
+            got |= ids
+        import redis
+
+        redis.Redis.from_url(redis_server).client_kill_filter(_type="pubsub")  # the connection drops
+        assert sub.next_events(5) is None
+        assert sub.next_events(5) is None  # subscribed again: what happened meanwhile is unknown
+        pub.publish(13, "failed")
+        assert sub.next_events(60) == {13}

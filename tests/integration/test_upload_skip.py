@@ -56,6 +56,28 @@ def test_an_unchanged_model_is_not_sent_again(service: dict[str, Any], settings:
     assert changed["digest"] != first["digest"] and counting.hits[upload] == 2
 
 
+def test_a_lone_model_the_client_did_not_inspect_is_refused_by_the_service(
+        service: dict[str, Any], settings: Settings, tmp_path: Path) -> None:
+    """A small .onnx that names no external data is not inspected by the client (no onnx import
+    per submit); the service inspects what it is sent: an invalid one is invalid-model there,
+    and nothing is recorded."""
+    from farm.core.errors import InvalidModelError
+    from registry.index import Registry
+    from registry.models import Model
+
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x07 not a model at all")
+    client = Client(service["url"], service["token"])
+    with pytest.raises(InvalidModelError):
+        send_model(client, junk, args(), settings)
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            assert s.query(Model).count() == 0
+    finally:
+        reg.close()
+
+
 def test_held_answers_404_then_200_and_checks_the_digest(service: dict[str, Any], settings: Settings,
                                                          tmp_path: Path) -> None:
     from farm.core.digests import local_bundle
@@ -161,3 +183,18 @@ def test_a_service_without_upload_sessions_gets_one_upload(service: dict[str, An
     monkeypatch.setattr(client, "json", older)
     got = send_model(client, model, args(), settings)
     assert len(got["files"]) == 2 and service["counting"].hits[("POST", "/v1/models")] == 1
+
+
+def test_a_small_lone_model_goes_in_one_request(service: dict[str, Any], settings: Settings, tmp_path: Path) -> None:
+    """No upload session for a lone .onnx of a few KiB: POST /v1/models, one request; held the
+    next time as any other."""
+    from tests.common.onnx_models import matmul_add, save
+
+    model = save(matmul_add(seed=21), tmp_path / "small.onnx")
+    client = Client(service["url"], service["token"])
+    counting: Counting = service["counting"]
+    first = send_model(client, model, args(), settings)
+    assert counting.hits.get(("POST", "/v1/models")) == 1
+    assert not counting.hits.get(("POST", "/v1/uploads")) and not counting.hits.get(("PATCH", "/v1/uploads/ID"))
+    again = send_model(client, model, args(), settings)
+    assert again["digest"] == first["digest"] and counting.hits.get(("POST", "/v1/models")) == 1

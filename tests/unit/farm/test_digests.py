@@ -45,3 +45,28 @@ def test_no_memo_and_a_broken_memo_still_answer(tmp_path: Path) -> None:
     memo = tmp_path / "digests.json"
     memo.write_text("{not json")
     assert local_bundle(model, memo).digest == local_bundle(model, None).digest == inspect_model(model).digest
+
+
+def test_a_lone_model_that_names_no_external_data_is_not_inspected_here(tmp_path: Path) -> None:
+    """Its bundle digest follows from its hash (the same as inspect_model's); onnx is not
+    imported; an invalid one gets a digest too: the service, which inspects every bundle it is
+    sent, refuses it (tests/integration/test_upload_skip.py)."""
+    import subprocess
+    import sys
+
+    model = save(matmul_add(seed=4), tmp_path / "model.onnx")
+    got = local_bundle(model, None)
+    assert got.digest == inspect_model(model).digest and got.hashed_bytes == model.stat().st_size
+    probe = ("import sys; from pathlib import Path; from farm.core.digests import local_bundle; "
+             f"b = local_bundle(Path({str(model)!r}), None); "
+             "print(b.digest, [m for m in ('onnx', 'numpy', 'google.protobuf') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == got.digest and out[1:] == ["[]"]
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x07 not a model")
+    assert local_bundle(junk, None).members == [("model.onnx", junk)]
+    # A model whose bytes hold "location" anywhere is inspected in full, as before.
+    named = save(matmul_add(seed=4), tmp_path / "named" / "model.onnx")
+    named.write_bytes(named.read_bytes() + b"\x00location")
+    with pytest.raises(InvalidModelError):
+        local_bundle(named, None)

@@ -102,3 +102,26 @@ def test_a_lost_event_costs_one_fallback_poll(polls: LongPolls, monkeypatch: pyt
     monkeypatch.setattr(polls, "_status", script)
     st = asyncio.run(asyncio.wait_for(polls.watch(1, 3600, "tok", _never), 60))
     assert st.done and not st.ok and script.reads == 4
+
+
+def test_a_waiter_is_woken_by_events_of_its_own_builds_only() -> None:
+    """Six pipelines wait at once: an event about one release's build wakes that release's
+    waiters (a SQL read each), not every waiter; an event of unknown scope wakes all."""
+    feed = longpoll.BuildFeed(None)
+
+    async def run() -> list[list[bool]]:
+        mine, other, anyone = feed.listen(frozenset({7, 8})), feed.listen(frozenset({9})), feed.listen()
+        seen = []
+        for ids in ({8}, {9}, {42}, None):
+            for t in (mine, other, anyone):
+                t.event.clear()
+            feed._wake(ids)
+            await asyncio.sleep(0.01)  # the wake-ups are scheduled on this loop
+            seen.append([t.event.is_set() for t in (mine, other, anyone)])
+        return seen
+
+    try:
+        assert asyncio.run(run()) == [[True, False, True], [False, True, True], [False, False, True],
+                                      [True, True, True]]
+    finally:
+        feed.close()

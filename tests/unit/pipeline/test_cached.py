@@ -334,3 +334,27 @@ def test_resubmit_answers_force_tag_allow_queue_and_the_gate_as_submit_release(
     with pytest.raises(FarmError, match="no live worker serves qnn 2.51.0"):
         resubmit(settings, model, TARGETS, ["2.51.0"])
     assert len(releases(settings)) == 6
+
+
+def test_an_untagged_name_or_a_deleted_artifact_is_not_answered_from_stale_rows(settings: Settings,
+                                                                                tmp_path: Path) -> None:
+    """`farm untag` removes NAME:TAG: a call naming it again writes it (the full path). A build
+    whose artifact row is gone has nothing to answer with: the full path decides."""
+    from registry.index import delete_tag
+
+    model = save(matmul_add(seed=1), tmp_path / "m.onnx")
+    first = build(settings, model, name="m", tag="stable")
+    assert answer(settings, model, TARGETS, name="m", tag="stable") is not None
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            delete_tag(s, "m", "stable")
+    finally:
+        reg.close()
+    assert answer(settings, model, TARGETS, name="m", tag="stable") is None
+    again = build(settings, model, name="m", tag="stable")  # the tag written again, nothing compiled
+    assert [o.state for o in again.outcomes] == ["cached", "cached"]
+    assert answer(settings, model, TARGETS, name="m", tag="stable") is not None
+    sm8650 = first.outcomes[0].build_id
+    sql(settings, "DELETE FROM artifacts WHERE build_id = :b", b=sm8650)  # its files and verdicts cascade
+    assert answer(settings, model, TARGETS) is None

@@ -73,3 +73,17 @@ def test_the_service_long_poll_answers_when_a_build_changes(db, tmp_path) -> Non
     Publisher(None).publish(build_id, "succeeded")
     t.join(60)  # liveness bound only: without an event the long poll would hold for an hour
     assert not t.is_alive() and answers and answers[0] in ("running", "succeeded")
+
+
+def test_next_events_names_the_builds_that_changed() -> None:
+    with Subscription(None) as sub:
+        Publisher(None).publish(7, "running")
+        Publisher(None).publish(9, "succeeded")
+        assert sub.next_events(0.0) == {7, 9}
+        assert sub.next_events(0.05) == set()  # none came
+        t = threading.Timer(0.05, Publisher(None).publish, args=(3, "failed"))
+        t.start()
+        try:
+            assert sub.next_events(60) == {3}
+        finally:
+            t.join()
