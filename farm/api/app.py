@@ -89,6 +89,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     guard_routes(app)  # issue 32: every route, the token before the body and the body within its cap
     app.take_first(resolve.fast_route, reports.fast_route)  # issue 33: a device's poll and its report
+    import gc
+
+    # What exists now (modules, routes, the catalog) lives as long as the service: out of the
+    # collector's full passes, which otherwise walk it all again and again under load.
+    gc.freeze()
     return app
 
 
