@@ -22,10 +22,22 @@ class EmbeddedRunner:
         self.executors: dict[str, Any] = {}
 
     def submit(self, build_ids: list[int]) -> None:
+        from farm.pipeline.accuracy import compiling
+
         for build_id in build_ids:
-            self.pool.submit(self._run, build_id)
+            compiling(1)  # background accuracy checks wait until it is done (or never runs)
+            self.pool.submit(self._run, build_id).add_done_callback(
+                lambda f: compiling(-1) if f.cancelled() else None)
 
     def _run(self, build_id: int) -> None:
+        from farm.pipeline.accuracy import compiling
+
+        try:
+            self._build(build_id)
+        finally:
+            compiling(-1)
+
+    def _build(self, build_id: int) -> None:
         from farm.pipeline.execute import Executor
 
         with self.reg.db.session() as s:
@@ -43,4 +55,4 @@ class EmbeddedRunner:
             time.sleep(min(r.countdown, 30))
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)  # cancelled ones hold no check back

@@ -291,6 +291,10 @@ class BackgroundChecks:
         while True:
             settings, reg, artifact_id = self.jobs.get()
             try:
+                # Not while this process still compiles (``compiling``): SCHED_IDLE yields the CPU,
+                # but a check on the core a compile leaves free still slowed the release's next
+                # build by a third on this 2-core box (memory, caches, its child's start).
+                _quiet.wait(HOLD_MAX_S)
                 _run_all(settings, reg, [artifact_id], True)
             finally:
                 with self.lock:
@@ -299,6 +303,39 @@ class BackgroundChecks:
     def idle(self) -> bool:
         with self.lock:
             return self.busy == 0
+
+
+HOLD_MAX_S = 600.0  # a check waits at most this long for the builds to end (a farm never idle still checks)
+
+
+class _Quiet:
+    """Whether this process compiles: builds in flight counted by the embedded runner."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.cond = threading.Condition()
+        self.n = 0
+
+    def add(self, k: int) -> None:
+        with self.cond:
+            self.n += k
+            if self.n <= 0:
+                self.n = 0
+                self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.n == 0, timeout)
+
+
+_quiet = _Quiet()
+
+
+def compiling(k: int) -> None:
+    """``k`` more (or, negative, fewer) builds in flight in this process: background checks wait
+    until none is (at most ``HOLD_MAX_S``)."""
+    _quiet.add(k)
 
 
 _BACKGROUND: BackgroundChecks | None = None
