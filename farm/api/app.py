@@ -89,10 +89,16 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     guard_routes(app)  # issue 32: every route, the token before the body and the body within its cap
     app.take_first(resolve.fast_route, reports.fast_route)  # issue 33: a device's poll and its report
+    return app
+
+
+def serving(app: FastAPI) -> FastAPI:
+    """``app`` about to serve for the life of its process (``farm serve``): what exists now (modules,
+    routes, the catalog) lives as long as the process, so it leaves the collector's full passes,
+    which otherwise walk it all again and again under load. Not in ``create_app``: a process that
+    makes many apps (the tests) would keep each one's garbage for good."""
     import gc
 
-    # What exists now (modules, routes, the catalog) lives as long as the service: out of the
-    # collector's full passes, which otherwise walk it all again and again under load.
     gc.freeze()
     return app
 
@@ -211,4 +217,4 @@ def app_from_env() -> FastAPI:
     runs (uvicorn imports it by name in every process it starts), each with its own pool and answer
     cache; the answers stay coherent because each is checked against the model's generation in the
     shared index (``farm.api.answers``)."""
-    return create_app(Settings.from_env())
+    return serving(create_app(Settings.from_env()))

@@ -80,9 +80,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         raise MissingExtraError("farm serve needs the service extra", hint="pip install 'ctxfarm[service]'") from None
     workers = serve_processes(args.workers, settings)
     if workers == 1:
-        from farm.api.app import create_app
+        from farm.api.app import create_app, serving
 
-        app = create_app(settings)
+        app = serving(create_app(settings))
         print(f"ctxfarm service on http://{args.host}:{args.port} (OpenAPI at /openapi.json)", file=sys.stderr,
               flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
