@@ -58,10 +58,13 @@ def runtime_version(backend: str) -> str | None:
 
 
 def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool = False,
-             seed: int = 0, dims: dict[str, int] | None = None, idle: bool = False) -> dict[str, Any] | None:
+             seed: int = 0, dims: dict[str, int] | None = None, idle: bool = False,
+             cancel: Any = None) -> dict[str, Any] | None:
     """Run (or reuse) the accuracy check of one artifact under this environment's runtime and
     record it; returns its view (``registry.evidence.view``), None for an unknown artifact.
-    ``idle``: no answer waits for it, so its run takes only CPU time nothing else wants."""
+    ``idle``: no answer waits for it, so its run takes only CPU time nothing else wants.
+    ``cancel`` (an ``is_set()`` flag): the run is stopped once it is set, ``LeaseLostError``
+    raised and nothing recorded."""
     from sqlalchemy import select
     from sqlalchemy.orm import selectinload
 
@@ -106,7 +109,8 @@ def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool
         result = {"status": "unverified", "outputs": [],
                   "detail": f"built with {backend.upper()} {art.toolchain}, newer than the runtime here ({runtime})"}
     else:
-        result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact, idle)
+        result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact, idle,
+                      cancel)
     with reg.db.session() as s:
         row = evidence.record(s, artifact_id, backend, label, inputs, key, result)
         out = evidence.view(row)
@@ -122,7 +126,7 @@ def _newer(built: str, runtime: str) -> bool:
 
 def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]], sample_digest: str | None,
          seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any,
-         idle: bool = False) -> dict[str, Any]:
+         idle: bool = False, cancel: Any = None) -> dict[str, Any]:
     from farm.pipeline.bundles import download_bundle
     from workers.backends import check_accuracy
 
@@ -152,7 +156,7 @@ def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]
         (root / "work").mkdir()
         return check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
                               memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample,
-                              idle=idle)
+                              idle=idle, cancel=cancel)
 
 
 def gate_outcomes(settings: Settings, reg: Registry, outcomes: Sequence[Any], min_psnr: float | None,
@@ -266,7 +270,14 @@ def _run_all(settings: Settings, reg: Registry, artifact_ids: list[int], idle: b
 class BackgroundChecks:
     """The checks no answer waits for, in this process (the embedded farm): one at a time, in
     order, on one daemon thread started by the first (several at once would take every core the
-    next build's compile wants). ``idle()`` says whether nothing is queued or running."""
+    next build's compile wants). ``idle()`` says whether nothing is queued or running.
+
+    A check starts only once no build of this process has been in flight for ``QUIET_SETTLE_S``
+    (a release script's next submission comes within that), and a build that starts while it runs
+    stops it (its child is killed within ``workers.host.CANCEL_POLL``): it waits and starts over.
+    SCHED_IDLE alone yields CPU time, not the memory bandwidth, caches and child start a check
+    takes from the compile beside it (a third slower next build on this 2-core box). A check held
+    back ``HOLD_MAX_S`` in all (a farm never quiet) runs to its end whatever starts."""
 
     def __init__(self) -> None:
         import queue
@@ -276,6 +287,7 @@ class BackgroundChecks:
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.busy = 0
+        self.preempted = 0  # checks stopped by a build and started over (tests, benches)
 
     def put(self, job: tuple[Settings, Registry, int]) -> None:
         import threading
@@ -291,42 +303,70 @@ class BackgroundChecks:
         while True:
             settings, reg, artifact_id = self.jobs.get()
             try:
-                # Not while this process still compiles (``compiling``): SCHED_IDLE yields the CPU,
-                # but a check on the core a compile leaves free still slowed the release's next
-                # build by a third on this 2-core box (memory, caches, its child's start).
-                _quiet.wait(HOLD_MAX_S)
-                _run_all(settings, reg, [artifact_id], True)
+                self._check(settings, reg, artifact_id)
             finally:
                 with self.lock:
                     self.busy -= 1
+
+    def _check(self, settings: Settings, reg: Registry, artifact_id: int) -> None:
+        from farm.core.errors import LeaseLostError
+
+        held_until = time.monotonic() + HOLD_MAX_S
+        while True:
+            left = held_until - time.monotonic()
+            quiet = left > 0 and _quiet.wait(left, QUIET_SETTLE_S)
+            try:
+                run_task(settings, reg, artifact_id, idle=True, cancel=_quiet if quiet else None)
+                return
+            except LeaseLostError:
+                with self.lock:
+                    self.preempted += 1
+                log.info("accuracy check of artifact %s stopped by a build; it starts again when none runs",
+                         artifact_id)
+            except Exception:  # recorded nowhere else: the log says why
+                log.exception("accuracy check of artifact %s failed", artifact_id)
+                return
 
     def idle(self) -> bool:
         with self.lock:
             return self.busy == 0
 
 
-HOLD_MAX_S = 600.0  # a check waits at most this long for the builds to end (a farm never idle still checks)
+HOLD_MAX_S = 600.0  # a check waits (and is stopped) at most this long in all (a farm never idle still checks)
+QUIET_SETTLE_S = 2.0  # and starts only after this long with no build in flight
 
 
 class _Quiet:
-    """Whether this process compiles: builds in flight counted by the embedded runner."""
+    """Whether this process compiles: builds in flight counted by the embedded runner. Its
+    ``is_set()`` (a cancel flag for a background check) says a build is in flight now."""
 
     def __init__(self) -> None:
         import threading
 
         self.cond = threading.Condition()
         self.n = 0
+        self.changed = time.monotonic()
 
     def add(self, k: int) -> None:
         with self.cond:
-            self.n += k
-            if self.n <= 0:
-                self.n = 0
-                self.cond.notify_all()
+            self.n = max(self.n + k, 0)
+            self.changed = time.monotonic()
+            self.cond.notify_all()
 
-    def wait(self, timeout: float) -> None:
+    def is_set(self) -> bool:
+        return self.n > 0
+
+    def wait(self, timeout: float, settle: float = 0.0) -> bool:
+        """Until no build has been in flight for ``settle`` s (True), or ``timeout`` (False)."""
+        end = time.monotonic() + timeout
         with self.cond:
-            self.cond.wait_for(lambda: self.n == 0, timeout)
+            while True:
+                now = time.monotonic()
+                if self.n == 0 and now - self.changed >= settle:
+                    return True
+                if now >= end:
+                    return False
+                self.cond.wait(min(end, self.changed + settle) - now if self.n == 0 else end - now)
 
 
 _quiet = _Quiet()
@@ -334,7 +374,8 @@ _quiet = _Quiet()
 
 def compiling(k: int) -> None:
     """``k`` more (or, negative, fewer) builds in flight in this process: background checks wait
-    until none is (at most ``HOLD_MAX_S``)."""
+    until none has been for ``QUIET_SETTLE_S``, and one running is stopped (at most
+    ``HOLD_MAX_S`` in all)."""
     _quiet.add(k)
 
 
@@ -353,7 +394,8 @@ def background_idle() -> bool:
     return _BACKGROUND is None or _BACKGROUND.idle()
 
 
-def run_task(settings: Settings, reg: Registry, artifact_id: int, *, idle: bool | None = None) -> str | None:
+def run_task(settings: Settings, reg: Registry, artifact_id: int, *, idle: bool | None = None,
+             cancel: Any = None) -> str | None:
     """The task body: evaluate, then wake whoever waits on the artifact's build (its release's
     long poll re-reads the gate). ``idle`` (None: unless a --min-psnr release waits for it): the
     check runs at idle priority."""
@@ -362,7 +404,7 @@ def run_task(settings: Settings, reg: Registry, artifact_id: int, *, idle: bool 
     if idle is None:
         with reg.db.session() as s:
             idle = not _gated_artifact(s, artifact_id)
-    out = evaluate(settings, reg, artifact_id, idle=idle)
+    out = evaluate(settings, reg, artifact_id, idle=idle, cancel=cancel)
     if out is None:
         return None
     with reg.db.session() as s:

@@ -249,3 +249,36 @@ def test_ungated_release_answers_at_publication_and_the_check_follows_idle(tmp_p
         st = release(client, "gated", 4, min_psnr=30)
         assert st["ok"] and "accuracy" in (st["builds"][0].get("note") or ""), st
         assert seen[-1] == (False, "nice 10"), seen
+
+
+def test_a_check_stopped_by_its_cancel_flag_records_nothing(settings: Settings, farm_env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    """A background check preempted by a build (issue 33): its real child on the simulator is
+    killed once the flag is set, LeaseLostError comes back, nothing is recorded; the next run
+    (no flag) records the figures on the same warm host."""
+    import threading
+
+    import pytest
+
+    from farm.core.errors import LeaseLostError
+    from farm.pipeline.accuracy import evaluate
+
+    model = matmul_model(tmp_path / "m.onnx", seed=11)
+    (b,) = json.loads(farm(farm_env, "build", str(model), "-t", "qnn:SM8650", "--json").stdout)["builds"]
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            from sqlalchemy import text
+
+            (artifact_id,) = s.execute(text("SELECT id FROM artifacts")).one()
+        flag = threading.Event()
+        threading.Timer(0.05, flag.set).start()  # a build starts while the check runs
+        with pytest.raises(LeaseLostError):
+            evaluate(settings, reg, artifact_id, idle=True, cancel=flag)
+        assert _accuracy_rows(settings) == []
+        out = evaluate(settings, reg, artifact_id, idle=True)
+        assert out is not None and out["status"] == "ok", out
+        assert [r[1] for r in _accuracy_rows(settings)] == ["ok"]
+    finally:
+        reg.close()
+    assert b["state"] == "built"

@@ -24,6 +24,7 @@ from farm.core.catalog import Target
 from farm.core.errors import (
     CompileTimeoutError,
     FarmError,
+    LeaseLostError,
     ResourceLimitError,
     WorkerLostError,
 )
@@ -96,11 +97,14 @@ def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict
 
 def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
                    memory_mb: int = 0, seed: int = DEFAULT_SEED, dims: dict[str, int] | None = None,
-                   sample: Path | None = None, warm_host: bool = True, idle: bool = False) -> dict[str, Any]:
+                   sample: Path | None = None, warm_host: bool = True, idle: bool = False,
+                   cancel: Any = None) -> dict[str, Any]:
     """Run the comparison in a child within ``budget`` seconds: a job forked from a warm host
     (``workers.host``: onnxruntime imported and the QNN EP registered once per process, as for
     compiles: a fresh child spends about half a second on that), or a fresh child. ``idle``: the
-    child runs at ``SCHED_IDLE`` (no answer waits for it), else at nice 10. Always returns a
+    child runs at ``SCHED_IDLE`` (no answer waits for it), else at nice 10. ``cancel`` (an
+    ``is_set()`` flag): the child is killed once it is set and ``LeaseLostError`` is raised, no
+    record (a background check preempted by a build: it runs again later). Otherwise returns a
     record:
     ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``."""
     from workers.qnn.runner import provider_options
@@ -115,10 +119,12 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
             from workers.host import pool_for
 
             result, _wall, _log, _t = pool_for(MODULE).run("accuracy", request, work_dir, timeout=budget,
-                                                           memory_mb=memory_mb)
+                                                           memory_mb=memory_mb, cancel=cancel)
         else:
             result, _wall, _log = run_child(MODULE, "accuracy", request, work_dir, timeout=budget,
-                                            memory_mb=memory_mb)
+                                            memory_mb=memory_mb, cancel=cancel)
+    except LeaseLostError:
+        raise  # stopped on ``cancel``: not a result of the check
     except (ResourceLimitError, CompileTimeoutError) as exc:
         if isinstance(exc, CompileTimeoutError) or "within" in exc.message or "time limit" in exc.message:
             return {"status": "skipped", "detail": f"skipped: over {budget:g} s", "outputs": []}

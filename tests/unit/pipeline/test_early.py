@@ -270,28 +270,3 @@ def test_builds_the_index_answers_start_nothing(settings: Settings, tmp_path: Pa
         assert len(again) == 2
     finally:
         again.close()
-
-
-def test_background_checks_wait_while_this_process_compiles() -> None:
-    """farm.pipeline.accuracy.compiling: a check held back while builds are in flight, released
-    when the last ends (or after its hold limit)."""
-    import threading
-    import time
-
-    from farm.pipeline import accuracy
-
-    q = accuracy._Quiet()
-    q.add(2)
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (q.wait(30), done.set()))
-    t.start()
-    q.add(-1)
-    time.sleep(0.05)
-    assert not done.is_set()  # one build still compiles
-    q.add(-1)
-    assert done.wait(5)
-    t.join()
-    q.add(1)
-    started = time.monotonic()
-    q.wait(0.05)  # held no longer than asked
-    assert time.monotonic() - started < 5
