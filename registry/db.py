@@ -181,5 +181,57 @@ class Database:
         with self._sessions() as s, s.begin():
             yield s
 
+    @contextmanager
+    def serialized(self, what: str, key: int, *, wait: float = 10.0) -> Iterator[None]:
+        """One holder at a time of (``what``, ``key``): a check-then-create (a token's quota:
+        count its rows, then add one) that two requests must not both pass. PostgreSQL: a
+        session advisory lock on a connection of its own, so every process and host of the
+        service shares it; SQLite (one process serves it): a lock of this process. Held at most
+        ``wait`` s by another: ``RateLimitedError`` (try again), never an unbounded wait."""
+        if self.engine.dialect.name != "postgresql":
+            with _local_lock(self.url, what, key, wait):
+                yield
+            return
+        import time
+
+        name = f"ctxfarm.{what}"
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            deadline = time.monotonic() + wait
+            while not c.scalar(text("SELECT pg_try_advisory_lock(hashtext(:n), :k)"), {"n": name, "k": key}):
+                if time.monotonic() > deadline:
+                    raise _busy(what)
+                time.sleep(0.005)
+            try:
+                yield
+            finally:
+                try:
+                    c.execute(text("SELECT pg_advisory_unlock(hashtext(:n), :k)"), {"n": name, "k": key})
+                except Exception:
+                    c.invalidate()  # its session ends, and the lock with it
+                    raise
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_LOCAL_LOCKS: dict[tuple[str, str, int], Any] = {}
+
+
+@contextmanager
+def _local_lock(url: str, what: str, key: int, wait: float) -> Iterator[None]:
+    import threading
+
+    lock = _LOCAL_LOCKS.setdefault((url, what, key), threading.Lock())  # setdefault: atomic under the GIL
+    if not lock.acquire(timeout=wait):
+        raise _busy(what)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _busy(what: str) -> FarmError:
+    from farm.core.errors import RateLimitedError
+
+    return RateLimitedError(f"another request of this token is creating {what} right now",
+                            hint="try again in a moment")

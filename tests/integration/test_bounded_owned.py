@@ -224,6 +224,54 @@ def test_releases_are_owned_quota_bound_and_a_shared_build_outlives_one_cancel(
         assert r.status_code == 200 and r.json()["builds"][0]["now"] == "cancelled"
 
 
+def _at_once(n: int, call: Any) -> list[Any]:
+    """``call(i)`` from ``n`` threads released together."""
+    import threading
+
+    gate = threading.Barrier(n)
+    out: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        gate.wait()
+        out[i] = call(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    return out
+
+
+def test_quotas_hold_when_requests_come_at_once(app_env: dict[str, str], redis_server: str, tmp_path: Path) -> None:
+    """A quota is counted and taken in one step per token: 8 upload sessions asked at once with
+    FARM_QUOTA_UPLOADS=2 open exactly 2, and 4 releases at once with FARM_QUOTA_RELEASES=1 queue
+    exactly 1; on PostgreSQL through two apps (two service processes share the database's lock)."""
+    settings = Settings.from_env({**app_env, "FARM_BROKER_URL": redis_server})
+    first, t = _client(settings)
+    second = TestClient(create_app(settings)) if settings.database_url.startswith("postgresql") else first
+    model = conv_relu_add(tmp_path / "m.onnx").read_bytes()
+    with first, second:
+        clients = [first, second]
+        opened = _at_once(8, lambda i: clients[i % 2].post("/v1/uploads", headers=auth(t["a"])))
+        assert sorted(r.status_code for r in opened) == [201] * 2 + [429] * 6, [r.text for r in opened]
+        assert {code_of(r) for r in opened if r.status_code == 429} == {"quota-uploads"}
+        assert len({r.json()["upload"] for r in opened if r.status_code == 201}) == 2
+
+        up = first.post("/v1/models", headers={**auth(t["a"]), "Content-Type": "application/octet-stream"},
+                        content=model)
+        assert up.status_code == 200, up.text
+        socs = ["SM8650", "SM8750", "SM8550", "SC8380XP"]
+        body = {"model": up.json()["digest"], "sdks": ["2.51.0"], "allow_queue": True}
+        got = _at_once(4, lambda i: clients[i % 2].post(
+            "/v1/releases", headers=auth(t["a"]), json={**body, "targets": [f"qnn:{socs[i]}"]}))
+        assert sorted(r.status_code for r in got) == [200, 429, 429, 429], [r.text for r in got]
+        assert {code_of(r) for r in got if r.status_code == 429} == {"quota-releases"}
+        (ok,) = [r.json() for r in got if r.status_code == 200]
+        r = first.post(f"/v1/releases/{ok['release']}/cancel", headers=auth(t["a"]))
+        assert r.status_code == 200, r.text
+
+
 # ---- archives of sample inputs ---------------------------------------------------------------------
 
 def npz(**arrays: Any) -> bytes:

@@ -34,7 +34,6 @@ def create_release(http: Request, body: ReleaseIn, settings: SettingsDep, reg: R
                                         min_psnr=body.min_psnr)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, body.model)
-        _check_quota(s, settings, who)
     served = _served(settings, reg, request)
     if settings.embedded:
         try:
@@ -45,8 +44,12 @@ def create_release(http: Request, body: ReleaseIn, settings: SettingsDep, reg: R
 
             return error_response(exc, roots_of(http.app), status=409)
     request.check_served(served)
-    st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
-                            dispatch=runner is None, owner=who.token_id)
+    # Counted and queued as one step per token: two requests at once cannot both pass the quota.
+    with reg.db.serialized("releases", who.token_id):
+        with reg.db.session() as s:
+            _check_quota(s, settings, who)
+        st = plan.queue_release(settings, reg, digest, request, served=served, display=body.model,
+                                dispatch=runner is None, owner=who.token_id)
     if runner is not None:
         runner.submit([b["build"] for b in st.builds])
     return release_out(st)

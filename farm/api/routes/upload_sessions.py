@@ -119,7 +119,8 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
     from registry.models import UploadSession
 
     _sweep(settings, reg)
-    with reg.db.session() as s:
+    # Counted and opened as one step per token: two requests at once cannot both pass the quota.
+    with reg.db.serialized("uploads", who.token_id), reg.db.session() as s:
         mine = s.scalar(select(func.count()).where(UploadSession.owner_token_id == who.token_id)) or 0
         if mine >= settings.quota_uploads:
             raise E.QuotaUploadsError(f"this token holds {mine} open upload sessions (FARM_QUOTA_UPLOADS="
