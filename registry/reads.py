@@ -10,6 +10,7 @@ every read against a schema made by the migrations).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -184,28 +185,42 @@ def model_generation(rows: Rows, ref: str) -> tuple[str, int] | None:
     otherwise. The generation (``model_generations``, bumped by triggers when the model's
     artifacts, verdicts, device reports or signatures change; 0 before any) keys the service's
     cached resolve answers: read first, the answer computed after it is at least that new."""
+    for sql, params, unique in generation_statements(ref):
+        found = generation_hit(rows.rows(sql, params), unique)
+        if found is not None:
+            return found
+    return None
+
+
+def generation_statements(ref: str) -> list[tuple[str, dict[str, Any], bool]]:
+    """The statements ``model_generation`` tries in turn, ``(sql, params, unique)``, the first
+    that finds the model answering (``generation_hit``): the same reads on any connection (the
+    service's event loop reads generations with its own driver)."""
     gen = "coalesce((SELECT g.generation FROM model_generations g WHERE g.model_digest = {col}), 0)"
     if is_digest(ref):
-        hit = rows.rows(f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m WHERE m.digest = :digest",
-                        {"digest": ref})
-        return (str(hit[0][0]), int(hit[0][1])) if hit else None
+        return [(f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m WHERE m.digest = :digest",
+                 {"digest": ref}, False)]
+    out: list[tuple[str, dict[str, Any], bool]] = []
     if not ref.startswith("sha256:"):
         try:
             name, tag = split_ref(ref)
         except BadNameError:
             pass
         else:
-            hit = rows.rows(f"SELECT t.model_digest, {gen.format(col='t.model_digest')} FROM tags t"
-                            " WHERE t.name = :name AND t.tag = :tag", {"name": name, "tag": tag})
-            if hit:
-                return str(hit[0][0]), int(hit[0][1])
+            out.append((f"SELECT t.model_digest, {gen.format(col='t.model_digest')} FROM tags t"
+                        " WHERE t.name = :name AND t.tag = :tag", {"name": name, "tag": tag}, False))
     prefix = ref.removeprefix("sha256:")
     if 6 <= len(prefix) <= 64 and all(c in "0123456789abcdef" for c in prefix):
-        hits = rows.rows(f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m"
-                         " WHERE m.digest LIKE :pattern LIMIT 2", {"pattern": f"sha256:{prefix}%"})
-        if len(hits) == 1:
-            return str(hits[0][0]), int(hits[0][1])
-    return None
+        out.append((f"SELECT m.digest, {gen.format(col='m.digest')} FROM models m"
+                    " WHERE m.digest LIKE :pattern LIMIT 2", {"pattern": f"sha256:{prefix}%"}, True))
+    return out
+
+
+def generation_hit(rows: Sequence[Sequence[Any]], unique: bool) -> tuple[str, int] | None:
+    """What one of ``generation_statements`` found: its row, if it found one (exactly one when
+    ``unique``: a hex prefix names a model only when no other digest starts with it)."""
+    found = len(rows) == 1 if unique else bool(rows)
+    return (str(rows[0][0]), int(rows[0][1])) if found else None
 
 
 def models_by_onnx(rows: Rows, onnx_digest: str) -> list[tuple[str, list[dict[str, Any]]]]:

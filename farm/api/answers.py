@@ -85,6 +85,10 @@ class AnswerCache:
             self.items.move_to_end(key)
             return hit
 
+    def holds(self, key: tuple[Any, ...]) -> bool:
+        """Whether an answer is kept for ``key`` (of whatever generation)."""
+        return key in self.items
+
     def put(self, key: tuple[Any, ...], answer: Answer) -> None:
         if len(answer.body) > BODY_MAX:
             return

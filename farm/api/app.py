@@ -37,6 +37,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     reg = registry or Registry.open(settings)
     runner = EmbeddedRunner(settings, reg) if settings.embedded else None
+    loop_reader = resolve.LoopReader(reg.db.engine.url) if reg.db.engine.dialect.name == "postgresql" else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -48,6 +49,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         reader = getattr(app.state, "resolve_reader", None)  # resolve's own connections (routes/resolve.py)
         if reader is not None:
             reader.dispose()
+        if loop_reader is not None:
+            await loop_reader.close()
         app.state.longpolls.close()
         if runner is not None:
             runner.shutdown()
@@ -58,6 +61,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                   lifespan=lifespan)
     app.state.settings = settings
     app.state.registry = reg
+    app.state.resolve_loop_reader = loop_reader
     app.state.metrics = Metrics(settings, reg)
     app.state.tokens = TokenCache(ttl=TOKEN_CACHE_S)
     app.state.runner = runner

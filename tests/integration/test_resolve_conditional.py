@@ -245,3 +245,41 @@ def test_a_miss_names_the_nearest_without_reading_other_targets(svc: dict[str, A
     assert (fast.value.message, fast.value.hint) == (full.value.message, full.value.hint)
     assert fast.value.details == full.value.details and len(fast.value.details["nearest"]) == 5
     assert "none of the 8 qnn artifact(s)" in fast.value.message  # 6 of SM8650, one each of the others
+
+
+def test_a_kept_answer_is_read_on_the_event_loop(svc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: a question asked again goes to no thread (its generation read on the event loop,
+    ``LoopReader``) while the generation holds; a change goes to the threads and is answered; a
+    dropped connection answers from the threads and the loop reads on a new one after."""
+    if svc["reg"].db.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from sqlalchemy import text
+
+    from farm.api.routes import resolve as route
+
+    threads = []
+    real = route._answer
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        threads.append(a[2])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(route, "_answer", counting)
+    c, reg = svc["c"], svc["reg"]
+    first = c.get(Q)
+    etag = first.headers["etag"]
+    assert len(threads) == 1  # first asked: the threads
+    for _ in range(3):
+        assert c.get(Q).content == first.content and _poll(c, etag).status_code == 304
+    assert len(threads) == 1  # asked again: the loop
+    with reg.db.session() as s:
+        record_verdict(s, svc["first"], "qnn", "2.51.0", "fails", "probe", "crash")
+    r = c.get(Q)
+    assert len(threads) == 2 and r.status_code == 404  # the generation moved: the threads
+    assert c.get(Q).status_code == 404 and len(threads) == 2  # the kept miss, from the loop
+
+    with reg.db.engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    assert c.get(Q).status_code == 404 and len(threads) == 3  # the loop's connection was dead: the threads
+    assert c.get(Q).status_code == 404 and len(threads) == 3  # and a new one reads on the loop

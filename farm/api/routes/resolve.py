@@ -101,7 +101,11 @@ async def _respond(request: Request, question: _Question, if_none_match: str | N
     metrics = request.app.state.metrics
     started = time.perf_counter()
     try:
-        answer = await asyncio.wrap_future(_pool().submit(_answer, request, request.app.state.registry, *question))
+        answer = await _kept(request, question)
+        if answer is None:
+            answer = await asyncio.wrap_future(_pool().submit(_answer, request, request.app.state.registry,
+                                                              *question))
+        answer.raise_miss()
         headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
         if none_match(if_none_match, answer.etag):
             return Response(status_code=304, headers=headers)
@@ -245,7 +249,7 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
 
     device = _device(soc, qnn, gpu, trt, platform)
     base = str(request.base_url).rstrip("/")
-    key = (base, model, device.backend, device.target.name, device.runtime, with_manifest)
+    key = _key(base, model, device, with_manifest)
     cache = _answers(request)
     fail_devices = request.app.state.settings.report_fail_devices
 
@@ -278,6 +282,81 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
             hit = _fresh(reg, SessionRows(s), base, model, digest, -1, device, with_manifest, fail_devices)
     hit.raise_miss()
     return hit
+
+
+def _key(base: str, model: str, device: Any, with_manifest: bool) -> tuple[Any, ...]:
+    return (base, model, device.backend, device.target.name, device.runtime, with_manifest)
+
+
+async def _kept(request: Request, question: _Question) -> Answer | None:
+    """A kept answer whose model generation still holds, its generation read on the event loop
+    (``LoopReader``, PostgreSQL): a device's repeated question (a poll) goes to no thread. Any
+    other case, or any failure here, is None: the question goes to resolve's threads, which
+    answer it, or explain why not, as always."""
+    loop_reader = getattr(request.app.state, "resolve_loop_reader", None)
+    cache = getattr(request.app.state, "resolve_answers", None)
+    if loop_reader is None or cache is None:
+        return None
+    try:
+        device = _device(question.soc, question.qnn, question.gpu, question.trt, question.platform)
+    except E.FarmError:
+        return None
+    key = _key(str(request.base_url).rstrip("/"), question.model, device, question.manifest)
+    if not cache.holds(key):
+        return None  # first asked: no generation read here, the threads read it with the answer
+    found = await loop_reader.generation(question.model)
+    return cache.get(key, *found) if found is not None else None
+
+
+class LoopReader:
+    """The generation read of ``_kept`` on the event loop: one psycopg ``AsyncConnection``
+    (autocommit) of the loop that opened it (a later loop opens its own), the same statements as
+    ``registry.reads.model_generation``. A cached answer then costs no thread hop and no GIL
+    hand-off: under load (reports arriving) each hop waited up to the interpreter's 5 ms switch
+    interval. Any error closes the connection (the next read opens another) and answers None."""
+
+    def __init__(self, url: Any):
+        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conn: Any = None
+        self.loop: Any = None
+        self.opening: asyncio.Lock | None = None
+
+    async def generation(self, ref: str) -> tuple[str, int] | None:
+        from registry.lite import pyformat
+        from registry.reads import generation_hit, generation_statements
+
+        try:
+            conn = await self._connection()
+            for sql, params, unique in generation_statements(ref):
+                cur = await conn.execute(pyformat(sql), params)
+                found = generation_hit(await cur.fetchall(), unique)
+                if found is not None:
+                    return found
+        except Exception:  # noqa: BLE001 - the threads answer instead, and say what is wrong
+            await self.close()
+        return None
+
+    async def _connection(self) -> Any:
+        import psycopg
+
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            self.conn, self.loop, self.opening = None, loop, asyncio.Lock()
+        if self.conn is None or self.conn.closed:
+            assert self.opening is not None
+            async with self.opening:
+                if self.conn is None or self.conn.closed:
+                    self.conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                                      connect_timeout=5)
+        return self.conn
+
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and self.loop is asyncio.get_running_loop():
+            try:
+                await conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
 
 
 def _fresh(reg: Registry, rows: Any, base: str, model: str, digest: str, generation: int, device: Any,
