@@ -16,7 +16,8 @@ then forks one job process per compile:
   the job's group and waits for the host to say it is gone; a host that does not answer is
   killed, and its job with it.
 
-``HostPool`` keeps one idle host per concurrent compile of this process (``pool_for``); a host is
+``HostPool`` keeps the hosts of this process's concurrent compiles (``pool_for``), several jobs
+at once in one host (``slots``, default the CPUs: the SDK imported once, not per job); a host is
 replaced after ``HOST_MAX_JOBS`` jobs, and at once when it misbehaves or dies. Hosts stop when
 the process exits (``shutdown``, atexit: stdin closed, the host exits). TensorRT does not use
 hosts: CUDA does not survive a fork. This module imports no onnxruntime.
