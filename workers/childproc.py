@@ -180,7 +180,9 @@ def run_one(command: str, req_path: str, res_path: str, commands: Commands,
 #
 # Protocol, one JSON object a line. Requests on stdin: {"op": "run", "id", "command", "request",
 # "result", "log", "cwd", "timeout", "memory_mb"} and {"op": "kill", "id"}; EOF = the owner is
-# gone: kill the job, exit. Events on the stdout it was started with (fd 1 is then pointed at
+# gone: kill every job, exit. Jobs of different ids run at once (a `farm build` for two SoCs
+# compiles both in forks of one host: onnxruntime imported once per call, not once per target);
+# the owner bounds how many (workers.host.HostPool). Events on the stdout it was started with (fd 1 is then pointed at
 # stderr, so a library printing to stdout cannot corrupt the protocol): {"event": "ready"} or
 # {"event": "failed", "error"} once, then {"event": "started", "id", "pid"} and
 # {"event": "exited", "id", "pid", "status" (a wait status), "maxrss_kib"} per job.
@@ -230,10 +232,9 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
     # A job: id, pid, pidfd, and "done": the read end of a pipe the job writes its exit code to
     # once its result is written, just before os._exit. The owner is told then ("done"), not
     # after the exit: tearing down a process's memory takes ~60 ms per GiB (measured), and the
-    # job's output is complete before it. The job is reaped after, and before the next one runs.
-    job: dict[str, Any] | None = None
+    # job's output is complete before it. The job is reaped when it is gone.
+    jobs: dict[int, dict[str, Any]] = {}  # by the owner's id: running, or said done and exiting
     standby: dict[str, Any] | None = None  # the same, plus "wfd": the next job's process, forked ahead
-    finishing: list[dict[str, Any]] = []  # jobs that said done and are exiting, while the next one runs
     prefault_cap = prefault_limit_mb()
     host_mb = _mapped_bytes("VmRSS") >> 20  # a job's peak RSS counts the pages it shares with the host
     learned: dict[str, Any] = {"mb": min(prefault_cap, PREFAULT_FIRST_MB), "cap": 0, "recent": []}
@@ -317,33 +318,33 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
 
     standby = fork_job(None) if prefault_cap > 0 else None
     while True:
-        live = [j for j in (job, standby, *finishing) if j is not None]
-        # The running job's done pipe; the others' are read at their reap (a standby writes none).
-        watch = [0] + [j["pidfd"] for j in live if j["pidfd"] is not None] + (
-            [job["done"]] if job is not None and job["done"] is not None else [])
+        live = [*jobs.values(), *([standby] if standby is not None else [])]
+        # The running jobs' done pipes; a standby writes none until it is a job.
+        watch = [0] + [j["pidfd"] for j in live if j["pidfd"] is not None] + [
+            j["done"] for j in jobs.values() if j["done"] is not None]
         polling = any(j["pidfd"] is None for j in live)
         ready, _, _ = select.select(watch, [], [], 0.01 if polling else None)
-        for j in [j for j in finishing if exited(j, ready)]:
-            finishing.remove(j)
-            reap(j)
-        if job is not None and job["done"] is not None and job["done"] in ready:
-            heard(job)
-        if exited(job, ready):
-            assert job is not None
-            if job.get("handed") is not None and not job.get("accepted"):
+        for jid, j in list(jobs.items()):
+            if j["done"] is not None and j["done"] in ready:
+                heard(j)
+            if not exited(j, ready):
+                continue
+            if j.get("handed") is not None and not j.get("accepted"):
                 # A standby that died before it took the job (killed, out of memory; a dying
                 # process keeps its pipes open until its last thread is gone): run it afresh.
-                line = job["handed"]
-                reap(job, report=False)
-                job = fork_job(json.loads(line))
-                if job is None:
-                    send({"event": "error", "id": json.loads(line)["id"], "error": "fork failed"})
+                line = j["handed"]
+                reap(j, report=False)
+                fresh = fork_job(json.loads(line))
+                if fresh is None:
+                    del jobs[jid]
+                    send({"event": "error", "id": jid, "error": "fork failed"})
                 else:
-                    job["id"] = json.loads(line)["id"]
-                    send({"event": "started", "id": job["id"], "pid": job["pid"]})
+                    fresh["id"] = jid
+                    jobs[jid] = fresh
+                    send({"event": "started", "id": jid, "pid": fresh["pid"]})
             else:
-                reap(job)
-                job = None
+                reap(j)
+                del jobs[jid]
         if exited(standby, ready):  # killed from outside, or out of memory: fork the job when it comes
             assert standby is not None
             reap(standby, report=False)
@@ -352,7 +353,7 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the owner is gone (or closed us): nothing may outlive it
-            for left in (job, standby, *finishing):
+            for left in (*jobs.values(), standby):
                 if left is not None:
                     kill(left)
                     reap(left, report=left is not standby)
@@ -362,14 +363,13 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             line, buf = buf.split(b"\n", 1)
             msg = json.loads(line)
             if msg["op"] == "kill":
-                if job is not None and job["id"] == msg["id"]:
-                    kill(job)
+                if msg["id"] in jobs:
+                    kill(jobs[msg["id"]])
             elif msg["op"] == "run":
-                if job is not None and job.get("finished"):
-                    finishing.append(job)  # exiting: reaped (and reported) when it is gone
-                    job = None
-                if job is not None:
-                    send({"event": "error", "id": msg["id"], "error": "a job is already running"})
+                # Several jobs may run at once (the owner bounds how many): each is a fork of this
+                # process, which only imported, so none sees another's state.
+                if msg["id"] in jobs:
+                    send({"event": "error", "id": msg["id"], "error": "a job with this id is already running"})
                     continue
                 learned["cap"] = int(msg.get("memory_mb") or 0)
                 if standby is not None and _hand_over(standby["wfd"], line):
@@ -381,11 +381,13 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
                         kill(standby)
                         reap(standby, report=False)
                         standby = None
-                    job = fork_job(msg)
-                    if job is None:  # EAGAIN/ENOMEM: the owner reports it and replaces this host
+                    forked = fork_job(msg)
+                    if forked is None:  # EAGAIN/ENOMEM: the owner reports it and replaces this host
                         send({"event": "error", "id": msg["id"], "error": "fork failed"})
                         continue
+                    job = forked
                 job["id"] = msg["id"]
+                jobs[msg["id"]] = job
                 send({"event": "started", "id": msg["id"], "pid": job["pid"]})
                 if prefault_cap > 0:
                     standby = fork_job(None)  # warms up on a spare core while this job runs

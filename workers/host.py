@@ -16,7 +16,8 @@ then forks one job process per compile:
   the job's group and waits for the host to say it is gone; a host that does not answer is
   killed, and its job with it.
 
-``HostPool`` keeps one idle host per concurrent compile of this process (``pool_for``); a host is
+``HostPool`` keeps the hosts of this process's concurrent compiles (``pool_for``), several jobs
+at once in one host (``slots``, default the CPUs: the SDK imported once, not per job); a host is
 replaced after ``HOST_MAX_JOBS`` jobs, and at once when it misbehaves or dies. Hosts stop when
 the process exits (``shutdown``, atexit: stdin closed, the host exits). TensorRT does not use
 hosts: CUDA does not survive a fork. This module imports no onnxruntime.
@@ -53,17 +54,25 @@ class _HostGone(Exception):
 
 
 class CompileHost:
-    """One warm host process and the one job it runs at a time. Not thread-safe: a pool hands
-    a host to one caller at a time."""
+    """One warm host process and the jobs it runs, each forked from it. Several threads may run
+    jobs at once (a pool bounds how many, ``HostPool.slots``): the events on the host's pipe are
+    read by one of them at a time and handed to the job they name."""
 
     def __init__(self, module: str, *, python: str | None = None, env: dict[str, str] | None = None):
         self.module = module
         self.jobs = 0
         self.broken = False
         self.info: dict[str, Any] = {}
-        self.job_pid: int | None = None  # the running job's, while one runs
+        self.job_pid: int | None = None  # the last started job's, while it runs
+        self.active = 0  # jobs running now (the pool's count, under its lock)
+        self.counted = False  # in its pool's ``started``
+        self._ready_lock = threading.Lock()
         self._buf = b""
         self._seq = 0
+        self._cv = threading.Condition()  # guards _seq, _mail, _reading, _gone and the pipe's writes
+        self._mail: dict[int, list[dict[str, Any]]] = {}  # events read for each running job
+        self._reading = False  # one thread reads the pipe at a time
+        self._gone = False  # the pipe hit EOF: every job's caller hears it
         full_env = {**os.environ, **(env or {})}
         root = str(Path(__file__).resolve().parent.parent)  # the host imports this project from anywhere
         full_env["PYTHONPATH"] = root + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
@@ -80,6 +89,19 @@ class CompileHost:
         host = cls(module, python=python, env=env)
         host.wait_ready()
         return host
+
+    def ensure_ready(self) -> bool:
+        """Ready (waited for by the first of its callers), or False when it could not start."""
+        with self._ready_lock:
+            if self.info:
+                return True
+            if self.broken:
+                return False
+            try:
+                self.wait_ready()
+            except ToolchainError:
+                return False
+            return True
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         try:
@@ -113,20 +135,23 @@ class CompileHost:
         log_path = work_dir / f"{command}.log"
         req_path.write_text(json.dumps(request))
         res_path.unlink(missing_ok=True)
-        self._seq += 1
-        jid = self._seq
+        with self._cv:
+            self._seq += 1
+            jid = self._seq
+            self._mail[jid] = []
         start = time.perf_counter()
         deadline = time.monotonic() + timeout + KILL_GRACE_S
         started = start
         status: int | None = None
         peak_kib = 0
         stopped: str | None = None  # "cancel" | "timeout": the job was killed, and why
+        started_pid: list[int | None] = [None]
         try:
             self._send({"op": "run", "id": jid, "command": command, "request": str(req_path),
                         "result": str(res_path), "log": str(log_path), "cwd": str(work_dir), "timeout": timeout,
                         "memory_mb": int(memory_mb)})
             while status is None:
-                msg = self._read(time.monotonic() + CANCEL_POLL)
+                msg = self._next(jid, time.monotonic() + CANCEL_POLL)
                 if msg is None:
                     if cancel is not None and cancel.is_set():
                         stopped = "cancel"
@@ -136,10 +161,9 @@ class CompileHost:
                         self._stop(jid)
                         break
                     continue
-                if msg.get("id") != jid:
-                    continue  # a late event of an earlier job
                 if msg.get("event") == "started":
                     self.job_pid, started = int(msg["pid"]), time.perf_counter()
+                    started_pid[0] = self.job_pid
                 elif msg.get("event") == "exited":
                     status, peak_kib = int(msg["status"]), int(msg.get("maxrss_kib") or 0)
                 elif msg.get("event") == "done":
@@ -162,14 +186,18 @@ class CompileHost:
             self._stop(jid)
             raise
         finally:
-            self.job_pid = None
+            with self._cv:
+                self._mail.pop(jid, None)
+            if self.job_pid == started_pid[0]:
+                self.job_pid = None
         if stopped == "cancel":
             raise LeaseLostError(f"{command} stopped: this executor lost the build's lease")
         if stopped == "timeout" or status is None:
             raise ResourceLimitError(f"{command} did not finish within {timeout:g} s and was stopped",
                                      details={"log": read_log(log_path)})
         wall = time.perf_counter() - start
-        self.jobs += 1
+        with self._cv:
+            self.jobs += 1
         result, log_text = child_outcome(command, os.waitstatus_to_exitcode(status), peak_kib, res_path, log_path,
                                          memory_mb)
         return result, wall, log_text, {"fork_seconds": started - start, "job_seconds": time.perf_counter() - started}
@@ -224,10 +252,46 @@ class CompileHost:
     def _send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
+            with self._cv:
+                self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+                self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             raise _HostGone() from None
+
+    def _next(self, jid: int, deadline: float) -> dict[str, Any] | None:
+        """Job ``jid``'s next event, or None at ``deadline``; _HostGone at EOF. The thread that
+        reads the pipe keeps the events of other jobs for their callers; an event of a job no
+        caller waits for any more (killed, its caller gone) is dropped."""
+        while True:
+            with self._cv:
+                while True:
+                    box = self._mail.get(jid)
+                    if box:
+                        return box.pop(0)
+                    if self._gone:
+                        raise _HostGone()
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._cv.wait(left)
+            msg: dict[str, Any] | None = None
+            try:
+                msg = self._read(deadline)
+            except _HostGone:
+                with self._cv:
+                    self._gone = True
+                raise
+            finally:
+                with self._cv:
+                    self._reading = False
+                    if msg is not None and msg.get("id") in self._mail:
+                        self._mail[msg["id"]].append(msg)
+                    self._cv.notify_all()
+            if msg is None:
+                return None
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
         """The next event, or None at ``deadline``; _HostGone at EOF."""
@@ -258,63 +322,115 @@ class CompileHost:
             try:
                 self._send({"op": "kill", "id": jid})
                 deadline = time.monotonic() + STOP_TIMEOUT
-                while (msg := self._read(deadline)) is not None:
-                    if msg.get("id") == jid and msg.get("event") == "exited":
-                        self.jobs += 1
+                while (msg := self._next(jid, deadline)) is not None:
+                    if msg.get("event") == "exited":
+                        with self._cv:
+                            self.jobs += 1
                         return
             except _HostGone:
                 pass
         self.close(kill=True)  # the job goes with it (PDEATHSIG)
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class HostPool:
-    """Warm hosts of one child module: ``run`` takes an idle host (or starts one), so N callers
-    in N threads compile in N hosts at once."""
+    """Warm hosts of one child module: ``run`` takes a host with a free slot (or starts one), so
+    N callers in N threads compile in N jobs at once, up to ``slots`` jobs in one host. A second
+    host would import the SDK again (onnxruntime: ~0.2 s of CPU, a fixed cost of every `farm build`
+    for two SoCs, and on a busy machine CPU is wall time), while a job forked from a busy host is
+    the same fork as from an idle one. The price: a host that dies takes its running jobs with it
+    (each caller hears ``worker-lost``, as for a lost job). Default: one host for this process's
+    CPUs (a Celery worker process runs one compile at a time either way)."""
 
     def __init__(self, module: str, *, python: str | None = None, env: dict[str, str] | None = None,
-                 max_jobs: int = HOST_MAX_JOBS):
+                 max_jobs: int = HOST_MAX_JOBS, slots: int | None = None):
         self.module, self.python, self.env, self.max_jobs = module, python, env, max_jobs
+        self.slots = max(1, slots if slots is not None else cpu_count())
         self.started = 0  # hosts started over the pool's life (a test and the bench read it)
-        self._idle: list[CompileHost] = []
+        self._idle: list[CompileHost] = []  # hosts with a free slot (maybe running jobs)
         self._starting: list[CompileHost] = []  # spawned by ``prestart``, not yet known to be ready
         self._lock = threading.Lock()
         self._closed = False
 
     def _new(self) -> CompileHost:
         host = CompileHost.start(self.module, python=self.python, env=self.env)
+        host.counted = True
         with self._lock:
             self.started += 1
         return host
 
+    def _take(self, host: CompileHost) -> None:
+        """A slot of ``host`` for the caller (under the lock): it stays on offer while slots are free."""
+        host.active += 1
+        if host in self._idle:
+            self._idle.remove(host)
+        if host.active < self.slots and not self._closed:
+            self._idle.append(host)
+
     @contextmanager
     def host(self) -> Iterator[CompileHost]:
+        """A slot of a live host: an idle one's, else a starting one's (prestarted, or started now;
+        the first of its callers waits for it to be ready, the others wait with it); a host that
+        could not start is replaced by a fresh start, which says why it fails."""
+        host: CompileHost | None = None
+        starting: CompileHost | None = None
         with self._lock:
             if self._closed:
                 raise ToolchainError("the compile hosts of this process were shut down")
-            host = self._idle.pop() if self._idle else None
-            starting = self._starting.pop(0) if host is None and self._starting else None
+            if self._idle:
+                host = self._idle[-1]
+                self._take(host)
+            else:
+                if not self._starting:
+                    # Started here, not waited for under the lock: callers that come meanwhile share it.
+                    self._starting.append(CompileHost(self.module, python=self.python, env=self.env))
+                starting = self._starting[0]
+                starting.active += 1
+                if starting.active >= self.slots:
+                    self._starting.remove(starting)
         if starting is not None:
-            try:
-                starting.wait_ready()  # closes it when it fails: a fresh start below says why
-                host = starting
-                with self._lock:
-                    self.started += 1
-            except ToolchainError:
-                host = None
+            ready = starting.ensure_ready()  # closes it when it fails: a fresh start below says why
+            with self._lock:
+                if starting in self._starting:
+                    self._starting.remove(starting)
+                if ready:
+                    host = starting
+                    if not host.counted:
+                        host.counted = True
+                        self.started += 1
+                    if host.active < self.slots and host not in self._idle and not self._closed:
+                        self._idle.append(host)
+                else:
+                    starting.active -= 1
         if host is not None and not host.alive():
-            host.close(kill=True)
+            self._release(host)
             host = None
-        host = host or self._new()
+        if host is None:
+            host = self._new()
+            with self._lock:
+                self._take(host)
         try:
             yield host
         finally:
-            keep = host.alive() and host.jobs < self.max_jobs
-            with self._lock:
-                keep = keep and not self._closed
-                if keep:
-                    self._idle.append(host)
-            if not keep:
-                host.close(kill=not host.alive())
+            self._release(host)
+
+    def _release(self, host: CompileHost) -> None:
+        """The caller's slot back; the host stays on offer, or is closed by its last caller when it
+        is dead, at ``max_jobs`` or the pool is closed."""
+        with self._lock:
+            host.active -= 1
+            keep = host.alive() and host.jobs < self.max_jobs and not self._closed
+            if keep and host.active < self.slots and host not in self._idle:
+                self._idle.append(host)
+            elif not keep and host in self._idle:
+                self._idle.remove(host)
+            last = host.active == 0
+        if not keep and last:
+            host.close(kill=not host.alive())
 
     def run(self, command: str, request: dict[str, Any], work_dir: Path, *, timeout: float, memory_mb: int = 0,
             cancel: CancelFlag | None = None) -> tuple[dict[str, Any], float, str, dict[str, float]]:
@@ -326,11 +442,12 @@ class HostPool:
         return result, wall, log, {"host_wait_seconds": waited, **timings}
 
     def prestart(self, n: int = 1) -> None:
-        """Spawn up to ``n`` hosts now without waiting for them: their interpreter start and SDK
-        import (0.2-0.4 s here) run beside the caller's own work (a `farm build`: its imports,
-        the index, hashing the model) instead of after it; the first compiles take them."""
+        """Spawn the hosts for ``n`` concurrent jobs now (``slots`` to a host) without waiting for
+        them: their interpreter start and SDK import (0.2-0.4 s here) run beside the caller's own
+        work (a `farm build`: its imports, the index, hashing the model) instead of after it; the
+        first compiles take them."""
         with self._lock:
-            missing = max(n - len(self._idle) - len(self._starting), 0)
+            missing = max(-(-n // self.slots) - len(self._idle) - len(self._starting), 0)
             if self._closed or not missing:
                 return
         fresh = [CompileHost(self.module, python=self.python, env=self.env) for _ in range(missing)]
@@ -338,9 +455,9 @@ class HostPool:
             self._starting.extend(fresh)
 
     def warm(self, n: int = 1) -> None:
-        """Have ``n`` idle hosts ready (started side by side)."""
+        """Have hosts ready for ``n`` concurrent jobs (``slots`` to a host; started side by side)."""
         with self._lock:
-            missing = max(n - len(self._idle), 0)
+            missing = max(-(-n // self.slots) - len(self._idle), 0)
         fresh = [CompileHost(self.module, python=self.python, env=self.env) for _ in range(missing)]
         try:
             for h in fresh:
@@ -351,6 +468,8 @@ class HostPool:
             raise
         with self._lock:
             self.started += len(fresh)
+            for h in fresh:
+                h.counted = True
             self._idle.extend(fresh)
 
     def idle_pids(self) -> list[int]:
@@ -360,7 +479,9 @@ class HostPool:
     def close(self, *, wait: bool = True) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
+            # A host running jobs is closed by the last of its callers (``_release``).
+            idle = [h for h in self._idle if h.active == 0]
+            self._idle = []
             starting, self._starting = self._starting, []
         for h in idle:
             h.close(wait=wait)

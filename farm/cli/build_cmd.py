@@ -193,10 +193,11 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
 
 
 def prestart_hosts(targets: list[str], models: int) -> None:
-    """Spawn this call's QNN compile hosts before importing the pipeline: a host's interpreter
+    """Spawn this call's QNN compile host before importing the pipeline: a host's interpreter
     start and SDK import (~0.2-0.4 s, a fixed cost of every `farm build` call) then run on the
-    other core beside this process's SQLAlchemy import, index and model hashing. Each compile
-    still runs in a job forked from a host (a crashing QNN library takes down the job only).
+    other core beside this process's SQLAlchemy import, index and model hashing. One host serves
+    the call's concurrent compiles (workers.host.HostPool: a slot per CPU), each in a job forked
+    from it (a crashing QNN library takes down the job only).
     A host no build takes is stopped at exit; one that cannot start says why at the first compile."""
     qnn = [t for t in targets if t.strip().lower().startswith("qnn:")]
     if not qnn:

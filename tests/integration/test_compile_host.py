@@ -20,7 +20,7 @@ from farm.pipeline.plan import build
 from registry.index import Registry
 from registry.models import Build
 from tests.common.onnx_models import conv_relu_add, light, memory_bomb
-from tests.common.procs import alive, compile_children, compile_hosts, recorded_states, standbys, wait_for
+from tests.common.procs import alive, compile_children, compile_hosts, descendants, recorded_states, standbys, wait_for
 from workers.host import pool_for
 from workers.qnn.runner import CHILD, QnnRunner, provider_options
 from workers.runner import CompileJob
@@ -177,8 +177,9 @@ def test_sigkill_of_a_parallel_farm_build_kills_hosts_and_jobs(settings: Setting
     proc, jobs = start_parallel_build(farm_env, tmp_path / "build.log")
     assert wait_for(lambda: recorded_states(settings.home) == ["running", "running"], 120)  # claimed, compiles adopted
     hosts = compile_hosts(proc.pid)
-    assert len(hosts) == 2
-    ahead = wait_for(lambda: standbys(proc.pid), 5)  # each host's next job, forked ahead
+    # One host for the call (onnxruntime imported once): both compiles are forks of it.
+    assert len(hosts) == 1 and set(jobs) <= set(descendants(hosts[0]))
+    ahead = wait_for(lambda: standbys(proc.pid), 5)  # the host's next job, forked ahead
     assert ahead, "no standby was forked"
     proc.kill()
     proc.wait()

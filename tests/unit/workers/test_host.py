@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.errors import BadOptionsError, LeaseLostError, ResourceLimitError, ToolchainError, WorkerLostError
+from tests.common.procs import _ppid as parent
 from tests.common.procs import alive, comm, descendants, standbys, wait_for
 from workers.host import CompileHost, HostPool
 
@@ -187,7 +188,8 @@ def test_hosts_are_recycled_after_max_jobs(tmp_path: Path) -> None:
         pool.close()
 
 
-def test_parallel_callers_get_their_own_hosts_and_a_thread_may_end(pool: HostPool, tmp_path: Path) -> None:
+def test_parallel_callers_beyond_a_hosts_slots_get_their_own_hosts_and_a_thread_may_end(tmp_path: Path) -> None:
+    pool = HostPool(FAKE, slots=1)
     barrier = threading.Barrier(2)
     results: dict[str, dict[str, object]] = {}
 
@@ -195,17 +197,76 @@ def test_parallel_callers_get_their_own_hosts_and_a_thread_may_end(pool: HostPoo
         barrier.wait()
         results[name] = run(pool, tmp_path, name, action="sleep", seconds=1)
 
-    threads = [threading.Thread(target=build, args=(n,)) for n in ("x", "y")]
-    for t in threads:
+    try:
+        threads = [threading.Thread(target=build, args=(n,)) for n in ("x", "y")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results["x"]["ppid"] != results["y"]["ppid"] and pool.started == 2
+        # Both hosts were started from threads that have ended: they must still be there
+        # (PR_SET_PDEATHSIG follows the thread that started a process; ours start on a spawner thread).
+        assert set(pool.idle_pids()) == {results["x"]["ppid"], results["y"]["ppid"]}
+        assert all(alive(p) for p in pool.idle_pids())
+        assert run(pool, tmp_path, "main", action="ok")["ppid"] in pool.idle_pids()
+    finally:
+        pool.close()
+
+
+def test_parallel_callers_share_one_host_with_free_slots(tmp_path: Path) -> None:
+    """Two callers at once, slots for both: one host (one SDK import), two jobs forked from it
+    running side by side, each with its own result; the host serves the next job after."""
+    pool = HostPool(FAKE, slots=2)
+    barrier = threading.Barrier(2)
+    results: dict[str, dict[str, object]] = {}
+
+    def build(name: str) -> None:
+        barrier.wait()
+        results[name] = run(pool, tmp_path, name, action="sleep", seconds=3)
+
+    try:
+        threads = [threading.Thread(target=build, args=(n,)) for n in ("x", "y")]
+        for t in threads:
+            t.start()
+        def running() -> list[int]:
+            return [p for p in descendants(os.getpid()) if alive(p) and comm(p) == "ctxfarm-compile"]
+
+        assert wait_for(lambda: len(running()) == 2, 30), "the two jobs did not run at once"
+        hosts = {parent(p) for p in running()}
+        assert len(hosts) == 1, "the two jobs are not forks of one host"
+        host = hosts.pop()
+        for t in threads:
+            t.join()
+        assert pool.started == 1
+        assert results["x"]["ppid"] == results["y"]["ppid"] == host
+        assert results["x"]["pid"] != results["y"]["pid"]
+        assert results["x"]["cwd"] != results["y"]["cwd"]
+        assert run(pool, tmp_path, "next", action="ok")["ppid"] == host
+    finally:
+        pool.close()
+
+
+def test_a_failing_job_beside_a_running_one_leaves_it_running(tmp_path: Path) -> None:
+    """A segfault in one of two concurrent jobs of a host is that job's worker-lost; the other
+    finishes with its result."""
+    pool = HostPool(FAKE, slots=2)
+    pool.warm(1)
+    results: dict[str, object] = {}
+
+    def slow() -> None:
+        results["slow"] = run(pool, tmp_path, "slow", action="sleep", seconds=2)
+
+    try:
+        t = threading.Thread(target=slow)
         t.start()
-    for t in threads:
+        host = pool.idle_pids()[0]
+        assert wait_for(lambda: len(jobs_of(host)) == 1, 30)
+        with pytest.raises(WorkerLostError):
+            run(pool, tmp_path, "crash", action="segv")
         t.join()
-    assert results["x"]["ppid"] != results["y"]["ppid"] and pool.started == 2
-    # Both hosts were started from threads that have ended: they must still be there
-    # (PR_SET_PDEATHSIG follows the thread that started a process; ours start on a spawner thread).
-    assert set(pool.idle_pids()) == {results["x"]["ppid"], results["y"]["ppid"]}
-    assert all(alive(p) for p in pool.idle_pids())
-    assert run(pool, tmp_path, "main", action="ok")["ppid"] in pool.idle_pids()
+        assert results["slow"]["ppid"] == host and pool.started == 1  # type: ignore[index]
+    finally:
+        pool.close()
 
 
 def test_a_host_that_cannot_preload_is_a_toolchain_error() -> None:
@@ -300,7 +361,7 @@ def test_farm_prefault_mb_0_forks_each_job_when_it_comes(tmp_path: Path) -> None
 def test_prestarted_hosts_serve_the_first_jobs(tmp_path: Path) -> None:
     """``prestart`` spawns without waiting; the first jobs take those hosts (no start of their
     own), and a host no job took is killed with the pool."""
-    pool = HostPool(FAKE)
+    pool = HostPool(FAKE, slots=1)
     try:
         pool.prestart(2)
         pool.prestart(2)  # already starting: nothing more
@@ -312,6 +373,17 @@ def test_prestarted_hosts_serve_the_first_jobs(tmp_path: Path) -> None:
     finally:
         pool.close()
     assert wait_for(lambda: not alive(starting[1]), 5)
+
+
+def test_prestart_spawns_one_host_for_the_jobs_its_slots_hold(tmp_path: Path) -> None:
+    pool = HostPool(FAKE, slots=2)
+    try:
+        pool.prestart(2)
+        assert len(pool._starting) == 1
+        pool.prestart(3)  # a second host for the third job
+        assert len(pool._starting) == 2
+    finally:
+        pool.close()
 
 
 def test_a_prestarted_host_that_cannot_start_says_why_at_the_first_job(tmp_path: Path) -> None:
