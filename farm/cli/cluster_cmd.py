@@ -188,7 +188,7 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"genai export: {len(names)} files, {files} sent ({nbytes / 2**20:.1f} MiB), the others held by the "
               f"service ({time.perf_counter() - t:.2f} s)", file=sys.stderr)
-    st = client.json("POST", "/v1/genai", {
+    st = _post_genai(client, {
         "files": [{"name": n, "digest": d, "size": size} for n, (d, size) in zip(names, digests, strict=True)],
         "targets": list(args.target), "sdks": list(args.sdk), "options": parse_pairs(args.option),
         "name": args.name, "tag": args.tag, "allow_queue": args.allow_queue, "retry_failed": args.retry_failed,
@@ -211,6 +211,19 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
     doc["uploaded_bytes"] = client.sent
     _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
+
+
+def _post_genai(client: Any, body: dict[str, Any]) -> Any:
+    """``POST /v1/genai``; a service that predates it says so (not a bare HTTP 404)."""
+    from farm.core.errors import ServerError, UsageError
+
+    try:
+        return client.json("POST", "/v1/genai", body)
+    except ServerError as exc:
+        if "HTTP 404" in exc.message or "HTTP 405" in exc.message:
+            raise UsageError("this service takes no genai packages (it predates POST /v1/genai)",
+                             hint="upgrade the service, or run farm submit --genai where the index is") from None
+        raise
 
 
 def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:

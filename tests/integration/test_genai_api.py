@@ -180,7 +180,7 @@ def test_hostile_genai_requests_are_documented_refusals_and_write_nothing(app: d
         r = c.post("/v1/genai", json={**body, "files": files}, headers=auth(submit))
         assert r.status_code == status, (files, r.text)
         if code:
-            assert r.json()["error"]["code"] == code, r.text
+            assert r.json()["error"]["code"] == code and r.json()["error"]["hint"], r.text
         assert "Traceback" not in r.text
     assert c.post("/v1/genai", json={**body, "files": [held]}).status_code == 401
     assert c.post("/v1/genai", json={**body, "files": [held]}, headers=auth(app["tokens"]["read"])).status_code == 403

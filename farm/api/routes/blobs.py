@@ -164,7 +164,11 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
         return BlobOut(digest=digest, size=int(held.size), held=True)
     work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
     try:
-        size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB")
+        try:
+            size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB")
+        except E.TooLargeError as exc:
+            exc.hint = "a file goes up in one request: raise FARM_MAX_UPLOAD_MB on the service for larger ones"
+            raise
         metrics.bytes_received.inc(size)
         if declared.isdigit() and int(declared) != size:
             raise E.UsageError(f"the blob was cut short ({size} of {declared} bytes)", hint="send it again")
