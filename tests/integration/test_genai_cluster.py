@@ -110,7 +110,7 @@ def test_submit_genai_over_http_on_the_cluster(farm_cluster: Farm, tmp_path: Pat
         assert sorted(p.name for p in dest.glob("*.bin")) == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"]
         again = json.loads(cli(*args).stdout)
         assert again["uploaded_bytes"] == 0 and again["ok"]
-        assert [b["build"] for b in again["builds"]] == [b["build"] for b in doc["builds"]]
+        assert sorted(b["build"] for b in again["builds"]) == sorted(b["build"] for b in doc["builds"])
     finally:
         server.terminate()
         server.wait(timeout=30)
