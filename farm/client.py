@@ -215,8 +215,8 @@ class Client:
             raise UsageError(f"server {shown(server)} is not an http(s) URL", hint="e.g. --server http://127.0.0.1:8080")
         self.server, self.token, self.timeout = server.rstrip("/"), token, timeout
         # What blob downloads cost: payload bytes received and requests made (an up-to-date
-        # destination costs neither).
-        self.received = self.requests = 0
+        # destination costs neither); what uploads cost: request-body bytes sent.
+        self.received = self.requests = self.sent = 0
         self._counted = threading.Lock()
 
     def _request(self, method: str, path: str, *, body: Any = None, headers: dict[str, str] | None = None,
@@ -236,6 +236,9 @@ class Client:
             raise ServerError(f"cannot reach {self.server}: {clean_text(str(exc.reason), 200)}") from None
         except _WIRE_ERRORS as exc:
             raise ServerError(f"cannot reach {self.server}: {clean_text(str(exc) or type(exc).__name__, 200)}") from None
+        finally:
+            if isinstance(body, _Stream):
+                self.sent += body.sent
 
     def json(self, method: str, path: str, payload: Any = None, **query: Any) -> Any:
         """A JSON answer, at most ``MAX_ANSWER_BYTES`` read; anything else is server-error. The
@@ -340,6 +343,47 @@ class Client:
         if not isinstance(answer, dict):
             raise ServerError("the upload's answer is not a JSON object", hint=HINT_SERVER)
         return answer
+
+    def blob_held(self, digest: str) -> bool:
+        """Hash first, one file: ``HEAD /v1/blobs/DIGEST`` (200: the service holds it)."""
+        from farm.core.errors import NotFoundError
+
+        try:
+            with self._request("HEAD", f"/v1/blobs/{urllib.parse.quote(digest)}"):
+                return True
+        except NotFoundError:
+            return False
+        except ServerError as exc:
+            if "HTTP 404" in exc.message:
+                return False  # a HEAD answer has no body: its code is the status alone
+            raise
+
+    def put_blob(self, path: Path, digest: str, size: int) -> dict[str, Any]:
+        """``PUT /v1/blobs/DIGEST``: the file, streamed 1 MiB at a time (the service hashes it and
+        stores it only under the digest it hashes to)."""
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        with self._request("PUT", f"/v1/blobs/{urllib.parse.quote(digest)}", body=_Stream([(None, path, size)]),
+                           headers=headers) as resp:
+            answer = _parse_json(_read_capped(resp, MAX_ANSWER_BYTES, "the blob upload's answer",
+                                              deadline=time.monotonic() + 2 * self.timeout),
+                                 "the blob upload's answer", ServerError)
+        if not isinstance(answer, dict) or answer.get("digest") != digest:
+            raise ServerError("the answer to a blob upload names another blob", hint=HINT_SERVER)
+        return answer
+
+    def send_blobs(self, files: Sequence[tuple[Path, str, int]]) -> tuple[int, int]:
+        """Each (path, digest, size) the service does not hold, sent once per digest (asked
+        first: ``blob_held``). Returns (files sent, bytes sent)."""
+        seen: set[str] = set()
+        sent = nbytes = 0
+        for path, digest, size in files:
+            if digest in seen:
+                continue
+            seen.add(digest)
+            if not self.blob_held(digest):
+                self.put_blob(path, digest, size)
+                sent, nbytes = sent + 1, nbytes + size
+        return sent, nbytes
 
     def manifest_bytes(self, digest: str, size: int) -> bytes:
         """An artifact's manifest, fetched by its digest: at most ``size`` bytes read, then

@@ -89,6 +89,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     from farm.api.routes import packages
 
     app.include_router(packages.router)  # issue 30: ORT model packages
+    from farm.api.routes import genai
+
+    app.include_router(genai.router)  # issue 29: genai packages over HTTP
     from farm.api.deps import guard_routes
 
     guard_routes(app)  # issue 32: every route, the token before the body and the body within its cap

@@ -39,17 +39,26 @@ class EmbeddedRunner:
 
     def _build(self, build_id: int) -> None:
         from farm.pipeline.execute import Executor
+        from farm.pipeline.genai import execute_package, ready_packages
 
         with self.reg.db.session() as s:
             backend = states.get_build(s, build_id).backend
         if backend not in self.executors:
             self.executors[backend] = Executor(self.settings, self.reg, backend=backend)
         for _ in range(self.settings.max_attempts + 1):
-            r = self.executors[backend].execute(build_id)
+            # A genai package's build compiles nothing: it is assembled from its parts' builds
+            # (None: not a package build); one whose parts are not all final waits, unclaimed.
+            r = execute_package(self.executors[backend], build_id) or self.executors[backend].execute(build_id)
             if r.outcome == "succeeded" and r.artifact_id is not None:
                 from farm.pipeline.accuracy import after_publish
 
                 after_publish(self.settings, self.reg, build_id, r.artifact_id)  # a thread: off the answer's path
+            if r.outcome in ("succeeded", "failed", "exhausted"):
+                # The fan-in (issue 29), as a worker's ``after_part``: the package builds whose
+                # last part this was are built next, on this runner.
+                with self.reg.db.session() as s:
+                    ready = [pkg for pkg, _ in ready_packages(s, build_id)]
+                self.submit(ready)
             if r.outcome != "retry":
                 return
             time.sleep(min(r.countdown, 30))

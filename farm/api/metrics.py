@@ -80,6 +80,9 @@ class Metrics:
                                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.bytes_served = Counter("ctxfarm_blob_bytes_served", "Blob bytes streamed by the service",
                                     registry=self.registry)
+        # Request bodies of uploads (models, upload sessions, blobs): what clients sent.
+        self.bytes_received = Counter("ctxfarm_upload_bytes_received", "Upload bytes received by the service",
+                                      registry=self.registry)
         self.long_polls = Gauge("ctxfarm_long_polls_waiting", "GET /v1/releases/ID?wait= requests waiting now",
                                 registry=self.registry, multiprocess_mode="livesum")
         self.registry.register(_IndexCollector(settings, reg))  # type: ignore[arg-type]

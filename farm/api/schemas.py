@@ -26,6 +26,20 @@ class ModelOut(BaseModel):
         default=None, description='{"tag", "from", "to"} when force_tag moved NAME:TAG from another model')
 
 
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class HeldFile(BaseModel):
+    path: str = Field(max_length=1024, description="its name in the bundle (the .onnx first)")
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    size: int = Field(ge=0)
+
+
+class HeldFilesIn(BaseModel):
+    files: list[HeldFile] = Field(min_length=1, max_length=1024,
+                                  description="the bundle's files, each a blob the service holds: the .onnx first")
+
+
 class ReleaseIn(BaseModel):
     model: str = Field(description="a model digest, or NAME[:TAG]", max_length=300)
     targets: list[str] = Field(min_length=1, max_length=64)

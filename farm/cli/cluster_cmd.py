@@ -27,7 +27,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--genai", metavar="DIR",
                        help="an exported static decoder pipeline: each part's prefill + decode one weight-shared "
                             "group build on the workers, the package assembled into one onnxruntime-genai folder "
-                            "when its parts are done (docs/shipping-llm.md)")
+                            "when its parts are done; with --server each file goes up once per digest, only those "
+                            "the service lacks (docs/shipping-llm.md)")
         p.add_argument("--target", "-t", action="append", default=[], metavar="BACKEND:NAME")
         p.add_argument("--sdk", action="append", default=[], metavar="VERSION",
                        help="toolchain version(s) to build with (repeatable); default: every one a live worker serves")
@@ -145,12 +146,10 @@ def _submit_genai(args: argparse.Namespace, settings: Settings) -> int:
     if args.model or args.graph or args.group_file or getattr(args, "matrix", None):
         raise UsageError("--genai DIR is the whole model: give no model path, --graph or --matrix with it",
                          hint="farm submit --genai EXPORT_DIR -t qnn:SM8650 --name llm/tiny --tag t")
-    if getattr(args, "server", None):
-        raise UsageError("farm submit --genai runs where the index is; through the HTTP service it is not "
-                         "available yet", hint="run it on a host with FARM_DATABASE_URL, FARM_STORE_URL and the "
-                                               "broker set (or farm build --genai for the embedded farm)")
     if args.min_psnr is not None or args.require_full_offload:
         raise UsageError("--min-psnr/--require-full-offload gate one context; a genai package carries its twin")
+    if getattr(args, "server", None):
+        return _submit_genai_remote(args, settings)
     st = submit_package(settings, args.genai, list(args.target), list(args.sdk), list(args.option), name=args.name,
                         tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
                         force_tag=args.force_tag)
@@ -161,6 +160,70 @@ def _submit_genai(args: argparse.Namespace, settings: Settings) -> int:
     doc = release_json(st.release_id, st.model, st.builds, tag_moved=getattr(st, "tag_moved", None))
     _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
+
+
+def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
+    """Through the service: the export read here first (a folder that can't be mapped is
+    ``bad-genai`` naming the file, before anything is sent), each of its files asked for by
+    digest and sent only when the service lacks it (``PUT /v1/blobs/DIGEST``: a data file both
+    graphs of a part share goes up once), then ``POST /v1/genai`` names them; the answer is the
+    release, followed as any release."""
+    import time
+
+    from farm.client import Client, wait_release
+    from farm.core import genai
+    from farm.core.digests import file_digests
+    from farm.core.options import parse_pairs
+
+    t = time.perf_counter()
+    export = genai.read_export(Path(args.genai))
+    names: list[str] = [genai.CONFIG_FILE]
+    for stage in export.stages:
+        names += [n for n in (stage.graph.file, *stage.graph.data) if n not in names]
+    names += [n for n in export.tokenizer if n not in names]
+    paths = [export.path(n) for n in names]
+    digests = file_digests(paths, settings.home / "cache" / "digests.json")
+    client = Client(args.server, args.token)
+    files, nbytes = client.send_blobs([(p, d, size) for p, (d, size) in zip(paths, digests, strict=True)])
+    if not args.json:
+        print(f"genai export: {len(names)} files, {files} sent ({nbytes / 2**20:.1f} MiB), the others held by the "
+              f"service ({time.perf_counter() - t:.2f} s)", file=sys.stderr)
+    st = _post_genai(client, {
+        "files": [{"name": n, "digest": d, "size": size} for n, (d, size) in zip(names, digests, strict=True)],
+        "targets": list(args.target), "sdks": list(args.sdk), "options": parse_pairs(args.option),
+        "name": args.name, "tag": args.tag, "allow_queue": args.allow_queue, "retry_failed": args.retry_failed,
+        "force_tag": args.force_tag})
+    if not isinstance(st, dict) or not isinstance(st.get("builds"), list):
+        from farm.core.errors import ServerError
+
+        raise ServerError("the answer to POST /v1/genai is not a release")
+    if moved := st.get("tag_moved"):
+        print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
+    if not args.json:
+        print(f"release {st['release']} ({st['model']}): genai package: {_counts_text(st['builds'])}", file=sys.stderr)
+    answered = answered_builds(st)
+    if args.wait:
+        with ReleaseProgress(live=False if args.json else None) as progress:
+            progress.submitted(st)  # builds done already are answers from the index: "cached"
+            if not st.get("done"):
+                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    doc = release_json(st["release"], st["model"], st["builds"], tag_moved=st.get("tag_moved"))
+    doc["uploaded_bytes"] = client.sent
+    _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
+    return 0 if doc["ok"] or not args.wait else 1
+
+
+def _post_genai(client: Any, body: dict[str, Any]) -> Any:
+    """``POST /v1/genai``; a service that predates it says so (not a bare HTTP 404)."""
+    from farm.core.errors import ServerError, UsageError
+
+    try:
+        return client.json("POST", "/v1/genai", body)
+    except ServerError as exc:
+        if "HTTP 404" in exc.message or "HTTP 405" in exc.message:
+            raise UsageError("this service takes no genai packages (it predates POST /v1/genai)",
+                             hint="upgrade the service, or run farm submit --genai where the index is") from None
+        raise
 
 
 def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
@@ -282,6 +345,22 @@ def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Setti
             print(f"model {bundle.digest[:19]} ({bundle.size / 2**20:.1f} MiB) is held by the service: nothing "
                   f"uploaded ({time.perf_counter() - t:.2f} s)", file=sys.stderr)
         return held
+    if len(bundle.files) > 1 and any(client.blob_held(d) for _, d, _ in bundle.files[1:]):
+        # External data the service holds already (a data file the group's other graph shares):
+        # only the files it lacks go up, each by its digest, then the model is recorded from them.
+        by_name = dict(bundle.members)
+        _, nbytes = client.send_blobs([(by_name[n], d, size) for n, d, size in bundle.files])
+        model = client.json("POST", f"/v1/models/{bundle.digest}",
+                            {"files": [{"path": n, "digest": d, "size": size} for n, d, size in bundle.files]},
+                            name=args.name, tag=args.tag, force_tag="true" if args.force_tag else None)
+        if not isinstance(model, dict) or model.get("digest") != bundle.digest:
+            from farm.core.errors import ServerError
+
+            raise ServerError("the answer to a model recorded from blobs names another model")
+        if not args.json:
+            print(f"uploaded {nbytes / 2**20:.1f} MiB (its other files are held by the service) in "
+                  f"{time.perf_counter() - t:.2f} s", file=sys.stderr)
+        return dict(model)
     # Resumable: the session of an upload of this bundle cut short earlier goes on where it stopped.
     sessions = settings.home / "cache" / "uploads.json" if settings is not None else None
     known = _load_json(sessions)

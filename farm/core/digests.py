@@ -29,6 +29,7 @@ class LocalBundle:
     size: int
     members: list[tuple[str, Path]]  # (name in the bundle, local file): the .onnx first, as ONNX_NAME
     hashed_bytes: int  # how many bytes this call read to know the digest (0: all remembered)
+    files: tuple[tuple[str, str, int], ...] = ()  # (name, digest, size) of each member, in ``members``' order
 
 
 def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
@@ -44,19 +45,10 @@ def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
     hashed = [0]
 
     def digest_of(p: Path) -> tuple[str, int]:
-        st = p.stat()
-        key = f"file:{st.st_dev}:{st.st_ino}"
-        sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())]
-        hit = memo.get(key)
-        if isinstance(hit, dict) and hit.get("sig") == sig:
-            memo[key] = memo.pop(key)  # most recently used last
-            return str(hit["digest"]), int(st.st_size)
-        digest, size = sha256_file(p)
-        hashed[0] += size
-        memo[key] = {"sig": sig, "digest": digest}
-        return digest, size
+        return _remembered(p, memo, hashed)
 
     onnx_digest, onnx_size = digest_of(path)
+    files = [(ONNX_NAME, onnx_digest, onnx_size)]
     layout = memo.get(f"layout:{onnx_digest}")
     members: list[tuple[str, Path]] = [(ONNX_NAME, path)]
     external: list[tuple[str, str]] = []
@@ -85,9 +77,35 @@ def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
         d, n = digest_of(p)
         external.append((str(rel), d))
         members.append((str(rel), p))
+        files.append((str(rel), d, n))
         size += n
     _save(memo_path, memo)
-    return LocalBundle(bundle_digest(onnx_digest, external), size, members, hashed[0])
+    return LocalBundle(bundle_digest(onnx_digest, external), size, members, hashed[0], tuple(files))
+
+
+def _remembered(p: Path, memo: dict[str, Any], hashed: list[int]) -> tuple[str, int]:
+    """(sha256, size) of ``p``, from ``memo`` while its stat is unchanged; ``hashed[0]``
+    counts the bytes read."""
+    st = p.stat()
+    key = f"file:{st.st_dev}:{st.st_ino}"
+    sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())]
+    hit = memo.get(key)
+    if isinstance(hit, dict) and hit.get("sig") == sig:
+        memo[key] = memo.pop(key)  # most recently used last
+        return str(hit["digest"]), int(st.st_size)
+    digest, size = sha256_file(p)
+    hashed[0] += size
+    memo[key] = {"sig": sig, "digest": digest}
+    return digest, size
+
+
+def file_digests(paths: list[Path], memo_path: Path | None) -> list[tuple[str, int]]:
+    """(sha256, size) of each file, remembered by its stat as ``local_bundle`` remembers a
+    bundle's (``farm submit --genai --server`` asks the service for each file by digest)."""
+    memo = _load(memo_path)
+    out = [_remembered(p, memo, [0]) for p in paths]
+    _save(memo_path, memo)
+    return out
 
 
 def _lone(path: Path, digest: str, size: int) -> bool:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from farm.core.errors import StorageError
+from farm.core.errors import FarmError, StorageError
 from farm.core.keys import is_digest, sha256_file
 from farm.core.names import UnsafePathError, inside
 from farm.core.placement import STAGING_MARK, staged
@@ -212,3 +212,58 @@ def open_cache(home: Path, max_mb: int) -> BundleCache | None:
         return None
     return BundleCache(home / "cache" / "bundles", max_mb * 1024 * 1024)
 
+
+
+NAMES_HINT = "list each file once, under its name relative to the folder (no '..', no absolute path)"
+
+
+def lay_out_blobs(store: Any, files: list[tuple[str, str, int]], dest: Path, *, max_bytes: int,
+                  error: type[FarmError], too_large: str, check_name: Any = None) -> None:
+    """Files a client named by digest (``POST /v1/models/DIGEST`` with its files, ``POST
+    /v1/genai``), from the store into ``dest``. Before a byte is copied: every name a canonical
+    relative path (``farm.core.names.check_tree``: unique, none both a file and a directory),
+    and ``check_name`` where given (a genai export's plain names), each refusal ``error``; the
+    listed sizes within ``max_bytes`` (``too-large``: as much as one upload could bring); every
+    blob held by the store at its listed size (``not-found`` naming the file). Then each blob
+    comes from the store once (verified on the way), a second name for it a hard link."""
+    from farm.core.errors import BlobNotFound, NotFoundError, TooLargeError
+    from farm.core.keys import is_digest
+    from farm.core.names import check_tree
+    from registry.store.base import download
+
+    names = [n for n, _, _ in files]
+    try:
+        check_tree(names)
+    except UnsafePathError as exc:
+        raise error(f"a file name is not allowed: {exc}", hint=NAMES_HINT) from None
+    for n in names:
+        if check_name is not None:
+            check_name(n)
+    if sum(max(int(s), 0) for s in {d: s for _, d, s in files}.values()) > max_bytes:  # each blob copied once
+        raise TooLargeError(too_large, hint="raise FARM_MAX_UPLOAD_MB on the service if the model is really that "
+                                            "large")
+    for n, d, size in files:
+        if not is_digest(d):
+            raise error(f"{n[:80]!r}: {d[:80]!r} is not a sha256 digest", hint="sha256: and 64 lowercase hex digits")
+        try:
+            held = store.stat(d).size
+        except BlobNotFound:
+            held = None
+        if held is None or int(held) != int(size):
+            raise NotFoundError(f"{n[:80]}: the service does not hold blob {d}" + (
+                f" of {size} bytes (it holds {held})" if held is not None else ""),
+                hint=f"send it first: PUT /v1/blobs/{d}")
+    dest.mkdir(parents=True, exist_ok=True)
+    first: dict[str, Path] = {}
+    for n, d, size in files:
+        path = inside(dest, n)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        seen = first.get(d)
+        if seen is not None:
+            try:
+                os.link(seen, path)
+            except OSError:
+                shutil.copyfile(seen, path)
+            continue
+        download(store, d, path, size=int(size))
+        first[d] = path

@@ -34,7 +34,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -670,15 +670,21 @@ def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
 # ---- cluster: parts to the workers, the package when its parts are final -------------------------------
 
 def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
-                   option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
-                   allow_queue: bool = False, retry_failed: bool = False, force_tag: bool = False,
-                   registry: Any = None, app: Any = None) -> Any:
-    """Cluster (``farm submit --genai``): each part a group release (its builds sent to the
-    workers of each toolchain: parts build on different workers at once, each admitted by its
-    worker's memory planner); the package's builds queued on the same queues, linked to their
-    parts, and sent when the last part is final (``after_part``, on the worker that finished
-    it). One release holds the package's builds and every part's: status, progress per part,
-    cancel (``farm cancel RELEASE``) and one answer."""
+                   option_pairs: Sequence[str] | Mapping[str, Any] = (), *, name: str | None = None,
+                   tag: str | None = None, allow_queue: bool = False, retry_failed: bool = False,
+                   force_tag: bool = False, registry: Any = None, app: Any = None,
+                   served: dict[tuple[str, str], list[str]] | None = None, dispatch: bool = True,
+                   owner: int | None = None) -> Any:
+    """Cluster (``farm submit --genai``; ``POST /v1/genai`` runs it on the folder it laid out
+    from the blobs it was sent): each part a group release (its builds sent to the workers of
+    each toolchain: parts build on different workers at once, each admitted by its worker's
+    memory planner); the package's builds queued on the same queues, linked to their parts, and
+    sent when the last part is final (``after_part``, on the worker that finished it). One
+    release holds the package's builds and every part's: status, progress per part, cancel
+    (``farm cancel RELEASE``) and one answer. ``dispatch=False``: no broker, the caller runs the
+    release's builds itself (the embedded service: ``EmbeddedRunner`` does the fan-in).
+    ``owner``: the token that submitted it through the service (the package's release is its:
+    its quota, its cancel). ``served``: the toolchains that build (default: the live workers')."""
     from sqlalchemy import select
 
     from farm.core.options import parse_pairs
@@ -701,31 +707,31 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
     reg = registry or Registry.open(settings)
     pkg: PackageBundle | None = None
     try:
-        request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), name, tag, allow_queue,
-                                       retry_failed, force_tag)
-        served = served_toolchains(settings, reg)
+        options = dict(option_pairs) if isinstance(option_pairs, Mapping) else parse_pairs(option_pairs)
+        request = ReleaseRequest.parse(target_refs, sdks, options, name, tag, allow_queue, retry_failed, force_tag)
+        served = served if served is not None else served_toolchains(settings, reg)
         request.check_served(served)
         matrix = request.matrix(served)
         check_support(matrix, group=True)
         pkg = inspect_package(settings, export_dir, display=request.name)
-        app = app or shared_app(settings)
-        check_broker(app)
+        if dispatch:
+            app = app or shared_app(settings)
+            check_broker(app)
         # Parts first: each one release of its own group (recorded, stored, sent).
-        part_request = ReleaseRequest.parse(target_refs, sdks, parse_pairs(option_pairs), None, None, allow_queue,
-                                            retry_failed)
+        part_request = ReleaseRequest.parse(target_refs, sdks, options, None, None, allow_queue, retry_failed)
         for g in pkg.parts:
             def store(g: Any = g) -> list[dict[str, Any]]:
                 return store_snapshot(reg, g)
 
             queue_release(settings, reg, g.digest, part_request, served=served, app=app, store=store,
-                          display=g.stem, onnx_digest=g.onnx.digest, size=g.size)
+                          display=g.stem, onnx_digest=g.onnx.digest, size=g.size, dispatch=dispatch)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         to_send: list[tuple[int, str]] = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, request.name, request.tag,
                                     pkg.stem, force_tag=request.force_tag)
             label = f"{request.name}:{request.tag}" if request.name else pkg.stem[:255]
-            release = Release(model_digest=pkg.digest, label=label,
+            release = Release(model_digest=pkg.digest, label=label, owner_token_id=owner,
                               matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
                                       "options": request.raw_options, "genai": True})
             s.add(release)
@@ -742,7 +748,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 for b in (build_id, *parts):
                     s.merge(ReleaseBuild(release_id=release.id, build_id=b))
                 pb = s.get(Build, build_id)
-                if pb is not None and pb.state == states.BuildState.QUEUED and all(
+                if dispatch and pb is not None and pb.state == states.BuildState.QUEUED and all(
                         states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))
             release_id = release.id

@@ -70,3 +70,47 @@ def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, t
     again = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
                                         "--wait", "--timeout", "240", "--json", timeout=300).stdout)
     assert again["ok"], again
+
+
+def test_submit_genai_over_http_on_the_cluster(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
+    """`farm submit --genai DIR --server URL` against `farm serve` with a broker: the service lays
+    the export out from the blobs it was sent and queues the parts to the workers; the worker that
+    finishes the last part sends the package's build. A second submit sends nothing."""
+    import os
+
+    from infra.devfarm.services import free_port
+    from tests.common.genai import make_export
+    from tests.common.service import serve
+
+    f = farm_cluster
+    export = make_export(tmp_path / "export")
+    f.start_worker("2.51.0")
+    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
+    read = f.cli("token", "create", "fleet", "--scope", "read").stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = serve(f.env, port, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
+    bare["FARM_HOME"] = str(tmp_path / "client-home")
+    try:
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True, text=True,
+                                  timeout=300, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+            return proc
+
+        args = ("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/h", "--tag", "c", "--wait",
+                "--timeout", "240", "--server", url, "--token", submit, "--json")
+        doc = json.loads(cli(*args).stdout)
+        assert doc["ok"] and len(doc["builds"]) == 3 and doc["uploaded_bytes"] > 0, doc
+        dest = tmp_path / "device"
+        got = json.loads(cli("install", "--server", url, "--token", read, "--model", "llm/h:c", "--soc", "SM8650",
+                             "--qnn", "2.51.0", "--dest", str(dest), "--json").stdout)
+        assert Path(got["ctx_model"]).name == "genai_config.json"
+        assert sorted(p.name for p in dest.glob("*.bin")) == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"]
+        again = json.loads(cli(*args).stdout)
+        assert again["uploaded_bytes"] == 0 and again["ok"]
+        assert sorted(b["build"] for b in again["builds"]) == sorted(b["build"] for b in doc["builds"])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,15 +1,22 @@
-"""Blobs: ``GET /v1/blobs/DIGEST`` (read), with Range, ETag and presigned redirects."""
+"""Blobs: ``GET /v1/blobs/DIGEST`` (read), with Range, ETag and presigned redirects;
+``HEAD /v1/blobs/DIGEST`` (read: whether the service holds it) and ``PUT /v1/blobs/DIGEST``
+(submit: one file by its digest, for ``POST /v1/genai`` and for a model recorded from held blobs,
+``POST /v1/models/DIGEST`` with its files: a file goes up once per digest, whoever sent it)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
 
 from farm.api.answers import none_match
-from farm.api.deps import MetricsDep, RegistryDep, read
+from farm.api.deps import MetricsDep, RegistryDep, SettingsDep, drain, read, receive_body, submit_before_body
 from farm.core import errors as E
 from farm.core.keys import is_digest
 from registry.index import Registry
@@ -99,3 +106,89 @@ def _ranged(reg: Registry, digest: str, size: int, range_: str | None, etag: str
     if status == 206:
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     return StreamingResponse(body(), status_code=status, media_type="application/octet-stream", headers=headers)
+
+
+# ---- a file by its digest: asked for first, sent only when the service lacks it ----------------
+
+@router.head("/v1/blobs/{digest}", dependencies=[read], responses={200: {}, 404: {}})
+def held_blob(digest: str, reg: RegistryDep) -> Response:
+    """200 (``Content-Length``: its size) when the store holds the blob, else 404: as an OCI
+    registry answers ``HEAD /v2/.../blobs/DIGEST`` before a push. Never redirected."""
+    from farm.core.errors import BlobNotFound
+
+    if not is_digest(digest):
+        raise E.UsageError(f"{digest[:80]!r} is not a sha256 digest")
+    try:
+        size = reg.store.stat(digest).size
+    except BlobNotFound:
+        raise E.NotFoundError(f"the service does not hold blob {digest}",
+                              hint=f"send it: PUT /v1/blobs/{digest}") from None
+    return Response(status_code=200, headers={"ETag": f'"{digest}"', "Content-Length": str(size)})
+
+
+class BlobOut(BaseModel):
+    digest: str
+    size: int
+    held: bool = Field(description="true: the service held it already (the body was not stored again)")
+
+
+def _upload_limit(request: Request) -> int:
+    return int(request.app.state.settings.max_upload_mb) * 1024 * 1024
+
+
+@router.put("/v1/blobs/{digest}", response_model=BlobOut, tags=["submit"],
+            dependencies=[submit_before_body(_upload_limit)])
+async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: RegistryDep,
+                   metrics: MetricsDep) -> BlobOut:
+    """Store the body as the blob ``digest``: streamed to disk (at most FARM_MAX_UPLOAD_MB,
+    else 413 ``too-large``), hashed, stored only when it hashes to ``digest`` (else 400
+    ``usage``, nothing stored). Idempotent: a blob the service holds is not stored again. A
+    blob no artifact or model comes to reference is removed by ``farm registry gc`` after its
+    grace window, as any unreferenced blob."""
+    from starlette.concurrency import run_in_threadpool
+
+    from farm.core.errors import BlobNotFound
+    from registry.store.base import put_file
+
+    limit = _upload_limit(request)
+    if not is_digest(digest):
+        await drain(request, limit)
+        raise E.UsageError(f"{digest[:80]!r} is not a sha256 digest", hint="sha256: and 64 lowercase hex digits")
+    declared = request.headers.get("content-length", "")
+    try:
+        held = await run_in_threadpool(reg.store.stat, digest)
+    except BlobNotFound:
+        held = None
+    if held is not None:
+        await drain(request, limit)  # the same bytes: nothing to store
+        return BlobOut(digest=digest, size=int(held.size), held=True)
+    work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
+    try:
+        try:
+            size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB")
+        except E.TooLargeError as exc:
+            exc.hint = "a file goes up in one request: raise FARM_MAX_UPLOAD_MB on the service for larger ones"
+            raise
+        metrics.bytes_received.inc(size)
+        if declared.isdigit() and int(declared) != size:
+            raise E.UsageError(f"the blob was cut short ({size} of {declared} bytes)", hint="send it again")
+        got = await run_in_threadpool(_sha256, work / "blob")
+        if got != digest:
+            raise E.UsageError(f"the body hashes to {got}, not to the digest it was sent as ({digest})",
+                               hint="PUT /v1/blobs/<sha256 of the body>")
+        await run_in_threadpool(put_file, reg.store, work / "blob", expected=digest)
+        return BlobOut(digest=digest, size=size, held=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    from farm.core.keys import sha256_file
+
+    return sha256_file(path)[0]
+
+
+def _uploads_dir(settings: Any) -> Path:
+    d = Path(settings.home) / "uploads"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

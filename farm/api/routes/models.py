@@ -12,8 +12,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from farm.api.deps import RegistryDep, SettingsDep, drain, receive_body, submit, submit_before_body
-from farm.api.schemas import ModelOut
+from farm.api.deps import MetricsDep, RegistryDep, SettingsDep, drain, receive_body, submit, submit_before_body
+from farm.api.schemas import HeldFilesIn, ModelOut
 from farm.core import errors as E
 from farm.core.settings import Settings
 from farm.pipeline import plan
@@ -30,7 +30,7 @@ def _upload_limit(request: Request) -> int:
 
 
 @router.post("/v1/models", response_model=ModelOut, dependencies=[submit_before_body(_upload_limit)])
-async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep,
+async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep, metrics: MetricsDep,
                        name: Annotated[str | None, Query(max_length=255)] = None,
                        tag: Annotated[str | None, Query(max_length=128)] = None,
                        force_tag: bool = False) -> ModelOut:
@@ -54,6 +54,7 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
     try:
         raw = work / "upload"
         size = await receive_body(request, raw, limit, f"the upload is over {settings.max_upload_mb} MiB")
+        metrics.bytes_received.inc(size)
         if declared.isdigit() and int(declared) != size:
             raise E.InvalidModelError(f"the upload was cut short ({size} of {declared} bytes)")
         gone = threading.Event()
@@ -118,17 +119,72 @@ def held_model(digest: str, reg: RegistryDep) -> ModelOut:
 
 
 @router.post("/v1/models/{digest}", response_model=ModelOut, dependencies=[submit])
-def claim_model(digest: str, reg: RegistryDep, name: Annotated[str | None, Query(max_length=255)] = None,
-                tag: Annotated[str | None, Query(max_length=128)] = None, force_tag: bool = False) -> ModelOut:
-    """An upload with no body for a bundle the service holds (404 ``not-found`` when it does not:
-    then send it with ``POST /v1/models``): NAME:TAG is set as an upload sets it."""
+async def claim_model(digest: str, settings: SettingsDep, reg: RegistryDep, body: HeldFilesIn | None = None,
+                      name: Annotated[str | None, Query(max_length=255)] = None,
+                      tag: Annotated[str | None, Query(max_length=128)] = None, force_tag: bool = False) -> ModelOut:
+    """An upload with no model bytes for a bundle the service holds (404 ``not-found`` when it
+    does not: then send it with ``POST /v1/models``): NAME:TAG is set as an upload sets it.
+
+    With a body ``{"files": [{"path", "digest", "size"}, ...]}`` (the .onnx first, then its
+    external data under the names it gives them), a bundle not recorded yet is recorded from
+    blobs the service holds (``PUT /v1/blobs/DIGEST`` each one it lacks): laid out, inspected
+    as an upload is, and its digest must be ``digest`` (else 400 ``invalid-model``). So a data
+    file several graphs share goes up once. A file not held is 404 ``not-found`` naming it;
+    names are checked as an archive's members are (``invalid-model``); the files together are
+    capped at FARM_MAX_UPLOAD_MB, as an upload (413 ``too-large``)."""
+    from starlette.concurrency import run_in_threadpool
+
     name_, tag_ = plan.check_name_tag(name, tag)
-    held = _held(reg, digest)
+    if body is not None:
+        try:
+            await run_in_threadpool(_held, reg, digest)
+        except E.NotFoundError:
+            return await asyncio.get_running_loop().run_in_executor(
+                UNPACKERS, _record_from_blobs, settings, reg, digest, [f.model_dump() for f in body.files],
+                name_, tag_, force_tag)
+    held = await run_in_threadpool(_held, reg, digest)
     if not name_ or not tag_:
         return held
-    with reg.db.session() as s:
-        moved = plan.record_snapshot(s, held.digest, "", held.size, None, name_, tag_, "upload", force_tag=force_tag)
+    moved = await run_in_threadpool(_tag_held, reg, held, name_, tag_, force_tag)
     return held.model_copy(update={"tag": f"{name_}:{tag_}", "tag_moved": moved})
+
+
+def _tag_held(reg: Registry, held: ModelOut, name: str, tag: str, force_tag: bool) -> dict[str, str] | None:
+    with reg.db.session() as s:
+        return plan.record_snapshot(s, held.digest, "", held.size, None, name, tag, "upload", force_tag=force_tag)
+
+
+def _record_from_blobs(settings: Settings, reg: Registry, digest: str, files: list[dict[str, object]],
+                       name: str | None, tag: str | None, force_tag: bool) -> ModelOut:
+    """A bundle whose every file the store holds, recorded as an upload of it would be: laid out
+    in a work dir (each name checked, each blob verified as it comes), inspected (every check of
+    an upload), its digest bound to the one asked for."""
+    from farm.core.bundle import inspect_model
+    from farm.pipeline.bundles import lay_out_blobs
+
+    limit = int(settings.max_upload_mb) * 1024 * 1024
+    work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
+    try:
+        listing = [(str(f["path"]), str(f["digest"]), int(str(f["size"]))) for f in files]
+        if not listing or not listing[0][0].endswith(".onnx") or "/" in listing[0][0]:
+            raise E.InvalidModelError("the first file must be the model's .onnx, at the top level",
+                                      hint='{"files": [{"path": "model.onnx", ...}, {"path": "weights.data", ...}]}')
+        lay_out_blobs(reg.store, listing, work / "bundle", max_bytes=limit, error=E.InvalidModelError,
+                      too_large=f"the files are over {settings.max_upload_mb} MiB together (FARM_MAX_UPLOAD_MB)")
+        bundle = inspect_model(work / "bundle" / listing[0][0])
+        if bundle.digest != digest:
+            raise E.InvalidModelError(f"the files make model {bundle.digest}, not {digest}",
+                                      hint="list the .onnx first, then each external-data file under the name "
+                                           "the .onnx gives it")
+        plan.check_tag_free(reg, bundle.digest, name, tag, force_tag)
+        stored = plan.store_snapshot(reg, bundle)  # every blob is held: nothing is written twice
+        with reg.db.session() as s:
+            moved = plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, stored, name, tag,
+                                         "upload", force_tag=force_tag)
+        return ModelOut(digest=bundle.digest, size=bundle.size, files=stored, tag=f"{name}:{tag}" if name else None,
+                        tag_moved=moved)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _held(reg: Registry, digest: str) -> ModelOut:

@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 
-from farm.api.deps import Caller, RegistryDep, SettingsDep, drain, submit_before_body, submitter
+from farm.api.deps import Caller, MetricsDep, RegistryDep, SettingsDep, drain, submit_before_body, submitter
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
 from farm.core.names import inside
@@ -182,7 +182,7 @@ def _owner(reg: Registry, upload: str) -> int:
 
 @router.patch("/v1/uploads/{upload}", dependencies=[submit_before_body(_limit)])
 async def append_upload(upload: str, request: Request, settings: SettingsDep, reg: RegistryDep,
-                        who: Annotated[Caller, submitter],
+                        metrics: MetricsDep, who: Annotated[Caller, submitter],
                         upload_offset: Annotated[int, Header(ge=0)]) -> dict[str, Any]:
     """Append the body at ``Upload-Offset`` (which must be what the session holds)."""
     from starlette.concurrency import run_in_threadpool
@@ -195,7 +195,8 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
             _held_elsewhere, reg, upload, await run_in_threadpool(_owner, reg, upload))
         with _exclusive(d):
             try:
-                return await _append(request, settings, upload, d / "data", upload_offset, limit, room)
+                return await _append(request, settings, upload, d / "data", upload_offset, limit, room,
+                                     metrics.bytes_received.inc)
             finally:
                 # What the session holds now, however the piece ended (a cut connection keeps
                 # what arrived): the quota counts it, and the session was touched.
@@ -206,7 +207,7 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
 
 
 async def _append(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
-                  limit: int, room: int) -> dict[str, Any]:
+                  limit: int, room: int, received: Any = None) -> dict[str, Any]:
     have = data.stat().st_size
     if upload_offset != have:
         raise E.UsageError(f"upload {upload} holds {have} bytes, the piece starts at {upload_offset}",
@@ -223,6 +224,8 @@ async def _append(request: Request, settings: Settings, upload: str, data: Path,
         try:
             async for chunk in request.stream():
                 size += len(chunk)
+                if received is not None:
+                    received(len(chunk))
                 if size > limit or size > room:
                     f.truncate(have)  # the piece is refused whole
                     if size > limit:

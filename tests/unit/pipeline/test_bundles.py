@@ -176,3 +176,53 @@ def test_an_unusable_cache_dir_costs_the_cache_not_the_build(tmp_path: Path) -> 
     onnx, hit = cache.fetch(store, digest, files, tmp_path / "job")
     assert not hit and onnx.is_file()
     assert contents(tmp_path / "job", files) == [f["digest"] for f in files]
+
+
+# ---- files named by digest (POST /v1/models/DIGEST with files, POST /v1/genai) -------------------
+
+def _held_store(*blobs: bytes) -> Any:
+    from registry.store.base import put_bytes
+    from tests.common.store import InMemoryBlobStore
+
+    store = InMemoryBlobStore()
+    for b in blobs:
+        put_bytes(store, b)
+    return store
+
+
+def test_lay_out_blobs_places_each_blob_once_and_a_second_name_as_a_link(tmp_path: Path) -> None:
+    from farm.core.errors import InvalidModelError
+    from farm.core.keys import sha256_bytes
+    from farm.pipeline.bundles import lay_out_blobs
+
+    store = _held_store(b"graph", b"weights")
+    files = [("model.onnx", sha256_bytes(b"graph"), 5), ("w/a.data", sha256_bytes(b"weights"), 7),
+             ("b.data", sha256_bytes(b"weights"), 7)]
+    lay_out_blobs(store, files, tmp_path / "out", max_bytes=12, error=InvalidModelError, too_large="big")
+    assert (tmp_path / "out" / "w" / "a.data").read_bytes() == b"weights"
+    assert (tmp_path / "out" / "b.data").stat().st_ino == (tmp_path / "out" / "w" / "a.data").stat().st_ino
+
+
+@pytest.mark.parametrize("files, error", [
+    ([("../x", "g", 5)], "invalid-model"),
+    ([("/etc/passwd", "g", 5)], "invalid-model"),
+    ([("a", "g", 5), ("a", "g", 5)], "invalid-model"),
+    ([("a", "g", 5), ("a/b", "g", 5)], "invalid-model"),
+    ([("a", "sha256:" + "0" * 64, 5)], "not-found"),
+    ([("a", "g", 6)], "not-found"),
+    ([("a", "g", 5), ("b", "w", 10 ** 12)], "too-large"),
+    ([("a", "not a digest", 5)], "invalid-model"),
+])
+def test_lay_out_blobs_refuses_before_a_byte_is_copied(tmp_path: Path, files: list[tuple[str, str, int]],
+                                                       error: str) -> None:
+    from farm.core.errors import FarmError, InvalidModelError
+    from farm.core.keys import sha256_bytes
+    from farm.pipeline.bundles import lay_out_blobs
+
+    store = _held_store(b"graph", b"weights")
+    real = {"g": sha256_bytes(b"graph"), "w": sha256_bytes(b"weights")}
+    files = [(n, real.get(d, d), s) for n, d, s in files]
+    with pytest.raises(FarmError) as got:
+        lay_out_blobs(store, files, tmp_path / "out", max_bytes=1 << 20, error=InvalidModelError, too_large="big")
+    assert got.value.code == error and got.value.hint
+    assert not (tmp_path / "out").exists()
