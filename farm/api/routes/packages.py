@@ -53,12 +53,13 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
 
     Where it is made: here when this service has onnxruntime >= 1.32 (the embedded service).
     Otherwise, in a cluster (a broker), by a live worker that has it (the QNN 2.49.40 / 2.51.0
-    workers): the request waits up to ``wait`` seconds for it, holding no thread, and answers it
-    (``cached: true``: made by the worker), the worker's error (its code and status, as here), or
-    202 with ``Retry-After`` while it is being made (POST the same again: one worker makes it,
-    however many ask). Errors: 404 ``not-found`` (no such NAME:TAG), 404 ``no-published-builds``,
-    409 ``package-files-missing``, 500 ``package-verify-failed``, 501 ``missing-extra`` (no
-    onnxruntime >= 1.32 here and no broker), 503 ``no-worker`` (no live worker can make it)."""
+    workers): the request waits up to ``wait`` seconds for it, holding no thread, and answers
+    it (``cached: false`` when it was made while this request waited), the worker's error (its
+    code and status, as here), or 202 with ``Retry-After`` while it is being made (POST the same
+    again: one worker makes it, however many ask). Errors: 404 ``not-found`` (no such NAME:TAG),
+    404 ``no-published-builds``, 409 ``package-files-missing``, 500 ``package-verify-failed``, 501
+    ``missing-extra`` (no onnxruntime >= 1.32 here and no broker), 503 ``no-worker`` (no live
+    worker can make it)."""
     from starlette.concurrency import run_in_threadpool
 
     answer = await run_in_threadpool(_here, settings, reg, body.ref)
@@ -67,6 +68,7 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
     polls = request.app.state.longpolls
     jobs = _jobs(request.app, settings, reg)
     answer = await polls.read(jobs.step, body.ref)
+    waited = answer is None
     if answer is None and wait > 0:
         from farm.api.longpoll import disconnected
 
@@ -86,7 +88,8 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
             finally:
                 gone.cancel()
     if answer is not None:
-        return answer
+        # Made while this request waited: new to its asker, as a package made here would be.
+        return {**answer, "cached": answer["cached"] and not waited}
     from farm.pipeline.package_jobs import RETRY_AFTER_S
 
     pending = PackagePending(ref=body.ref, status="making", retry_after=RETRY_AFTER_S,

@@ -274,8 +274,11 @@ def test_a_waiting_post_answers_what_the_worker_did_once_it_did(service: Any) ->
     jobs_of(app, board, RecordingDispatch(then=worker_made, later=0.5))
     t0 = time.monotonic()
     r = client.post("/v1/packages", params={"wait": 20}, json={"ref": "net:v1"})
-    assert r.status_code == 200 and r.json()["digest"] == PACKAGE, r.text
+    assert r.status_code == 200 and r.json() == {"digest": PACKAGE, "cached": False}, r.text
     assert time.monotonic() - t0 < 20  # answered when made, not at the end of the wait
+    # Asked again: the index answers, as for any package made earlier.
+    r = client.post("/v1/packages", params={"wait": 20}, json={"ref": "net:v1"})
+    assert r.json() == {"digest": PACKAGE, "cached": True}
 
 
 def test_a_waiting_post_answers_the_workers_error_with_its_status(service: Any) -> None:
