@@ -305,3 +305,40 @@ def test_the_route_without_a_live_worker_is_503_no_worker(service: Any) -> None:
     r = client.post("/v1/packages", json={"ref": "net:v1"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "no-worker"
     assert "onnxruntime >= 1.32" in r.json()["error"]["message"]
+
+
+# ---- the client: farm package --server follows 202 -------------------------------------------------
+
+class FakeClient:
+    """Answers POST /v1/packages from a script of (answer, status, retry_after)."""
+
+    def __init__(self, script: list[tuple[Any, int, float | None]]):
+        self.script, self.asked = list(script), []  # type: ignore[var-annotated]
+
+    def json_status(self, method: str, path: str, payload: Any = None, **query: Any) -> Any:
+        self.asked.append((method, path, payload, query))
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+def test_farm_package_asks_again_after_retry_after_until_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.cli import package_cmd
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    pending = ({"status": "making"}, 202, 5.0)
+    c = FakeClient([pending, (pending[0], 202, 10_000.0), ({"digest": PACKAGE}, 200, None)])
+    assert package_cmd._made(c, "net:v1", 600) == {"digest": PACKAGE}
+    # The service's Retry-After, within reason (a hostile one can't stall us for hours).
+    assert slept == [5.0, 30.0] and [q["wait"] for *_x, q in c.asked] == ["30", "30", "30"]
+    assert all(a[:3] == ("POST", "/v1/packages", {"ref": "net:v1"}) for a in c.asked)
+    slept.clear()
+    with pytest.raises(E.CompileTimeoutError) as e:
+        package_cmd._made(FakeClient([(pending[0], 202, None)]), "net:v1", 12)
+    assert e.value.code == "timeout" and "farm package net:v1" in (e.value.hint or "") and slept == [5.0, 5.0]
