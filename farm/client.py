@@ -243,12 +243,19 @@ class Client:
     def json(self, method: str, path: str, payload: Any = None, **query: Any) -> Any:
         """A JSON answer, at most ``MAX_ANSWER_BYTES`` read; anything else is server-error. The
         caller checks the shape of what it uses."""
+        return self.json_status(method, path, payload, **query)[0]
+
+    def json_status(self, method: str, path: str, payload: Any = None, **query: Any) -> tuple[Any, int, float | None]:
+        """``json``'s answer with its status (a 2xx) and its Retry-After in seconds (None
+        without one, or not a number of seconds)."""
         body = json.dumps(payload).encode() if payload is not None else None
         headers = {"Content-Type": "application/json"} if body is not None else None
         what = f"the answer to {method} {path}"
         with self._request(method, path, body=body, headers=headers, query=query) as resp:
             data = _read_capped(resp, MAX_ANSWER_BYTES, what, deadline=time.monotonic() + 2 * self.timeout)
-        return _parse_json(data, what, ServerError)
+            status, retry = int(resp.status), (resp.headers.get("Retry-After") or "").strip()
+        return (_parse_json(data, what, ServerError), status,
+                float(retry) if retry.isdigit() and len(retry) < 6 else None)
 
     def upload(self, path: Path, *, name: str | None = None, tag: str | None = None,
                force_tag: bool = False) -> dict[str, Any]:

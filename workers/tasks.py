@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from farm.core.settings import Settings
-from farm.pipeline.queues import COMPILE_TASK, PROBE_TASK, make_app, send
+from farm.pipeline.queues import COMPILE_TASK, PACKAGE_TASK, PROBE_TASK, make_app, send
 
 settings = Settings.from_env()
 app = make_app(settings)
@@ -155,3 +155,23 @@ def check_accuracy(self: Any, artifact_id: int) -> str | None:
     from farm.pipeline.accuracy import run_task
 
     return run_task(settings, executor().registry, artifact_id)
+
+
+_boards: dict[int, Any] = {}
+
+
+@app.task(name=PACKAGE_TASK, acks_late=True, reject_on_worker_lost=True)
+def make_package(ref: str, key: str) -> str:
+    """An ORT model package for a service without onnxruntime >= 1.32 (farm.pipeline.package_jobs):
+    made as `farm package` makes it, a failure recorded where the service reads it."""
+    import re
+
+    if not isinstance(ref, str) or len(ref) > 400 or not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{64}", key):
+        return "refused"  # not a message we sent: acknowledge and drop
+    from farm.pipeline.execute import signer_for
+    from farm.pipeline.package_jobs import RedisPackageBoard, make_for_service
+
+    pid = os.getpid()
+    if pid not in _boards:
+        _boards[pid] = RedisPackageBoard(settings.broker_url or "")
+    return make_for_service(settings, executor().registry, ref, key, _boards[pid], signer=signer_for(settings))

@@ -52,6 +52,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         if loop_reader is not None:
             await loop_reader.close()
         app.state.longpolls.close()
+        jobs = getattr(app.state, "package_jobs", None)  # made at the first package a worker makes
+        if jobs is not None:
+            jobs.close()
         if runner is not None:
             runner.shutdown()
         if registry is None:

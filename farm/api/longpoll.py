@@ -195,5 +195,11 @@ class LongPolls:
         self.readers.shutdown(wait=False, cancel_futures=True)
 
 
+async def disconnected(request: Any) -> None:
+    """Returns when the client hangs up (its body read already: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _states(st: plan.ReleaseStatus) -> list[tuple[Any, Any]]:
     return [(b.get("build"), b.get("state")) for b in st.builds]

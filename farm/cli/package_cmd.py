@@ -17,18 +17,24 @@ from farm.cli import human_size, table
 from farm.cli.remote import add_server_arguments
 from farm.core.settings import Settings
 
+DEFAULT_TIMEOUT_S = 600.0
+WAIT_S = 30.0  # each POST waits this long for a worker's package (the service's wait=)
+
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("ref", metavar="NAME:TAG", help="the published model to package (NAME means NAME:latest)")
     p.add_argument("--dest", "-d", "--out", dest="dest", metavar="DIR",
                    help="directory that will hold exactly this package (swapped into place atomically)")
     add_server_arguments(p)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="with --server: give up after this many seconds while a worker makes the package "
+                        f"(default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--json", action="store_true")
 
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if args.server:
-        answer = remote_package(args.server, args.token, args.ref, args.dest, settings)
+        answer = remote_package(args.server, args.token, args.ref, args.dest, settings, timeout=args.timeout)
     else:
         answer = local_package(settings, args.ref, args.dest)
     if args.json:
@@ -68,15 +74,17 @@ def local_package(settings: Settings, ref: str, dest: str | None) -> dict[str, A
     return answer
 
 
-def remote_package(server: str, token: str | None, ref: str, dest: str | None, settings: Settings) -> dict[str, Any]:
-    """``POST /v1/packages``; then, with ``dest``, the record fetched by the digest the answer
-    names (at most its size read, checked against the digest), every file by its digest (each
-    verified), swapped into place."""
+def remote_package(server: str, token: str | None, ref: str, dest: str | None, settings: Settings, *,
+                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """``POST /v1/packages`` (again after its Retry-After while the service answers 202: a
+    worker is making it, until ``timeout``); then, with ``dest``, the record fetched by the
+    digest the answer names (at most its size read, checked against the digest), every file by
+    its digest (each verified), swapped into place."""
     from farm.cli.remote import answer_of
     from farm.client import Client, install_package_files
 
     client = Client(server, token)
-    answer = client.json("POST", "/v1/packages", {"ref": ref})
+    answer = _made(client, ref, timeout)
     with answer_of("package"):
         digest, size = str(answer["digest"]), int(answer["record_size"])
     if dest:
@@ -85,3 +93,25 @@ def remote_package(server: str, token: str | None, ref: str, dest: str | None, s
                                        allow_unsigned=settings.allow_unsigned)
         answer["path"] = str(placed.ctx_model.parent)
     return answer
+
+
+def _made(client: Any, ref: str, timeout: float) -> Any:
+    """The service's package of ``ref``, asked again while it answers 202 (a worker makes it)."""
+    import time
+
+    from farm.core.errors import CompileTimeoutError
+
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        left = deadline - time.monotonic()
+        answer, status, retry = client.json_status("POST", "/v1/packages", {"ref": ref},
+                                                   wait=f"{max(0.0, min(WAIT_S, left)):.0f}")
+        if status != 202:
+            return answer
+        # The service's Retry-After, within reason: it is not trusted to stall us or to spin us.
+        pause = min(max(retry or 5.0, 1.0), 30.0)
+        if time.monotonic() + pause > deadline:
+            raise CompileTimeoutError(f"the package of {ref} was still being made by a worker after {timeout:g} s",
+                                      hint=f"run `farm package {ref}` again later: it answers the package once made "
+                                           "(one worker makes it, however many ask), or pass a longer --timeout")
+        time.sleep(pause)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,27 @@ def _compat_metadata(path: Path) -> dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
 
 
-def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = None) -> dict[str, Any]:
-    """The package of NAME:TAG's published builds: answered from the index when nothing new was
-    published since, else made, checked and published. Returns the answer (``package_answer``)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What the package of NAME:TAG is made from, read from the index: the model, its files, its
+    active builds (rows ``_build`` reads), its sample inputs, the inputs key, and the digest of
+    the package of exactly these inputs when one was made (``made``)."""
+
+    name: str
+    tag: str
+    model: str
+    model_files: list[dict[str, Any]]
+    rows: list[tuple[Any, ...]]
+    sample: str | None
+    key: str
+    made: str | None
+
+
+def package_inputs(reg: Registry, ref: str) -> Inputs:
+    """NAME:TAG's package inputs (not-found, bad-name, usage for a bad ref); short reads only."""
     from sqlalchemy import select
     from sqlalchemy.orm import selectinload
 
-    from farm.core.groups import GROUP_FILE
     from registry.index import resolve_model_ref
     from registry.models import Artifact, Model, ModelPackageRow, ModelSample
 
@@ -83,11 +98,30 @@ def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = N
                  {f.name: f for f in a.files}) for a in arts]
         for a in arts:
             s.expunge(a)
-    if have is not None:  # nothing new was published since: the index answers
-        return package_answer(reg, have, cached=True)
-    if not rows:
-        pk.plan(package_name=name, package_version=tag, model=digest, model_files=model_files, group=None,
-                builds=[])  # raises no-published-builds
+    return Inputs(name, tag, digest, model_files, rows, sample_digest, key, have)
+
+
+def check_buildable(inputs: Inputs) -> None:
+    """no-published-builds when the model has no build to package (read from the index alone:
+    a service without onnxruntime says so itself)."""
+    if not inputs.rows:
+        pk.plan(package_name=inputs.name, package_version=inputs.tag, model=inputs.model,
+                model_files=inputs.model_files, group=None, builds=[])  # raises no-published-builds
+
+
+def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = None,
+                 inputs: Inputs | None = None) -> dict[str, Any]:
+    """The package of NAME:TAG's published builds: answered from the index when nothing new was
+    published since, else made, checked and published. Returns the answer (``package_answer``).
+    ``inputs``: read already by the caller (``package_inputs``)."""
+    from farm.core.groups import GROUP_FILE
+
+    got = inputs or package_inputs(reg, ref)
+    name, tag, digest, model_files, rows, sample_digest, key = (
+        got.name, got.tag, got.model, got.model_files, got.rows, got.sample, got.key)
+    if got.made is not None:  # nothing new was published since: the index answers
+        return package_answer(reg, got.made, cached=True)
+    check_buildable(got)
     from workers.ortpackage import runtime
 
     runtime()  # missing-extra before a byte is fetched, where onnxruntime < 1.32

@@ -16,6 +16,9 @@ from farm.core.settings import Settings
 
 COMPILE_TASK = "ctxfarm.compile_model"
 PROBE_TASK = "ctxfarm.probe_artifact"
+# An ORT model package made by a worker for a service without onnxruntime >= 1.32 (sent to the
+# probe queue of a worker that has it: farm.pipeline.package_jobs).
+PACKAGE_TASK = "ctxfarm.make_package"
 
 
 def compile_queue(backend: str, toolchain: str, target: str | None = None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from farm.core.settings import Settings
 from tests.common.cli import farm
+from tests.integration.test_farm_cluster import farm_cluster  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +27,12 @@ if not hasattr(ort, "ModelPackageContext"):
     pytest.skip("ORT model packages need onnxruntime >= 1.32", allow_module_level=True)
 
 
-def matmul_model(path: Path) -> None:
+def matmul_model(path: Path, seed: int = 7) -> None:
     """A 64x64 MatMul with seeded weights as external data (weights.bin beside it)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    w = numpy_helper.from_array(np.random.default_rng(7).random((64, 64), dtype=np.float32), "w")
+    w = numpy_helper.from_array(np.random.default_rng(seed).random((64, 64), dtype=np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
@@ -365,3 +367,92 @@ def test_package_on_postgres_and_s3_as_on_the_embedded_stack(cluster_settings: S
         reg.close()
     chosen = ort.ModelPackageContext(str(root)).select_component("model", ort.ModelPackageOptions(ort.SessionOptions()))
     assert chosen.get_selected_variant_name() == "cpu"
+
+
+def test_a_service_without_onnxruntime_has_a_worker_make_the_package(farm_cluster: Any, tmp_path: Path,  # noqa: F811
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """A cluster whose service can't make packages (its image has no onnxruntime): POST
+    /v1/packages has a QNN 2.51.0 worker (onnxruntime 1.32.0) make it, and answers it; a device
+    installs it; asked again, the index answers. The worker's failure is answered with its code;
+    a model with no published build is answered by the service itself; with no live worker,
+    503 no-worker."""
+    from farm.core.errors import MissingExtraError
+    from registry.index import set_tag
+    from registry.models import Artifact, ArtifactFile
+    from tests.common.index_rows import add_artifact, add_model
+    from tests.common.inproc import running_service
+    from tests.common.service import token
+    from workers import ortpackage
+
+    f = farm_cluster
+    worker = f.start_worker("2.51.0")
+    for seed, name in enumerate(("cw", "gone")):
+        model = tmp_path / name / "mm.onnx"
+        model.parent.mkdir()
+        matmul_model(model, seed)
+        f.cli("submit", str(model), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--name", name, "--tag", "v1", "--wait",
+              "--timeout", "180")
+
+    def no_onnxruntime() -> str:
+        raise MissingExtraError("this service has no onnxruntime (the API image)")
+
+    monkeypatch.setattr(ortpackage, "runtime", no_onnxruntime)
+    settings = Settings.from_env(f.env)
+    reg = f.db()
+    try:
+        with reg.db.session() as s:
+            set_tag(s, "bare", "v1", add_model(s, label="bare", name="bare").digest)
+        with running_service(settings) as svc:
+            made = json.loads(f.cli("package", "cw:v1", "--server", svc["url"], "--token", svc["token"],
+                                    "-d", str(tmp_path / "pkg"), "--json").stdout)
+            assert made["cached"] is False and made["evidence"]["onnxruntime"].startswith("1.32")
+            # Made by the worker (the service can't): one message, taken from its probe queue.
+            assert "ctxfarm.make_package" in next(f.tmp.glob("worker-2.51.0-*.log")).read_text()
+            chosen = ort.ModelPackageContext(str(tmp_path / "pkg")).select_component(
+                "model", ort.ModelPackageOptions(ort.SessionOptions()))
+            assert chosen.get_selected_variant_name() == "cpu"
+            read = token(settings, "device", "read")
+            got = json.loads(f.cli("install", "--package", "cw:v1", "--server", svc["url"], "--token", read,
+                                   "-d", str(tmp_path / "device"), "--json").stdout)
+            assert got["artifact"] == made["digest"] and (tmp_path / "device" / "manifest.json").is_file()
+            again = json.loads(f.cli("package", "cw:v1", "--server", svc["url"], "--token", svc["token"],
+                                     "--json").stdout)
+            assert again["cached"] is True and again["digest"] == made["digest"]
+
+            # The worker fails (a context file gone from the store): its code, nothing published.
+            with reg.db.session() as s:
+                from sqlalchemy import select
+
+                from registry.index import resolve_model_ref
+
+                blob = s.scalar(select(ArtifactFile.digest).join(Artifact).where(
+                    Artifact.model_digest == resolve_model_ref(s, "gone:v1"), ArtifactFile.role == "context"))
+            reg.store.delete(blob)
+            proc = f.cli("package", "gone:v1", "--server", svc["url"], "--token", svc["token"], "--json", check=False)
+            assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["code"] == "package-files-missing", (
+                proc.stdout, proc.stderr)
+            # No published build: the service says so itself.
+            proc = f.cli("package", "bare:v1", "--server", svc["url"], "--token", svc["token"], "--json", check=False)
+            assert proc.returncode == 3 and json.loads(proc.stdout)["error"]["code"] == "no-published-builds"
+
+            # No live worker with onnxruntime >= 1.32: 503 no-worker, its hint naming one that has it.
+            with reg.db.session() as s:
+                fake = add_model(s, label="fake", name="fake")
+                set_tag(s, "fake", "v1", fake.digest)
+                add_artifact(s, fake.digest)
+            f.kill(worker, signal.SIGTERM)
+            import urllib.error
+            import urllib.request
+
+            post = urllib.request.Request(f"{svc['url']}/v1/packages", data=json.dumps({"ref": "fake:v1"}).encode(),
+                                          headers={"Authorization": f"Bearer {svc['token']}",
+                                                   "Content-Type": "application/json"}, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(post, timeout=30)
+            err = json.loads(e.value.read())["error"]
+            assert e.value.code == 503 and err["code"] == "no-worker" and "2.51.0" in err["hint"], err
+            # The CLI relays a service's 5xx as server-error (its code in the message).
+            proc = f.cli("package", "fake:v1", "--server", svc["url"], "--token", svc["token"], "--json", check=False)
+            assert proc.returncode == 1 and "no-worker" in json.loads(proc.stdout)["error"]["message"]
+    finally:
+        reg.close()

@@ -6,31 +6,125 @@ install --package`` do, verifying each)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from farm.api.deps import RegistryDep, SettingsDep, read, submit
+from farm.api.schemas import ErrorResponse
+from farm.core.settings import Settings
+from registry.index import Registry
 
 router = APIRouter()
+
+DEFAULT_WAIT_S = 30.0  # how long a POST waits for a worker's package before answering 202
+LOOK_EVERY_S = 1.0  # a waiting POST looks at the index and the board this often
 
 
 class PackageIn(BaseModel):
     ref: str = Field(max_length=400, description="the published model: NAME:TAG (NAME means NAME:latest)")
 
 
-@router.post("/v1/packages", tags=["submit"], dependencies=[submit])
-def create_package(body: PackageIn, reg: RegistryDep, settings: SettingsDep) -> dict[str, Any]:
+class PackagePending(BaseModel):
+    ref: str
+    status: str = Field(description='"making": a worker is making the package')
+    retry_after: int = Field(description="seconds to wait before asking again (also the Retry-After header)")
+    message: str
+
+
+@router.post("/v1/packages", tags=["submit"], dependencies=[submit], responses={
+    202: {"model": PackagePending, "description": "a worker is making it (a cluster whose service has no onnxruntime "
+                                                  ">= 1.32): POST the same again after Retry-After"},
+    404: {"model": ErrorResponse, "description": "not-found (no such NAME:TAG), no-published-builds"},
+    409: {"model": ErrorResponse, "description": "package-files-missing"},
+    500: {"model": ErrorResponse, "description": "package-verify-failed"},
+    501: {"model": ErrorResponse, "description": "missing-extra: no onnxruntime >= 1.32 here and no broker"},
+    503: {"model": ErrorResponse, "description": "no-worker: no live worker with onnxruntime >= 1.32 to make it"}})
+async def create_package(request: Request, body: PackageIn, reg: RegistryDep, settings: SettingsDep,
+                         wait: Annotated[float, Query(ge=0, le=60, description="seconds to wait for a package a "
+                                                      "worker makes before answering 202")] = DEFAULT_WAIT_S
+                         ) -> Any:
     """The package of ``ref``'s published builds (schema: farm/cli/schemas/package.json):
     answered from the index (``cached: true``) unless a build was published since the last one,
-    else made, verified with onnxruntime's own API and published. Errors: 404 ``not-found`` (no
-    such NAME:TAG), 404 ``no-published-builds``, 409 ``package-files-missing``, 500
-    ``package-verify-failed``, 501 ``missing-extra`` (no onnxruntime >= 1.32 on the service)."""
-    from farm.pipeline.execute import signer_for
-    from farm.pipeline.packages import make_package
+    else made, verified with onnxruntime's own API and published.
 
-    return make_package(settings, reg, body.ref, signer=signer_for(settings))
+    Where it is made: here when this service has onnxruntime >= 1.32 (the embedded service).
+    Otherwise, in a cluster (a broker), by a live worker that has it (the QNN 2.49.40 / 2.51.0
+    workers): the request waits up to ``wait`` seconds for it, holding no thread, and answers
+    it (``cached: false`` when it was made while this request waited), the worker's error (its
+    code and status, as here), or 202 with ``Retry-After`` while it is being made (POST the same
+    again: one worker makes it, however many ask). Errors: 404 ``not-found`` (no such NAME:TAG),
+    404 ``no-published-builds``, 409 ``package-files-missing``, 500 ``package-verify-failed``, 501
+    ``missing-extra`` (no onnxruntime >= 1.32 here and no broker), 503 ``no-worker`` (no live
+    worker can make it)."""
+    from starlette.concurrency import run_in_threadpool
+
+    answer = await run_in_threadpool(_here, settings, reg, body.ref)
+    if answer is not None:
+        return answer
+    polls = request.app.state.longpolls
+    jobs = _jobs(request.app, settings, reg)
+    answer = await polls.read(jobs.step, body.ref)
+    waited = answer is None
+    if answer is None and wait > 0:
+        from farm.api.longpoll import disconnected
+
+        loop = asyncio.get_running_loop()
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        with polls.slot(token):  # a waiting POST counts as a long poll (their caps)
+            gone = asyncio.ensure_future(disconnected(request))
+            try:
+                deadline = loop.time() + wait
+                while answer is None and not gone.done():
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    await asyncio.wait({gone}, timeout=min(left, LOOK_EVERY_S))
+                    if not gone.done():
+                        answer = await polls.read(jobs.step, body.ref)
+            finally:
+                gone.cancel()
+    if answer is not None:
+        # Made while this request waited: new to its asker, as a package made here would be.
+        return {**answer, "cached": answer["cached"] and not waited}
+    from farm.pipeline.package_jobs import RETRY_AFTER_S
+
+    pending = PackagePending(ref=body.ref, status="making", retry_after=RETRY_AFTER_S,
+                             message="a worker is making the package; POST the same again after Retry-After")
+    return JSONResponse(pending.model_dump(), status_code=202, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _here(settings: Settings, reg: Registry, ref: str) -> dict[str, Any] | None:
+    """The answer when the index holds it or this process can make it (or no worker could:
+    no broker); None when a worker must make it."""
+    from farm.core.errors import MissingExtraError
+    from farm.pipeline.execute import signer_for
+    from farm.pipeline.packages import check_buildable, make_package, package_inputs
+    from workers.ortpackage import runtime
+
+    inputs = package_inputs(reg, ref)
+    if inputs.made is None and settings.broker_url:
+        check_buildable(inputs)
+        try:
+            runtime()
+        except MissingExtraError:
+            return None
+    return make_package(settings, reg, ref, signer=signer_for(settings), inputs=inputs)
+
+
+def _jobs(app: Any, settings: Settings, reg: Registry) -> Any:
+    """This service's PackageJobs (the broker's Redis as the board), made at the first use."""
+    jobs = getattr(app.state, "package_jobs", None)
+    if jobs is None:
+        from farm.pipeline.package_jobs import PackageJobs, RedisPackageBoard, celery_dispatch
+
+        assert settings.broker_url
+        jobs = app.state.package_jobs = PackageJobs(settings, reg, RedisPackageBoard(settings.broker_url),
+                                                    celery_dispatch(settings))
+    return jobs
 
 
 @router.get("/v1/packages", tags=["read"], dependencies=[read])

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from farm.api.deps import Caller, RegistryDep, RunnerDep, SettingsDep, read, submitter
+from farm.api.longpoll import disconnected
 from farm.api.schemas import BuildOut, ErrorResponse, ReleaseIn, ReleaseOut
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -71,7 +72,7 @@ async def get_release(request: Request, release_id: int, settings: SettingsDep, 
         return release_out(await run_in_threadpool(plan.release_status, settings, release_id, reg))
     polls = request.app.state.longpolls
     token = request.headers.get("authorization", "").partition(" ")[2].strip()
-    return release_out(await polls.watch(release_id, wait, token, lambda: _disconnected(request)))
+    return release_out(await polls.watch(release_id, wait, token, lambda: disconnected(request)))
 
 
 def _check_quota(s: Any, settings: Settings, who: Caller) -> None:
@@ -88,12 +89,6 @@ def _check_quota(s: Any, settings: Settings, who: Caller) -> None:
     if busy >= settings.quota_releases:
         raise E.QuotaReleasesError(f"this token has {busy} releases with builds queued or running "
                                    f"(FARM_QUOTA_RELEASES={settings.quota_releases})")
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client hangs up (a GET has no body: the next message is that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> dict[tuple[str, str], list[str]]:
