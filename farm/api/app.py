@@ -37,7 +37,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     reg = registry or Registry.open(settings)
     runner = EmbeddedRunner(settings, reg) if settings.embedded else None
-    loop_reader = resolve.LoopReader(reg.db.engine.url) if reg.db.engine.dialect.name == "postgresql" else None
+    engine = getattr(getattr(reg, "db", None), "engine", None)
+    loop_reader = resolve.LoopReader(engine.url) if engine is not None and engine.dialect.name == "postgresql" else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
