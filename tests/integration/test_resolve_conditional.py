@@ -283,3 +283,19 @@ def test_a_kept_answer_is_read_on_the_event_loop(svc: dict[str, Any], monkeypatc
                           " WHERE datname = current_database() AND pid <> pg_backend_pid()"))
     assert c.get(Q).status_code == 404 and len(threads) == 3  # the loop's connection was dead: the threads
     assert c.get(Q).status_code == 404 and len(threads) == 3  # and a new one reads on the loop
+
+
+def test_resolve_connections_are_open_before_the_first_question(svc: dict[str, Any]) -> None:
+    """PostgreSQL: at start the service opens one resolve connection per resolve thread (each has
+    planned every table's read) and the loop's own; a device's first questions open none."""
+    if svc["reg"].db.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from farm.api.routes import resolve as route
+
+    state = svc["c"].app.state
+    assert state.resolve_reader.pool.checkedin() == route.RESOLVE_THREADS
+    assert state.resolve_loop_reader.conn is not None and not state.resolve_loop_reader.conn.closed
+    opened = state.resolve_reader.pool.checkedin()
+    for _ in range(3):
+        assert svc["c"].get(Q).status_code == 200
+    assert state.resolve_reader.pool.checkedin() == opened  # none opened by the questions

@@ -170,20 +170,55 @@ def _reader(request: Request, reg: Registry) -> Any:
     """PostgreSQL: the service's engine of autocommit connections for resolve, without the ping
     each checkout of the main pool sends: a poll answered from the cache is one round trip (the
     generation read), a fresh answer one per statement. None on SQLite (local, no round trips)."""
-    reader = getattr(request.app.state, "resolve_reader", None)
+    return _reader_of(request.app.state, reg)
+
+
+def _reader_of(state: Any, reg: Registry) -> Any:
+    reader = getattr(state, "resolve_reader", None)
     if reader is None and reg.db.engine.dialect.name == "postgresql":
         from sqlalchemy import create_engine
 
         with _READER_LOCK:
-            reader = getattr(request.app.state, "resolve_reader", None)
+            reader = getattr(state, "resolve_reader", None)
             if reader is None:
-                reader = request.app.state.resolve_reader = create_engine(
-                    reg.db.engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_size=8,
-                    max_overflow=8)
+                reader = state.resolve_reader = create_engine(
+                    reg.db.engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_size=RESOLVE_THREADS,
+                    max_overflow=RESOLVE_THREADS)
     return reader
 
 
 _READER_LOCK = threading.Lock()
+# What a resolve answer reads: each warmed connection has planned a read of every one.
+_TABLES = ("tags", "models", "model_generations", "artifacts", "artifact_targets", "artifact_files", "signatures",
+           "compat_verdicts", "builds", "device_reports", "workers")
+
+
+def warm(state: Any, reg: Registry) -> None:
+    """PostgreSQL, at start: resolve's threads started and each given a connection of its own
+    that has planned a read of every table an answer reads. Opened lazily instead, a connection
+    (a server process forked, its catalog caches filled) was opened by whichever request first
+    found every other one busy: 20-35 ms in that request, the p99 of a fresh service's first
+    minutes. Any failure here is logged; requests open what they need as before."""
+    import logging
+
+    reader = _reader_of(state, reg)
+    if reader is None:
+        return
+    gate = threading.Barrier(RESOLVE_THREADS)
+
+    def one() -> None:
+        with reader.connect() as conn:
+            rows = DriverRows(conn)
+            for table in _TABLES:
+                rows.rows(f"SELECT 1 FROM {table} WHERE false")
+            gate.wait(timeout=30)  # all held at once: as many connections as threads
+
+    try:
+        for f in [_pool().submit(one) for _ in range(RESOLVE_THREADS)]:
+            f.result(timeout=60)
+    except Exception as exc:  # noqa: BLE001 - a database slow to answer is no reason not to start
+        gate.abort()
+        logging.getLogger("ctxfarm.api").warning("resolve connections not warmed up at start: %s", exc)
 
 
 class DriverRows:
@@ -227,7 +262,8 @@ def _raise_as_sqlalchemy(conn: Any, exc: Exception, sql: str, params: Any) -> No
 
 def _on_reader(reader: Any, work: Any) -> Any:
     """``work(rows)`` on a reader connection; once more on a fresh one if the first was dead (the
-    server restarted: no ping found it out)."""
+    server restarted: no ping found it out). A dead one drops every pooled connection (as
+    SQLAlchemy does on a disconnect): they were opened together at start and went together."""
     from sqlalchemy.exc import DBAPIError
 
     for attempt in (0, 1):
@@ -237,6 +273,7 @@ def _on_reader(reader: Any, work: Any) -> Any:
         except DBAPIError as exc:
             if attempt or not exc.connection_invalidated:
                 raise
+            reader.dispose(close=False)  # a new pool; the old one's connections are let go
     raise AssertionError("unreachable")
 
 
