@@ -115,11 +115,27 @@ def _write(p: Path, data: bytes) -> Path:
     return p
 
 
+@pytest.fixture(scope="module")
+def populated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real build of the good model into a FARM_HOME, made once for the module: each test
+    gets its own copy (``populated``), so none sees another's writes."""
+    root = tmp_path_factory.mktemp("populated")
+    (root / "good").mkdir()
+    home = Settings.from_env({"FARM_HOME": str(root / "farm-home")})
+    build(home, conv_relu_add(root / "good" / "good.onnx"), ["qnn:SM8650"], name="good")
+    return root
+
+
 @pytest.fixture
-def populated(settings: Settings, tmp_path: Path) -> Path:
-    """A registry that already holds an artifact, so 'unchanged' means something."""
-    (tmp_path / "good").mkdir()
-    build(settings, conv_relu_add(tmp_path / "good" / "good.onnx"), ["qnn:SM8650"], name="good")
+def populated(settings: Settings, tmp_path: Path, populated_template: Path) -> Path:
+    """A registry that already holds an artifact, so 'unchanged' means something: a private copy
+    of the module's built FARM_HOME at ``settings.home``, and the model beside it in good/."""
+    import shutil
+
+    assert settings.home == tmp_path / "farm-home"
+    shutil.copytree(populated_template / "good", tmp_path / "good")
+    shutil.copytree(populated_template / "farm-home", settings.home, dirs_exist_ok=True)
+    assert snapshot(settings)["blobs"], "the copied registry holds the good build"
     return tmp_path
 
 
