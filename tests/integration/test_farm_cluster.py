@@ -61,13 +61,26 @@ class Farm:
         self.workers.append(proc)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            live = json.loads(self.cli("workers", "--json").stdout)
-            if any(w["pid"] == proc.pid for w in live):
+            if any(w["pid"] == proc.pid for w in self.live_workers()):
                 time.sleep(1.0)  # the Celery consumer starts right after registration
                 return proc
             assert proc.poll() is None, (self.tmp / f"worker-{version}-{len(self.workers) - 1}.log").read_text()
-            time.sleep(0.3)
+            time.sleep(0.2)
         raise AssertionError(f"worker {version} did not register")
+
+    def live_workers(self) -> list[dict[str, Any]]:
+        """What `farm workers --json` prints (the same view, registry.views.worker_rows), read in
+        this process: polled while a worker starts, where a CLI call per poll cost 0.5 s of a
+        2-core box's CPU the starting worker needs. Tests that check the command call it."""
+        from farm.core.settings import Settings
+        from registry.views import worker_rows
+
+        reg = self.db()
+        try:
+            with reg.db.session() as s:
+                return worker_rows(s, stale_after=Settings.from_env(self.env).worker_stale_after)
+        finally:
+            reg.close()
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         try:
@@ -77,9 +90,15 @@ class Farm:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
-        for p in self.workers:
-            if p.poll() is None:
-                self.kill(p, signal.SIGTERM)
+        # Every worker is told first, then waited for: their warm shutdowns overlap.
+        running = [p for p in self.workers if p.poll() is None]
+        for p in running:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in running:
+            p.wait(timeout=30)
 
     def db(self) -> Any:
         from farm.core.settings import Settings
