@@ -55,18 +55,23 @@ class Farm:
         return proc
 
     def start_worker(self, version: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"worker-{version}-{len(self.workers)}.log", "wb")
+        path = self.tmp / f"worker-{version}-{len(self.workers)}.log"
+        log = open(path, "wb")
         proc = subprocess.Popen([str(venv_farm(version)), "worker"], env={**self.env, **(extra_env or {})}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.workers.append(proc)
         deadline = time.monotonic() + 60
+        registered = False
         while time.monotonic() < deadline:
-            if any(w["pid"] == proc.pid for w in self.live_workers()):
-                time.sleep(1.0)  # the Celery consumer starts right after registration
+            registered = registered or any(w["pid"] == proc.pid for w in self.live_workers())
+            # The Celery consumer starts right after registration: Celery logs "<name> ready." once
+            # it consumes (was a fixed second's sleep, which a loaded box could outrun).
+            if registered and " ready." in path.read_text(errors="replace"):
                 return proc
-            assert proc.poll() is None, (self.tmp / f"worker-{version}-{len(self.workers) - 1}.log").read_text()
-            time.sleep(0.2)
-        raise AssertionError(f"worker {version} did not register")
+            assert proc.poll() is None, path.read_text()
+            time.sleep(0.1)
+        raise AssertionError(f"worker {version} did not {'start consuming' if registered else 'register'}: "
+                             f"{path.read_text()[-3000:]}")
 
     def live_workers(self) -> list[dict[str, Any]]:
         """What `farm workers --json` prints (the same view, registry.views.worker_rows), read in
@@ -126,7 +131,7 @@ class Farm:
             rows = self.builds()
             if rows and pred(rows):
                 return rows
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise AssertionError(f"builds did not reach the state in time: {self.builds()}")
 
 
@@ -173,7 +178,7 @@ def test_release_two_sdks_two_socs_with_probes(farm_cluster: Farm) -> None:
     # The probe: each artifact loaded under the other toolchain, evidence recorded.
     deadline = time.monotonic() + 90
     while len(verdicts(f)) < 8 and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     v = verdicts(f)
     assert v[("SM8650@2.51.0", "2.47.0")] == "fails" and v[("SM8750@2.51.0", "2.47.0")] == "fails"
     assert v[("SM8650@2.47.0", "2.51.0")] == "loads" and v[("SM8750@2.47.0", "2.51.0")] == "loads"
