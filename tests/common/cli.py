@@ -20,6 +20,17 @@ def farm(env: dict[str, str], *args: str, check: bool = True, timeout: float = 3
     return proc
 
 
+def farm_many(env: dict[str, str], argvs: list[list[str]], *, workers: int = 2,
+              timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
+    """``farm(env, *argv, check=False)`` for each of ``argvs``, ``workers`` at a time (each call is
+    its own process: a usage error's start-up is CPU-bound), answers in the order asked. Only for
+    calls that do not depend on each other's effects."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda argv: farm(env, *argv, check=False, timeout=timeout), argvs))
+
+
 def modules(stderr: str) -> set[str]:
     """The modules a ``-X importtime`` run imported."""
     return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()

@@ -55,19 +55,37 @@ class Farm:
         return proc
 
     def start_worker(self, version: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"worker-{version}-{len(self.workers)}.log", "wb")
+        path = self.tmp / f"worker-{version}-{len(self.workers)}.log"
+        log = open(path, "wb")
         proc = subprocess.Popen([str(venv_farm(version)), "worker"], env={**self.env, **(extra_env or {})}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.workers.append(proc)
         deadline = time.monotonic() + 60
+        registered = False
         while time.monotonic() < deadline:
-            live = json.loads(self.cli("workers", "--json").stdout)
-            if any(w["pid"] == proc.pid for w in live):
-                time.sleep(1.0)  # the Celery consumer starts right after registration
+            registered = registered or any(w["pid"] == proc.pid for w in self.live_workers())
+            # The Celery consumer starts right after registration: Celery logs "<name> ready." once
+            # it consumes (was a fixed second's sleep, which a loaded box could outrun).
+            if registered and " ready." in path.read_text(errors="replace"):
                 return proc
-            assert proc.poll() is None, (self.tmp / f"worker-{version}-{len(self.workers) - 1}.log").read_text()
-            time.sleep(0.3)
-        raise AssertionError(f"worker {version} did not register")
+            assert proc.poll() is None, path.read_text()
+            time.sleep(0.1)
+        raise AssertionError(f"worker {version} did not {'start consuming' if registered else 'register'}: "
+                             f"{path.read_text()[-3000:]}")
+
+    def live_workers(self) -> list[dict[str, Any]]:
+        """What `farm workers --json` prints (the same view, registry.views.worker_rows), read in
+        this process: polled while a worker starts, where a CLI call per poll cost 0.5 s of a
+        2-core box's CPU the starting worker needs. Tests that check the command call it."""
+        from farm.core.settings import Settings
+        from registry.views import worker_rows
+
+        reg = self.db()
+        try:
+            with reg.db.session() as s:
+                return worker_rows(s, stale_after=Settings.from_env(self.env).worker_stale_after)
+        finally:
+            reg.close()
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         try:
@@ -77,9 +95,15 @@ class Farm:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
-        for p in self.workers:
-            if p.poll() is None:
-                self.kill(p, signal.SIGTERM)
+        # Every worker is told first, then waited for: their warm shutdowns overlap.
+        running = [p for p in self.workers if p.poll() is None]
+        for p in running:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in running:
+            p.wait(timeout=30)
 
     def db(self) -> Any:
         from farm.core.settings import Settings
@@ -107,7 +131,7 @@ class Farm:
             rows = self.builds()
             if rows and pred(rows):
                 return rows
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise AssertionError(f"builds did not reach the state in time: {self.builds()}")
 
 
@@ -154,7 +178,7 @@ def test_release_two_sdks_two_socs_with_probes(farm_cluster: Farm) -> None:
     # The probe: each artifact loaded under the other toolchain, evidence recorded.
     deadline = time.monotonic() + 90
     while len(verdicts(f)) < 8 and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     v = verdicts(f)
     assert v[("SM8650@2.51.0", "2.47.0")] == "fails" and v[("SM8750@2.51.0", "2.47.0")] == "fails"
     assert v[("SM8650@2.47.0", "2.51.0")] == "loads" and v[("SM8750@2.47.0", "2.51.0")] == "loads"

@@ -19,7 +19,7 @@ import pytest
 from farm.core import errors
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
-from tests.common.cli import farm
+from tests.common.cli import farm, farm_many
 from tests.common.onnx_models import conv_relu_add, light, memory_bomb
 from tests.common.registry_state import snapshot
 
@@ -115,11 +115,27 @@ def _write(p: Path, data: bytes) -> Path:
     return p
 
 
+@pytest.fixture(scope="module")
+def populated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real build of the good model into a FARM_HOME, made once for the module: each test
+    gets its own copy (``populated``), so none sees another's writes."""
+    root = tmp_path_factory.mktemp("populated")
+    (root / "good").mkdir()
+    home = Settings.from_env({"FARM_HOME": str(root / "farm-home")})
+    build(home, conv_relu_add(root / "good" / "good.onnx"), ["qnn:SM8650"], name="good")
+    return root
+
+
 @pytest.fixture
-def populated(settings: Settings, tmp_path: Path) -> Path:
-    """A registry that already holds an artifact, so 'unchanged' means something."""
-    (tmp_path / "good").mkdir()
-    build(settings, conv_relu_add(tmp_path / "good" / "good.onnx"), ["qnn:SM8650"], name="good")
+def populated(settings: Settings, tmp_path: Path, populated_template: Path) -> Path:
+    """A registry that already holds an artifact, so 'unchanged' means something: a private copy
+    of the module's built FARM_HOME at ``settings.home``, and the model beside it in good/."""
+    import shutil
+
+    assert settings.home == tmp_path / "farm-home"
+    shutil.copytree(populated_template / "good", tmp_path / "good")
+    shutil.copytree(populated_template / "farm-home", settings.home, dirs_exist_ok=True)
+    assert snapshot(settings)["blobs"], "the copied registry holds the good build"
     return tmp_path
 
 
@@ -263,8 +279,7 @@ def test_hostile_command_arguments(settings: Settings, farm_env: dict[str, str],
         (["show", "!bad name"], 2, "bad-name"),
         (["resolve", "--model", "sha256:" + "0" * 64, "--soc", "SM8650", "--qnn", "2.51.0"], 1, "not-found"),
     ]
-    for args, rc, code in cases:
-        proc = farm(farm_env, *args, check=False)
+    for (args, rc, code), proc in zip(cases, farm_many(farm_env, [args for args, _, _ in cases]), strict=True):
         assert proc.returncode == rc, (args, proc.stderr)
         assert check_failure(proc, code)
     assert snapshot(settings) == before
@@ -338,18 +353,21 @@ def test_bad_invocations_are_usage_errors_with_documented_codes(settings: Settin
                                                                  populated: Path) -> None:
     before = snapshot(settings)
     model = str(populated / "good" / "good.onnx")
-    for i, (argv, code, text) in enumerate(BAD_INVOCATIONS):
-        args = [a.format(m=model, d=populated / f"out{i}") for a in argv]
-        proc = farm(farm_env, *args, check=False)
+    calls = [[a.format(m=model, d=populated / f"out{i}") for a in argv] for i, (argv, _, _) in enumerate(BAD_INVOCATIONS)]
+    # The same error as a document on stdout, for the commands that answer --json.
+    json_calls = {i: [*args, "--json"] for i, args in enumerate(calls)
+                  if "--json" not in args and BAD_INVOCATIONS[i][0][0] in ("resolve", "ls", "show")}
+    # None of these writes anything (asserted below), so they run two at a time.
+    answers = farm_many(farm_env, calls + list(json_calls.values()))
+    with_json = dict(zip(json_calls, answers[len(calls):], strict=True))
+    for i, ((_, code, text), args, proc) in enumerate(zip(BAD_INVOCATIONS, calls, answers[:len(calls)], strict=True)):
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
         assert check_failure(proc, code) == code, (args, proc.stderr)
         assert text is None or text in proc.stderr, (args, proc.stderr)
         assert "farm-error" not in proc.stderr
         assert not (populated / f"out{i}").exists()
-        if "--json" not in args:
-            with_json = farm(farm_env, *args, "--json", check=False) if argv[0] in ("resolve", "ls", "show") else None
-            if with_json is not None:  # the same error as a document on stdout
-                assert json.loads(with_json.stdout)["error"]["code"] == code, (args, with_json.stdout)
+        if i in with_json:
+            assert json.loads(with_json[i].stdout)["error"]["code"] == code, (args, with_json[i].stdout)
     assert snapshot(settings) == before
 
 
