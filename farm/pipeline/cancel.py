@@ -57,8 +57,11 @@ def cancel(settings: Settings, *, release_id: int | None = None, build_id: int |
                 if release is None or not (admin or release.owner_token_id == caller):
                     raise NotFoundError(f"no release {release_id}", hint="`farm submit` prints a release's id "
                                                                          "(a token sees only its own releases)")
-                # Guarded: a second cancel finds it cancelled and changes nothing.
-                s.execute(update(Release).where(Release.id == release_id, Release.cancelled_at.is_(None))
+                # Guarded: a second cancel finds it cancelled and changes nothing. A genai package's
+                # part releases (made by its submission, for it alone) go with it: else they would
+                # still want the parts' builds, kept compiling for a package that is cancelled.
+                parts = [int(p) for p in (release.matrix or {}).get("part_releases") or []]
+                s.execute(update(Release).where(Release.id.in_([release_id, *parts]), Release.cancelled_at.is_(None))
                           .values(cancelled_at=states.now()).execution_options(synchronize_session=False))
                 ids = list(s.scalars(select(ReleaseBuild.build_id).where(ReleaseBuild.release_id == release_id)
                                      .order_by(ReleaseBuild.build_id)))

@@ -719,12 +719,14 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
             check_broker(app)
         # Parts first: each one release of its own group (recorded, stored, sent).
         part_request = ReleaseRequest.parse(target_refs, sdks, options, None, None, allow_queue, retry_failed)
+        part_releases: list[int] = []
         for g in pkg.parts:
             def store(g: Any = g) -> list[dict[str, Any]]:
                 return store_snapshot(reg, g)
 
-            queue_release(settings, reg, g.digest, part_request, served=served, app=app, store=store,
-                          display=g.stem, onnx_digest=g.onnx.digest, size=g.size, dispatch=dispatch)
+            part_releases.append(queue_release(settings, reg, g.digest, part_request, served=served, app=app,
+                                               store=store, display=g.stem, onnx_digest=g.onnx.digest, size=g.size,
+                                               dispatch=dispatch).release_id)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         to_send: list[tuple[int, str]] = []
         with reg.db.session() as s:
@@ -733,7 +735,9 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
             label = f"{request.name}:{request.tag}" if request.name else pkg.stem[:255]
             release = Release(model_digest=pkg.digest, label=label, owner_token_id=owner,
                               matrix={"targets": [t.ref for t, _ in matrix], "toolchains": [v for _, v in matrix],
-                                      "options": request.raw_options, "genai": True})
+                                      "options": request.raw_options, "genai": True,
+                                      # Made for this package only: cancelled with it (farm.pipeline.cancel).
+                                      "part_releases": part_releases})
             s.add(release)
             s.flush()
             for t, version in matrix:
