@@ -290,7 +290,7 @@ def _device_install(settings: Any, model: str, qnn: str, tmp: Path, raw: _Raw, f
         client.Client(url, read).json("GET", "/v1/resolve", model=model, soc=soc, qnn=qnn)
         # And an untimed install and raw GET each: the service's first presigned URL (its S3 client
         # made), the store's first reads of these blobs and both clients' first connections are a
-        # fleet's first minute, not an install's cost (the first pair was the lowest in every run).
+        # fleet's first minute, not an install's cost (the first pair was the lowest in 4 of 5 runs).
         raw_get(-1)
         device(tmp / "dest-warm")
         shutil.rmtree(tmp / "dest-warm")
