@@ -366,7 +366,7 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
             argvs = [[sys.executable, "-m", "farm.cli", "submit", str(light(m)), *sum((["-t", x] for x in targets), []),
                       "--sdk", sdk, "--name", m, "--tag", "pipeline", "--wait", "--json",
                       "--server", f"http://127.0.0.1:{port}", "--token", tok] for m in models]
-            t0 = time.perf_counter()
+            t0, w0 = time.perf_counter(), datetime.now(UTC)
             procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=client_env,
                                       cwd=ROOT) for a in argvs]
             outs = [p.communicate(timeout=1800) for p in procs]
@@ -379,7 +379,23 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
         raise SystemExit(f"farm submit --server failed: {bad}")
     rows = build_rows(settings.database_url)
     return {"workers": 1, "wall_s": wall, "releases": len(models), "phases": phase_p50(rows),
-            "ep_compile_sum_s": sum(float(r["phases"].get("ep_compile", 0)) for r in rows) / 1000}
+            "ep_compile_sum_s": sum(float(r["phases"].get("ep_compile", 0)) for r in rows) / 1000,
+            **span(rows, w0, wall)}
+
+
+def span(rows: list[dict[str, Any]], w0: datetime, wall: float) -> dict[str, Any]:
+    """Where a pipeline's wall time went besides its builds: ``start_s`` from the clients' start to
+    the first build's claim (the CLIs, the uploads, the service's inspection, the queue),
+    ``tail_s`` from the last build's end to the last client's exit (the publication, its event,
+    the long poll), and the worker's hand-overs between builds (``gaps_ms``)."""
+    started = [aware(r["started"]) for r in rows if r["started"]]
+    finished = [aware(r["finished"]) for r in rows if r["finished"]]
+    if not started or not finished:
+        return {}
+    gaps = gaps_ms(rows)
+    return {"start_s": (min(started) - w0).total_seconds(),
+            "tail_s": wall - (max(finished) - w0).total_seconds(),
+            "handover_ms_sum": sum(gaps), "handovers": len(gaps)}
 
 
 @contextmanager
@@ -624,6 +640,11 @@ def main() -> int:
                     loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
                     print(f"round {r + 1}: loop {loops[-2]['loop_s']:.2f}/{loops[-1]['loop_s']:.2f} s; pipeline "
                           f"{emb['pipeline']['wall_s']:.2f} s = {emb['pipeline']['wall_s'] / loop:.2f} x", flush=True)
+                    pp = emb["pipeline"]
+                    if "start_s" in pp:
+                        print(f"  compiles {pp['ep_compile_sum_s']:.2f} s; start to first claim {pp['start_s']:.2f} s; "
+                              f"last build's end to last exit {pp['tail_s']:.2f} s; {pp['handovers']} hand-overs "
+                              f"{pp['handover_ms_sum']:.0f} ms", flush=True)
                     continue
                 emb = embedded(python, models, socs, tmp / f"round{r}")
                 if not args.no_six_calls:
