@@ -380,7 +380,27 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
     rows = build_rows(settings.database_url)
     return {"workers": 1, "wall_s": wall, "releases": len(models), "phases": phase_p50(rows),
             "ep_compile_sum_s": sum(float(r["phases"].get("ep_compile", 0)) for r in rows) / 1000,
-            **span(rows, w0, wall)}
+            **span(rows, w0, wall), "first_s": firsts(settings.database_url, w0)}
+
+
+def firsts(database_url: str, w0: datetime) -> dict[str, float]:
+    """Seconds from the clients' start to the first model recorded (its upload inspected and
+    stored), the first release, the first build queued and the first claimed."""
+    from sqlalchemy import func, select
+
+    from registry.db import Database
+    from registry.models import Build, Model, Release
+
+    db = Database(database_url, auto_upgrade=False)
+    try:
+        with db.session() as s:
+            got = {"model": s.scalar(select(func.min(Model.created_at))),
+                   "release": s.scalar(select(func.min(Release.created_at))),
+                   "enqueued": s.scalar(select(func.min(Build.enqueued_at))),
+                   "claimed": s.scalar(select(func.min(Build.started_at)))}
+    finally:
+        db.dispose()
+    return {k: round((aware(v) - w0).total_seconds(), 3) for k, v in got.items() if v is not None}
 
 
 def span(rows: list[dict[str, Any]], w0: datetime, wall: float) -> dict[str, Any]:
@@ -644,7 +664,7 @@ def main() -> int:
                     if "start_s" in pp:
                         print(f"  compiles {pp['ep_compile_sum_s']:.2f} s; start to first claim {pp['start_s']:.2f} s; "
                               f"last build's end to last exit {pp['tail_s']:.2f} s; {pp['handovers']} hand-overs "
-                              f"{pp['handover_ms_sum']:.0f} ms", flush=True)
+                              f"{pp['handover_ms_sum']:.0f} ms; firsts {pp.get('first_s')}", flush=True)
                     continue
                 emb = embedded(python, models, socs, tmp / f"round{r}")
                 if not args.no_six_calls:
