@@ -1089,24 +1089,14 @@ def _fetch_and_place(client: Client, out: Path, files: list[dict[str, Any]], *, 
     return resumed, downloaded, kept
 
 
-def _placed(out: Path, name: str) -> Path | None:
-    """``out/name`` where it is a regular file reached through no symlink, else None."""
+def _placed(out: Path, name: str, is_kind: Any = stat_module.S_ISREG) -> Path | None:
+    """``out/name`` where it is a regular file (``is_kind``: another ``stat`` test, e.g. a
+    directory's) reached through no symlink, else None."""
     path = out / safe_relative(name)
     try:
         if inside(out, name) != out.resolve() / safe_relative(name) or path.resolve() != path:
             return None
-        return path if stat_module.S_ISREG(os.stat(path, follow_symlinks=False).st_mode) else None
-    except (OSError, ValueError):
-        return None
-
-
-def _placed_dir(out: Path, name: str) -> Path | None:
-    """``out/name`` where it is a directory reached through no symlink, else None."""
-    path = out / safe_relative(name)
-    try:
-        if inside(out, name) != out.resolve() / safe_relative(name) or path.resolve() != path:
-            return None
-        return path if stat_module.S_ISDIR(os.stat(path, follow_symlinks=False).st_mode) else None
+        return path if is_kind(os.stat(path, follow_symlinks=False).st_mode) else None
     except (OSError, ValueError):
         return None
 
@@ -1140,7 +1130,7 @@ def _holds_exactly(out: Path, files: list[dict[str, Any]], directories: Sequence
     want = {f["name"]: f["digest"] for f in files}
     asked = {"/".join(d.split("/")[:i]) for d in directories for i in range(1, d.count("/") + 2)}
     dirs = {"/".join(n.split("/")[:i]) for n in want for i in range(1, n.count("/") + 1)} | asked
-    if any(_placed_dir(out, d) is None for d in directories):
+    if any(_placed(out, d, stat_module.S_ISDIR) is None for d in directories):
         return False
     seen = 0
     for root, subdirs, names in os.walk(out):

@@ -48,7 +48,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         await asyncio.get_running_loop().run_in_executor(None, warm_up, settings)
         await asyncio.get_running_loop().run_in_executor(None, resolve.warm, app.state, reg)
         if loop_reader is not None:
-            await loop_reader.generation("")  # its connection opened now, not by a device's poll
+            await loop_reader.open()
         yield
         reader = getattr(app.state, "resolve_reader", None)  # resolve's own connections (routes/resolve.py)
         if reader is not None:

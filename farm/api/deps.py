@@ -183,10 +183,11 @@ def caller(needed: str) -> Any:
     return Depends(check)
 
 
-async def receive_body(request: Request, path: Path, limit: int, too_large: str) -> int:
+async def receive_body(request: Request, path: Path, limit: int, too_large: str, hasher: Any = None) -> int:
     """Stream the request body into ``path`` (a fixed name the caller chose), stopping with
     ``too-large`` (``too_large`` is its message) as soon as more than ``limit`` bytes came in;
-    the number of bytes written."""
+    the number of bytes written. ``hasher`` (a ``hashlib`` object): fed the body on the way, so
+    the file need not be read again to hash it."""
     size = 0
     with open(path, "wb") as f:
         async for chunk in request.stream():
@@ -194,7 +195,16 @@ async def receive_body(request: Request, path: Path, limit: int, too_large: str)
             if size > limit:
                 raise E.TooLargeError(too_large)
             f.write(chunk)
+            if hasher is not None:
+                hasher.update(chunk)
     return size
+
+
+def uploads_dir(settings: Any) -> Path:
+    """``FARM_HOME/uploads``: where request bodies are received (each in a fresh temp dir)."""
+    d = Path(settings.home) / "uploads"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 async def drain(request: Request, limit: int) -> None:

@@ -170,7 +170,7 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
     release, followed as any release."""
     import time
 
-    from farm.client import Client, wait_release
+    from farm.client import Client
     from farm.core import genai
     from farm.core.digests import file_digests
     from farm.core.options import parse_pairs
@@ -202,11 +202,7 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"release {st['release']} ({st['model']}): genai package: {_counts_text(st['builds'])}", file=sys.stderr)
     answered = answered_builds(st)
-    if args.wait:
-        with ReleaseProgress(live=False if args.json else None) as progress:
-            progress.submitted(st)  # builds done already are answers from the index: "cached"
-            if not st.get("done"):
-                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    st = _wait_remote(client, st, args)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=st.get("tag_moved"))
     doc["uploaded_bytes"] = client.sent
     _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
@@ -226,10 +222,24 @@ def _post_genai(client: Any, body: dict[str, Any]) -> Any:
         raise
 
 
+def _wait_remote(client: Any, st: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """--wait through the service: a row per build as it changes (not minutes of silence);
+    builds final when submitted are answers from the index, shown as cached."""
+    from farm.client import wait_release
+
+    if not args.wait:
+        return st
+    with ReleaseProgress(live=False if args.json else None) as progress:
+        progress.submitted(st)
+        if not st.get("done"):
+            st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    return st
+
+
 def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
     """Through the service: each graph sent as a model of its own (hash first; nothing sent for
     one the service holds), then ``POST /v1/groups`` names them in order, then the release."""
-    from farm.client import Client, wait_release
+    from farm.client import Client
     from farm.core.errors import FarmError, UsageError
     from farm.core.groups import check_members, parse_graph_args, read_group_file
     from farm.core.options import parse_pairs
@@ -257,12 +267,7 @@ def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
         print(f"release {st['release']} ({group['digest'][:19]}): group of {len(graphs)} graphs "
               f"({', '.join(g['name'] for g in graphs)}): {_counts_text(st['builds'])}", file=sys.stderr)
     answered = answered_builds(st)
-    if args.wait:
-        # A row per build as it changes (not a minute of silence); final ones are cached answers.
-        with ReleaseProgress(live=False if args.json else None) as progress:
-            progress.submitted(st)
-            if not st.get("done"):
-                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    st = _wait_remote(client, st, args)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=group.get("tag_moved"))
     doc["graphs"] = [g["name"] for g in graphs]
     _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
@@ -271,7 +276,7 @@ def _submit_group_remote(args: argparse.Namespace, settings: Settings) -> int:
 
 def _remote(name: str, args: argparse.Namespace, settings: Settings | None = None) -> int:
     """submit/status through the HTTP service: no database, broker or store credentials."""
-    from farm.client import Client, wait_release
+    from farm.client import Client
     from farm.core.options import parse_pairs
 
     client = Client(args.server, args.token)
@@ -309,11 +314,7 @@ def _remote(name: str, args: argparse.Namespace, settings: Settings | None = Non
     if not args.json:
         print(f"release {st['release']} ({st['model']}): {_counts_text(st['builds'])}", file=sys.stderr)
     answered = answered_builds(st)
-    if args.wait:
-        with ReleaseProgress(live=False if args.json else None) as progress:
-            progress.submitted(st)  # builds done already are answers from the index: "cached"
-            if not st.get("done"):
-                st = wait_release(client, st["release"], timeout=args.timeout, on_change=progress)
+    st = _wait_remote(client, st, args)
     doc = release_json(st["release"], st["model"], st["builds"], tag_moved=model.get("tag_moved"))
     _show_release(doc, args.json, header=False, answered=answered)
     if args.wait:
@@ -521,14 +522,7 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"release {st.release_id} ({st.model}): {_counts_text(st.builds)}", file=sys.stderr)
     answered = answered_builds(st)
-    if args.wait:
-        # A live table on a terminal; a plain line per build state change otherwise.
-        with ReleaseProgress(live=False if args.json else None) as progress:
-            progress.submitted(st)  # builds done already are answers from the index: "cached"
-            if not st.done:
-                from farm.pipeline.plan import wait_release
-
-                st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
+    st = _wait_local(settings, st, args)  # a live table on a terminal; a line per state change otherwise
     doc = release_json(st.release_id, st.model, st.builds, tag_moved=tag_moved)
     _show_release(doc, args.json, header=False, answered=answered)
     if args.wait:

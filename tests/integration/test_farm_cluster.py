@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,35 @@ class Farm:
         if check and proc.returncode != 0:
             raise AssertionError(f"farm {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
+
+    @contextmanager
+    def over_http(self, tmp: Path, fleet: str = "fleet") -> Iterator[Any]:
+        """``farm serve`` on this farm, a submit and a read token, and ``cli``: the CLI of a
+        machine with only a URL and a token (no database, broker or store settings, no
+        credentials; its own empty FARM_HOME), asserting each call succeeds."""
+        from types import SimpleNamespace
+
+        from infra.devfarm.services import free_port
+        from tests.common.service import serve
+
+        submit = self.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
+        read = self.cli("token", "create", fleet, "--scope", "read").stdout.strip().splitlines()[-1]
+        port = free_port()
+        server = serve(self.env, port, tmp / "serve.log")
+        bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
+        bare["FARM_HOME"] = str(tmp / "client-home")
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True,
+                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+            return proc
+
+        try:
+            yield SimpleNamespace(url=f"http://127.0.0.1:{port}", submit=submit, read=read, cli=cli, env=bare)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
     def start_worker(self, version: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         path = self.tmp / f"worker-{version}-{len(self.workers)}.log"
@@ -533,26 +563,11 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
     """The real stack behind `farm serve`: a pipeline with only a URL and a submit token uploads
     and releases; a device with only a URL and a read token installs into an empty directory and
     the context loads with onnxruntime-qnn."""
-    from infra.devfarm.services import free_port
-    from tests.common.service import serve
-
     f = farm_cluster
     f.start_worker("2.51.0")
-    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
-    read = f.cli("token", "create", "pixel-fleet", "--scope", "read").stdout.strip().splitlines()[-1]
-    port = free_port()
-    server = serve(f.env, port, tmp_path / "serve.log")
-    url = f"http://127.0.0.1:{port}"
     # Neither the pipeline nor the device has database, broker or store settings or credentials.
-    bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
-    bare["FARM_HOME"] = str(tmp_path / "nothing-here")
-    try:
-        def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True,
-                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
-            assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
-            return proc
-
+    with f.over_http(tmp_path, fleet="pixel-fleet") as h:
+        url, submit, read, cli, bare = h.url, h.submit, h.read, h.cli, h.env
         st = json.loads(cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0", "--name",
                             "vision/sq", "--tag", "stable", "--wait", "--timeout", "240", "--server", url,
                             "--token", submit, "--json").stdout)
@@ -574,9 +589,6 @@ def test_http_end_to_end_upload_submit_build_install_load(farm_cluster: Farm, tm
                                   "qnn:SM8650", "--sdk", "2.51.0", "--server", url, "--token", read], env=bare,
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and "error[forbidden]" in refused.stderr
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_submit_wait_shows_each_build_change_and_json_is_typed(farm_cluster: Farm, tmp_path: Path) -> None:

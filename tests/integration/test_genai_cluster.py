@@ -76,29 +76,13 @@ def test_submit_genai_over_http_on_the_cluster(farm_cluster: Farm, tmp_path: Pat
     """`farm submit --genai DIR --server URL` against `farm serve` with a broker: the service lays
     the export out from the blobs it was sent and queues the parts to the workers; the worker that
     finishes the last part sends the package's build. A second submit sends nothing."""
-    import os
-
-    from infra.devfarm.services import free_port
     from tests.common.genai import make_export
-    from tests.common.service import serve
 
     f = farm_cluster
     export = make_export(tmp_path / "export")
     f.start_worker("2.51.0")
-    submit = f.cli("token", "create", "pipeline", "--scope", "submit").stdout.strip().splitlines()[-1]
-    read = f.cli("token", "create", "fleet", "--scope", "read").stdout.strip().splitlines()[-1]
-    port = free_port()
-    server = serve(f.env, port, tmp_path / "serve.log")
-    url = f"http://127.0.0.1:{port}"
-    bare = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
-    bare["FARM_HOME"] = str(tmp_path / "client-home")
-    try:
-        def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            proc = subprocess.run([sys.executable, "-m", "farm.cli", *args], env=bare, capture_output=True, text=True,
-                                  timeout=300, stdin=subprocess.DEVNULL)
-            assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
-            return proc
-
+    with f.over_http(tmp_path) as h:
+        url, submit, read, cli = h.url, h.submit, h.read, h.cli
         args = ("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/h", "--tag", "c", "--wait",
                 "--timeout", "240", "--server", url, "--token", submit, "--json")
         doc = json.loads(cli(*args).stdout)
@@ -111,6 +95,3 @@ def test_submit_genai_over_http_on_the_cluster(farm_cluster: Farm, tmp_path: Pat
         again = json.loads(cli(*args).stdout)
         assert again["uploaded_bytes"] == 0 and again["ok"]
         assert sorted(b["build"] for b in again["builds"]) == sorted(b["build"] for b in doc["builds"])
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

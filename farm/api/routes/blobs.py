@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +17,16 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from farm.api.answers import none_match
-from farm.api.deps import MetricsDep, RegistryDep, SettingsDep, drain, read, receive_body, submit_before_body
+from farm.api.deps import (
+    MetricsDep,
+    RegistryDep,
+    SettingsDep,
+    drain,
+    read,
+    receive_body,
+    submit_before_body,
+    uploads_dir,
+)
 from farm.core import errors as E
 from farm.core.keys import is_digest
 from registry.index import Registry
@@ -162,17 +172,19 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     if held is not None:
         await drain(request, limit)  # the same bytes: nothing to store
         return BlobOut(digest=digest, size=int(held.size), held=True)
-    work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
+    work = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads_dir(settings)))
+    hasher = hashlib.sha256()
     try:
         try:
-            size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB")
+            size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB",
+                                      hasher)
         except E.TooLargeError as exc:
             exc.hint = "a file goes up in one request: raise FARM_MAX_UPLOAD_MB on the service for larger ones"
             raise
         metrics.bytes_received.inc(size)
         if declared.isdigit() and int(declared) != size:
             raise E.UsageError(f"the blob was cut short ({size} of {declared} bytes)", hint="send it again")
-        got = await run_in_threadpool(_sha256, work / "blob")
+        got = "sha256:" + hasher.hexdigest()
         if got != digest:
             raise E.UsageError(f"the body hashes to {got}, not to the digest it was sent as ({digest})",
                                hint="PUT /v1/blobs/<sha256 of the body>")
@@ -182,13 +194,3 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    from farm.core.keys import sha256_file
-
-    return sha256_file(path)[0]
-
-
-def _uploads_dir(settings: Any) -> Path:
-    d = Path(settings.home) / "uploads"
-    d.mkdir(parents=True, exist_ok=True)
-    return d

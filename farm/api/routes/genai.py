@@ -79,20 +79,14 @@ async def create_genai(http: Request, body: GenaiIn, settings: SettingsDep, reg:
     from starlette.concurrency import run_in_threadpool
 
     from farm.api.routes.models import UNPACKERS
-    from farm.api.routes.releases import _served, embedded_served
+    from farm.api.routes.releases import served_or_refusal
 
     # Everything a bad request can be refused for, before a byte is copied.
     request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, body.name, body.tag,
                                         body.allow_queue, body.retry_failed, body.force_tag)
-    served = await run_in_threadpool(_served, settings, reg, request)
-    if settings.embedded:
-        try:
-            embedded_served(request, served)
-        except E.NoWorkerError as exc:
-            from farm.api.errors import error_response, roots_of
-
-            return error_response(exc, roots_of(http.app), status=409)
-    request.check_served(served)
+    served, refusal = await run_in_threadpool(served_or_refusal, http, settings, reg, request)
+    if refusal is not None:
+        return refusal
     st = await asyncio.get_running_loop().run_in_executor(
         UNPACKERS, _submit, settings, reg, body, served, runner is None, who)
     if runner is not None:
@@ -114,9 +108,9 @@ def _submit(settings: Settings, reg: Registry, body: GenaiIn, served: dict[tuple
     # As much as sending each graph (with its data) as an upload of its own could bring.
     graphs = len({d for n, d, _ in files if n.endswith(".onnx")})
     limit = int(settings.max_upload_mb) * 1024 * 1024
-    root = settings.home / "uploads"
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="upload-genai-", dir=root))
+    from farm.api.deps import uploads_dir
+
+    work = Path(tempfile.mkdtemp(prefix="upload-genai-", dir=uploads_dir(settings)))
     try:
         export = work / "genai"
         lay_out_blobs(reg.store, files, export, max_bytes=limit * max(graphs, 1), error=E.BadGenaiError,

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from farm.api.deps import MetricsDep, RegistryDep, SettingsDep, drain, receive_body, submit, submit_before_body
+from farm.api.deps import MetricsDep, RegistryDep, SettingsDep, drain, receive_body, submit, submit_before_body, uploads_dir
 from farm.api.schemas import HeldFilesIn, ModelOut
 from farm.core import errors as E
 from farm.core.settings import Settings
@@ -50,7 +50,7 @@ async def upload_model(request: Request, settings: SettingsDep, reg: RegistryDep
     except E.FarmError:
         await drain(request, limit)
         raise
-    work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
+    work = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads_dir(settings)))
     try:
         raw = work / "upload"
         size = await receive_body(request, raw, limit, f"the upload is over {settings.max_upload_mb} MiB")
@@ -77,12 +77,6 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
         if message["type"] == "http.disconnect":
             gone.set()
             return
-
-
-def _uploads_dir(settings: Settings) -> Path:
-    d = settings.home / "uploads"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def _accept_upload(settings: Settings, reg: Registry, raw: Path, content_type: str, bundle_dir: Path, limit: int,
@@ -163,7 +157,7 @@ def _record_from_blobs(settings: Settings, reg: Registry, digest: str, files: li
     from farm.pipeline.bundles import lay_out_blobs
 
     limit = int(settings.max_upload_mb) * 1024 * 1024
-    work = Path(tempfile.mkdtemp(prefix="upload-", dir=_uploads_dir(settings)))
+    work = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads_dir(settings)))
     try:
         listing = [(str(f["path"]), str(f["digest"]), int(str(f["size"]))) for f in files]
         if not listing or not listing[0][0].endswith(".onnx") or "/" in listing[0][0]:

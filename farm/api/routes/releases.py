@@ -35,16 +35,9 @@ def create_release(http: Request, body: ReleaseIn, settings: SettingsDep, reg: R
                                         min_psnr=body.min_psnr)
     with reg.db.session() as s:
         digest = resolve_model_ref(s, body.model)
-    served = _served(settings, reg, request)
-    if settings.embedded:
-        try:
-            embedded_served(request, served)
-        except E.NoWorkerError as exc:
-            # Not "try again later" (503): this service will never have that SDK.
-            from farm.api.errors import error_response, roots_of
-
-            return error_response(exc, roots_of(http.app), status=409)
-    request.check_served(served)
+    served, refusal = served_or_refusal(http, settings, reg, request)
+    if refusal is not None:
+        return refusal
     # Counted and queued as one step per token: two requests at once cannot both pass the quota.
     with reg.db.serialized("releases", who.token_id):
         with reg.db.session() as s:
@@ -89,6 +82,23 @@ def _check_quota(s: Any, settings: Settings, who: Caller) -> None:
     if busy >= settings.quota_releases:
         raise E.QuotaReleasesError(f"this token has {busy} releases with builds queued or running "
                                    f"(FARM_QUOTA_RELEASES={settings.quota_releases})")
+
+
+def served_or_refusal(http: Request, settings: Settings, reg: Registry, request: plan.ReleaseRequest
+                      ) -> tuple[dict[tuple[str, str], list[str]], Response | None]:
+    """The toolchains serving ``request`` (``request.check_served`` passed), or the embedded
+    service's 409 ``no-worker`` for an SDK it does not have (``embedded_served``): not "try again
+    later" (503), this service will never have it."""
+    served = _served(settings, reg, request)
+    if settings.embedded:
+        try:
+            embedded_served(request, served)
+        except E.NoWorkerError as exc:
+            from farm.api.errors import error_response, roots_of
+
+            return served, error_response(exc, roots_of(http.app), status=409)
+    request.check_served(served)
+    return served, None
 
 
 def _served(settings: Settings, reg: Registry, request: plan.ReleaseRequest) -> dict[tuple[str, str], list[str]]:

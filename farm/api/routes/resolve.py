@@ -373,6 +373,14 @@ class LoopReader:
             await self.close()
         return None
 
+    async def open(self) -> None:
+        """Its connection opened now (at start), not by a device's first poll; a failure is left
+        to the first read (which answers None and the threads answer)."""
+        try:
+            await self._connection()
+        except Exception:  # noqa: BLE001
+            await self.close()
+
     async def _connection(self) -> Any:
         import psycopg
 

@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 
-from farm.api.deps import Caller, MetricsDep, RegistryDep, SettingsDep, drain, submit_before_body, submitter
+from farm.api.deps import Caller, MetricsDep, RegistryDep, SettingsDep, drain, submit_before_body, submitter, uploads_dir
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
 from farm.core.names import inside
@@ -50,12 +50,6 @@ def _limit(request: Request) -> int:
     return int(request.app.state.settings.max_upload_mb) * 1024 * 1024
 
 
-def _root(settings: Settings) -> Path:
-    d = settings.home / "uploads"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def _session(settings: Settings, reg: Registry, upload: str, who: Caller) -> Path:
     """The session's directory, when ``who`` owns it (or is an admin); else 404 as for no session:
     another token's upload is not this token's business, not even that it exists."""
@@ -69,7 +63,7 @@ def _session(settings: Settings, reg: Registry, upload: str, who: Caller) -> Pat
         row = s.get(UploadSession, upload)
         if row is None or (row.owner_token_id != who.token_id and not who.admin):
             raise missing
-    d = inside(_root(settings), f"session-{upload}")
+    d = inside(uploads_dir(settings), f"session-{upload}")
     if not (d / "data").is_file():
         raise missing
     return d
@@ -96,7 +90,7 @@ def _sweep(settings: Settings, reg: Registry) -> None:
 
     from registry.models import UploadSession
 
-    root = _root(settings)
+    root = uploads_dir(settings)
     cutoff = datetime.now(UTC) - timedelta(seconds=settings.upload_ttl_s)
     with reg.db.session() as s:
         gone = list(s.scalars(select(UploadSession.id).where(UploadSession.touched_at < cutoff)))
@@ -130,7 +124,7 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
                                      hint="wait for the open ones to complete or expire, then start again")
         upload = secrets.token_hex(16)
         s.add(UploadSession(id=upload, owner_token_id=who.token_id, size=0))
-    d = _root(settings) / f"session-{upload}"
+    d = uploads_dir(settings) / f"session-{upload}"
     d.mkdir()
     (d / "data").touch()
     return upload
