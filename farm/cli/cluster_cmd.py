@@ -126,13 +126,14 @@ def _submit_group(args: argparse.Namespace, settings: Settings) -> int:
 def _wait_local(settings: Settings, st: Any, args: argparse.Namespace) -> Any:
     """--wait on the index: a row per build as it changes (not minutes of silence); builds final
     when submitted are answers from the index, shown as cached."""
-    from farm.pipeline.plan import wait_release
-
     if not args.wait:
         return st
     with ReleaseProgress(live=False if args.json else None) as progress:
         progress.submitted(st)
         if not st.done:
+            # Only now: a release answered from the index (farm.pipeline.cached) imports no SQLAlchemy.
+            from farm.pipeline.plan import wait_release
+
             st = wait_release(settings, st.release_id, timeout=args.timeout, on_change=progress)
     return st
 
