@@ -94,10 +94,11 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
 
 def _warm_compile_host(backend: str, concurrency: int) -> None:
     """Before the first build, not during it: the warm compile host (workers.host) started, this
-    process's executor built (index, store, runner, bundle cache) and onnx imported (the compile's
-    output is read with it). Here for the solo pool, in each child for prefork (hosts and
-    executors belong to the process that compiles). Measured on a fresh worker's first build:
-    ~60 ms of executor set-up before its claim and ~90 ms importing onnx after its compile."""
+    process's executor built (index, store, runner, bundle cache) and warmed (``Executor.warm``),
+    and onnx imported (the compile's output is read with it). Here for the solo pool, in each
+    child for prefork (hosts and executors belong to the process that compiles). Measured on a
+    fresh worker's first build: ~60 ms of executor set-up before its claim and ~90 ms importing
+    onnx after its compile."""
     from celery import signals
 
     from workers.backends import get_runner
@@ -112,7 +113,7 @@ def _warm_compile_host(backend: str, concurrency: int) -> None:
 
             from workers.tasks import executor
 
-            executor()
+            executor().warm()
         except Exception:  # the first build does each again and fails with the reason
             log.warning("warming up before the first build failed", exc_info=True)
 

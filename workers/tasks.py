@@ -7,8 +7,11 @@ died); a retryable failure is sent again with its backoff as countdown.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from farm.core.settings import Settings
@@ -16,6 +19,7 @@ from farm.pipeline.queues import COMPILE_TASK, PACKAGE_TASK, PROBE_TASK, make_ap
 
 settings = Settings.from_env()
 app = make_app(settings)
+log = logging.getLogger("ctxfarm.worker")
 
 _executors: dict[int, Any] = {}
 # Set while a build executes in this process: SIGTERM/SIGINT then interrupt it (workers.main).
@@ -52,10 +56,21 @@ def executor() -> Any:
     return _executors[pid]
 
 
-def _finish(ex: Any, queue: str | None, result: Any) -> None:
+def _finish(ex: Any, queue: str | None, result: Any, taken: bool = False) -> None:
     """After a build's final outcome: a retry is sent again with its backoff, a success gets its
-    probes. Runs in the task, or on the executor's publisher thread."""
+    probes. Runs in the task, or on the executor's publisher thread. ``taken``: the build was
+    claimed from the index (``_next_builds``): its own message is taken out of the broker list
+    first (left there, it would cost some worker a task start and a claim that finds the build
+    final)."""
     from farm.pipeline.reconcile import schedule_probes
+
+    if taken and queue:
+        try:
+            from farm.pipeline.queues import unlist
+
+            unlist(_broker(), queue, result.build_id)
+        except Exception:  # the message stays: its task finds the build final and drops it
+            log.warning("could not take build %s's message off %s", result.build_id, queue, exc_info=True)
 
     if result.outcome in ("succeeded", "failed", "exhausted"):
         try:  # issue 29: the last part of a genai package sends the package's build (the fan-in)
@@ -93,39 +108,97 @@ def compile_model(self: Any, build_id: int) -> str:
     if not isinstance(build_id, int) or isinstance(build_id, bool) or not 0 < build_id < 2**31:
         return "refused"  # not a message we sent: acknowledge and drop
     queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
-    if DRAIN_FILE and os.path.exists(DRAIN_FILE) and queue:
+    if _draining() and queue:
         # This worker is draining (a rollout's preStop hook): hand the build to another worker.
         send(app, COMPILE_TASK, [build_id], queue)
         return "drained"
     ex = executor()
     pause = float(os.environ.get("CTXFARM_TEST_PAUSE_BEFORE_EXECUTE", "0") or 0)
     if pause > 0:  # test hook: a worker that took the message and dies before claiming the row
-        import time
-
         time.sleep(pause)
-    executing.set()
-    _busy(True)
-    result = None
-    try:
-        # A compiled build is published on the executor's publisher thread while the next
-        # message is taken: its lease is held until the commit (a worker that dies meanwhile
-        # leaves it to the lease and the reconciler, as one that dies mid-compile does).
+
+    def this_build() -> Any:
         from farm.pipeline.genai import execute_package
 
         # A genai package's build compiles nothing: it is assembled from its parts' builds.
         result = execute_package(ex, build_id)
         if result is None:
             result = ex.execute(build_id, then=lambda r: _published(ex, queue, r))
+        return result
+
+    outcome = str(_one(ex, queue, this_build).outcome)
+    try:
+        if queue:
+            _next_builds(ex, queue)
+    finally:
+        ex.idle()  # no next compile from this task: a publication waiting for one goes ahead
+    return outcome
+
+
+def _one(ex: Any, queue: str | None, run: Callable[[], Any], *, taken: bool = False) -> Any:
+    """One build on this worker: signals interrupt it, a rollout waits for it, then its outcome's
+    follow-ups. None when ``run`` found no build. ``taken``: claimed from the index, its
+    message still in the broker (``_next_builds``)."""
+    executing.set()
+    _busy(True)
+    result = None
+    try:
+        # A compiled build is published on the executor's publisher thread while the next
+        # build is taken: its lease is held until the commit (a worker that dies meanwhile
+        # leaves it to the lease and the reconciler, as one that dies mid-compile does).
+        result = run()
     finally:
         executing.clear()
         if result is None or result.outcome != "publishing":
             _busy(False)  # else once published: a rollout's preStop waits for the commit too
-    _finish(ex, queue, result)
-    return str(result.outcome)
+    if result is not None and result.outcome != "publishing":
+        _finish(ex, queue, result, taken)
+    return result
 
 
-def _published(ex: Any, queue: str | None, result: Any) -> None:
-    _finish(ex, queue, result)
+# A task that goes on with the queue's next builds (below) starts no new one after this long: the
+# task's soft time limit (prefork) is the compile timeout + 240 s, and the broker re-delivers an
+# unacknowledged message after the visibility timeout (by default at least twice the compile
+# timeout; a re-delivered message finds its build final and is dropped, but costs a task start).
+CHAIN_S = min(200.0, settings.effective_visibility_timeout / 2)
+
+
+def _next_builds(ex: Any, queue: str) -> None:
+    """Issue 33: the builds waiting on this queue, taken here from the index one after another
+    (``Executor.execute_next``) rather than each through the broker (Celery's acknowledgement,
+    the next message, the task's start: ~20 ms a build, measured), and each one's message taken
+    out of the broker list. Stops when none is queued, when the worker is asked to stop or to
+    drain, and after ``CHAIN_S``."""
+    from celery.worker import state as worker_state
+
+    deadline = time.monotonic() + CHAIN_S
+    while time.monotonic() < deadline and not _draining():
+        if worker_state.should_stop is not None or worker_state.should_terminate is not None:
+            return
+        if _one(ex, queue, lambda: ex.execute_next(queue, then=lambda r: _published(ex, queue, r, True)),
+                taken=True) is None:
+            return
+
+
+_brokers: dict[int, Any] = {}
+
+
+def _broker() -> Any:
+    """This process's redis-py client of the broker (its list operations)."""
+    pid = os.getpid()
+    if pid not in _brokers:
+        import redis
+
+        _brokers[pid] = redis.Redis.from_url(settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5)
+    return _brokers[pid]
+
+
+def _draining() -> bool:
+    return bool(DRAIN_FILE and os.path.exists(DRAIN_FILE))
+
+
+def _published(ex: Any, queue: str | None, result: Any, taken: bool = False) -> None:
+    _finish(ex, queue, result, taken)
     if not executing.is_set():
         _busy(False)
 

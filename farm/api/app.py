@@ -45,7 +45,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         import asyncio
 
         # Before the first request, not during it (farm.api.app.warm_up).
-        await asyncio.get_running_loop().run_in_executor(None, warm_up, settings)
+        await asyncio.get_running_loop().run_in_executor(None, warm_up, settings, app)
         await asyncio.get_running_loop().run_in_executor(None, resolve.warm, app.state, reg)
         if loop_reader is not None:
             await loop_reader.open()
@@ -148,27 +148,40 @@ class Service(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def warm_up(settings: Settings) -> None:
+def warm_up(settings: Settings, app: FastAPI | None = None) -> None:
     """What the first upload and the first release would otherwise load while their clients
     wait, loaded at start (the service answers once it is done): onnx and its checker (every
-    upload is inspected, ~0.25 s to import), and with a broker the Celery app, its Redis
-    transport and a first connection (~0.45 s). Six pipelines submitting at once to a fresh
-    service waited on these, in turn, before the first build was queued. A broker that does not
-    answer yet is no reason not to start: each release checks it again."""
+    upload is inspected, ~0.25 s to import), the upload's own modules, FastAPI's view of every
+    route (FastAPI 0.16x builds an included router's routes at its first request: ~0.1 s of CPU
+    measured on a first upload), and with a broker the Celery app, its Redis transport, a first
+    connection (~0.45 s) and its result backend (read from package entry points by the first
+    ``send_task``, ~0.05 s, although no result is kept). Six pipelines submitting at once to a
+    fresh service waited on these, in turn, before the first build was queued. A broker that
+    does not answer yet is no reason not to start: each release checks it again."""
     import logging
 
     try:
         import onnx.checker  # noqa: F401 - farm.core.bundle.inspect_model's
     except ImportError:
         pass
+    import farm.api.uploads  # noqa: F401 - imported by the upload routes at their first call
+    import farm.core.archives  # noqa: F401
+    if app is not None:
+        from starlette.routing import NoMatchFound
+
+        try:  # a name no route has: FastAPI walks (and so builds) every router looking for it
+            app.url_path_for("ctxfarm-warm-up")
+        except NoMatchFound:
+            pass
     if settings.embedded:
         return
     from farm.pipeline.queues import check_broker, shared_app
 
     try:
-        app = shared_app(settings)
-        check_broker(app)
-        app.amqp.router  # noqa: B018 - built on first use: the first send_task's
+        celery = shared_app(settings)
+        check_broker(celery)
+        celery.amqp.router  # noqa: B018 - built on first use: the first send_task's
+        celery.backend  # noqa: B018 - the same
     except Exception as exc:  # noqa: BLE001 - the release that needs the broker says why
         logging.getLogger("ctxfarm.api").warning("broker not warmed up at start: %s", exc)
 

@@ -103,13 +103,44 @@ _PRIORITY_SEP = "\x06\x16"
 PENDING_SCAN_LIMIT = 10000
 
 
+def _build_id_of(raw: bytes) -> int | None:
+    """The build id of a compile message as kombu's Redis transport stores it; None for any
+    other message."""
+    import base64
+    import json
+
+    try:
+        msg = json.loads(raw)
+        body = msg["body"]
+        if msg.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        if msg.get("headers", {}).get("task") == COMPILE_TASK and args:
+            return int(args[0])
+    except (ValueError, KeyError, TypeError, IndexError):
+        pass
+    return None  # not one of ours
+
+
+UNLIST_SCAN = 64  # the oldest messages of a queue a worker looks through for the build it took
+
+
+def unlist(client: Any, queue: str, build_id: int) -> bool:
+    """Take the compile message of ``build_id`` out of ``queue``'s broker list, where a worker
+    that claimed the build from the index (``Executor.execute_next``) finds it: among the oldest
+    ``UNLIST_SCAN`` messages (kombu pushes on the left and takes from the right). Left there, it
+    would cost some worker a task start and a claim that finds the build taken; not found (taken
+    already, or never sent), nothing changes. ``client``: a redis-py client of the broker."""
+    for raw in client.lrange(queue, -UNLIST_SCAN, -1):
+        if _build_id_of(raw) == build_id:
+            return bool(client.lrem(queue, 1, raw))
+    return False
+
+
 def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDING_SCAN_LIMIT) -> set[int]:
     """Build ids whose compile message still waits in one of these broker lists (not taken by
     any worker). The reconciler re-sends only builds that have none, so a backlog is never
     multiplied. Reads at most ``limit`` messages per list."""
-    import base64
-    import json
-
     import redis
 
     client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
@@ -119,16 +150,9 @@ def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDIN
             keys = [queue, *(k.decode() for k in client.scan_iter(match=f"{queue}{_PRIORITY_SEP}*", count=100))]
             for key in keys:
                 for raw in client.lrange(key, 0, limit - 1):
-                    try:
-                        msg = json.loads(raw)
-                        body = msg["body"]
-                        if msg.get("properties", {}).get("body_encoding") == "base64":
-                            body = base64.b64decode(body)
-                        args = json.loads(body)[0]
-                        if msg.get("headers", {}).get("task") == COMPILE_TASK and args:
-                            out.add(int(args[0]))
-                    except (ValueError, KeyError, TypeError, IndexError):
-                        continue  # not one of ours
+                    build_id = _build_id_of(raw)
+                    if build_id is not None:
+                        out.add(build_id)
         return out
     finally:
         client.close()

@@ -185,6 +185,23 @@ def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, 
     return Claim("run", row.id, Lease(row.id, token, attempt))
 
 
+def next_queued(session: Session, queue: str) -> int | None:
+    """The build a worker of ``queue`` takes next without waiting for the broker (issue 33): the
+    oldest queued build of the queue whose backoff is over, not a genai package (those are sent
+    when their parts are final, ``farm.pipeline.genai``). PostgreSQL locks the row until the
+    caller's transaction ends and skips rows another worker has locked, so two workers asking
+    at once get two builds; ``claim`` in the same transaction is the arbiter everywhere."""
+    from registry.models import GenaiPart
+
+    stmt = (select(Build.id)
+            .where(Build.state == BuildState.QUEUED.value, Build.queue == queue, Build.enqueued_at <= now(),
+                   ~select(GenaiPart.package_build_id).where(GenaiPart.package_build_id == Build.id).exists())
+            .order_by(Build.enqueued_at, Build.id).limit(1))
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(of=Build, skip_locked=True)
+    return session.scalar(stmt)
+
+
 def renew(session: Session, lease: Lease, lease_seconds: float) -> bool:
     """Extend our lease; False means it is no longer ours (stop working, publish nothing)."""
     return _changed(session, update(Build).where(*_guard(lease))

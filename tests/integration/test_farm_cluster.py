@@ -697,3 +697,26 @@ def test_accuracy_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> None:
     finally:
         reg.close()
 
+
+
+def test_a_worker_takes_its_queue_from_the_index_and_clears_the_messages(farm_cluster: Farm) -> None:
+    """Issue 33: builds queued before the worker starts are run one after another by the task of
+    the first message (``workers.tasks._next_builds``): each once, the later ones taken from the
+    index, and their messages taken out of the broker list (none left for a worker to start a
+    task on)."""
+    import redis as redis_lib
+
+    f = farm_cluster
+    out = json.loads(f.cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "-t", "qnn:SM8750",
+                           "-t", "qnn:SC8380XP", "--sdk", "2.51.0", "--allow-queue", "--json").stdout)
+    r = redis_lib.Redis.from_url(f.redis.url)
+    assert r.llen("compile.qnn.2.51.0") == 3
+    f.start_worker("2.51.0")
+    rows = f.wait_builds(lambda rows: all(x["state"] == "succeeded" for x in rows), timeout=120)
+    assert [x["attempts"] for x in rows] == [1, 1, 1]
+    assert wait_for(lambda: r.llen("compile.qnn.2.51.0") == 0, 10)
+    phases = [json.loads(f.cli("status", "--build", str(b["build"]), "--json").stdout)["phases"]
+              for b in out["builds"]]
+    assert sorted(p.get("taken_from", "broker") for p in phases) == ["broker", "index", "index"], phases
+    # the publication of each build waited for the next one's compile to start, not longer
+    assert all(p["publish_yield"] < 1000 for p in phases), phases

@@ -206,3 +206,32 @@ def test_job_dirs_of_dead_executors_are_swept(tmp_path):
         d.mkdir()
     assert sweep_job_dirs(tmp_path) == [gone]
     assert not gone.exists() and mine.exists() and other.exists()
+
+
+def test_next_queued_is_the_oldest_ready_build_of_the_queue(db, model):
+    """What a worker takes from the index after a build (issue 33): its queue's oldest queued
+    build, never one in backoff, running, on another queue, or a genai package's build."""
+    from registry.models import GenaiPart
+
+    first, _ = enqueue(db, spec(model, target="SM8650"), "q")
+    second, _ = enqueue(db, spec(model, target="SM8750"), "q")
+    backoff, _ = enqueue(db, spec(model, target="SC8380XP"), "q")
+    package, _ = enqueue(db, spec(model, target="SM8550"), "q")
+    elsewhere, _ = enqueue(db, spec(model, target="SM8450"), "elsewhere")
+    with db.session() as s:
+        s.add(GenaiPart(package_build_id=package, part=0, part_build_id=first))
+        # enqueued_at orders them, not the id: the first is re-queued after the second
+        s.execute(update(Build).where(Build.id == first).values(enqueued_at=states.now() - timedelta(seconds=5)))
+        s.execute(update(Build).where(Build.id == second).values(enqueued_at=states.now() - timedelta(seconds=9)))
+    lease = claim(db, backoff).lease
+    with db.session() as s:
+        states.requeue(s, lease, "storage-error", "S3 blinked", None, delay=300)
+        assert states.next_queued(s, "q") == second
+    claim(db, second)
+    with db.session() as s:
+        assert states.next_queued(s, "q") == first
+    claim(db, first)
+    with db.session() as s:
+        assert states.next_queued(s, "q") is None  # the package's build waits for its parts' worker
+        assert states.next_queued(s, "elsewhere") == elsewhere
+        assert states.next_queued(s, "nobody's") is None
