@@ -401,11 +401,10 @@ class Executor:
         opened and the statements every build starts with (the genai check, the next build, the
         claim's read) planned. Measured on a fresh worker under six pipelines' uploads: its first
         build's claim came 85-220 ms after the message was queued, the next ones' ~20 ms."""
-        from farm.pipeline.genai import part_builds
         from registry.models import Build, Model
 
         with self.registry.db.session() as s:
-            part_builds(s, 0)
+            states.part_builds(s, 0)
             states.next_queued(s, "")
             s.get(Build, 0)
             s.get(Model, "")

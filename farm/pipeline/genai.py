@@ -637,17 +637,6 @@ def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> 
         s.merge(GenaiPart(package_build_id=package_build_id, part=i, part_build_id=int(b)))
 
 
-def part_builds(s: Any, package_build_id: int) -> list[int] | None:
-    """The part builds of a package build in part order; None: not a package build."""
-    from sqlalchemy import select
-
-    from registry.models import GenaiPart
-
-    rows = s.execute(select(GenaiPart.part, GenaiPart.part_build_id)
-                     .where(GenaiPart.package_build_id == package_build_id).order_by(GenaiPart.part)).all()
-    return [int(r[1]) for r in rows] if rows else None
-
-
 def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
     """(package build id, queue) of queued package builds using this part build whose parts are
     all final now: the fan-in's messages to send."""
@@ -661,7 +650,7 @@ def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
         b = s.get(Build, pkg_id)
         if b is None or b.state != states.BuildState.QUEUED or not b.queue:
             continue
-        parts = part_builds(s, pkg_id) or []
+        parts = states.part_builds(s, pkg_id) or []
         if all(s.get(Build, p) is not None and s.get(Build, p).state in states.FINAL for p in parts):
             out.append((int(pkg_id), str(b.queue)))
     return out
@@ -793,7 +782,7 @@ def execute_package(executor: Any, build_id: int) -> Any:
 
     reg, settings = executor.registry, executor.settings
     with reg.db.session() as s:
-        parts = part_builds(s, build_id)
+        parts = states.part_builds(s, build_id)
         if parts is None:
             return None
         b = states.get_build(s, build_id)

@@ -103,7 +103,7 @@ _PRIORITY_SEP = "\x06\x16"
 PENDING_SCAN_LIMIT = 10000
 
 
-def _build_id_of(raw: bytes) -> int | None:
+def _build_id_of(raw: bytes | str) -> int | None:
     """The build id of a compile message as kombu's Redis transport stores it; None for any
     other message."""
     import base64

@@ -185,6 +185,15 @@ def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, 
     return Claim("run", row.id, Lease(row.id, token, attempt))
 
 
+def part_builds(session: Session, package_build_id: int) -> list[int] | None:
+    """The part builds of a genai package's build in part order; None: not a package build."""
+    from registry.models import GenaiPart
+
+    rows = session.execute(select(GenaiPart.part, GenaiPart.part_build_id)
+                           .where(GenaiPart.package_build_id == package_build_id).order_by(GenaiPart.part)).all()
+    return [int(r[1]) for r in rows] if rows else None
+
+
 def next_queued(session: Session, queue: str) -> int | None:
     """The build a worker of ``queue`` takes next without waiting for the broker (issue 33): the
     oldest queued build of the queue whose backoff is over, not a genai package (those are sent
