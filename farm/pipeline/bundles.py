@@ -130,6 +130,16 @@ class BundleCache:
         self._evict(keep=entry)
         return dest / files[0]["path"], False
 
+    def place(self, store: Any, model_digest: str, files: list[dict[str, Any]]) -> None:
+        """The snapshot placed in the cache ahead of the job that will ``fetch`` it (a worker's
+        next build, ``Executor._prefetch_next``); nothing if it is there already."""
+        check_files(files)
+        entry = self.entry(model_digest)
+        if (entry / LISTING).is_file():
+            return
+        self._place(store, entry, files)
+        self._evict(keep=entry)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _link(self, entry: Path, files: list[dict[str, Any]], dest: Path) -> bool:

@@ -194,19 +194,20 @@ def part_builds(session: Session, package_build_id: int) -> list[int] | None:
     return [int(r[1]) for r in rows] if rows else None
 
 
-def next_queued(session: Session, queue: str) -> int | None:
+def next_queued(session: Session, queue: str, *, lock: bool = True) -> int | None:
     """The build a worker of ``queue`` takes next without waiting for the broker (issue 33): the
     oldest queued build of the queue whose backoff is over, not a genai package (those are sent
     when their parts are final, ``farm.pipeline.genai``). PostgreSQL locks the row until the
     caller's transaction ends and skips rows another worker has locked, so two workers asking
-    at once get two builds; ``claim`` in the same transaction is the arbiter everywhere."""
+    at once get two builds; ``claim`` in the same transaction is the arbiter everywhere.
+    ``lock=False``: a look only (what to prefetch), nothing locked."""
     from registry.models import GenaiPart
 
     stmt = (select(Build.id)
             .where(Build.state == BuildState.QUEUED.value, Build.queue == queue, Build.enqueued_at <= now(),
                    ~select(GenaiPart.package_build_id).where(GenaiPart.package_build_id == Build.id).exists())
             .order_by(Build.enqueued_at, Build.id).limit(1))
-    if session.get_bind().dialect.name == "postgresql":
+    if lock and session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(of=Build, skip_locked=True)
     return session.scalar(stmt)
 

@@ -116,6 +116,21 @@ def test_a_fetch_that_dies_half_way_leaves_no_entry(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "cache").iterdir() if "ctxfarm-new" in p.name] == []
 
 
+def test_a_placed_snapshot_is_the_next_fetchs_hit_and_placing_twice_reads_once(tmp_path: Path) -> None:
+    """A worker's prefetch of its next build's model (Executor._prefetch_next), then its claim."""
+    store = CountingStore()
+    digest, files = bundle(store, "a")
+    cache = BundleCache(tmp_path / "cache", 10**9)
+    cache.place(store, digest, files)
+    cache.place(store, digest, files)
+    assert store.total_reads() == 2
+    onnx, hit = cache.fetch(store, digest, files, tmp_path / "job")
+    assert hit and store.total_reads() == 2
+    assert contents(tmp_path / "job", files) == [f["digest"] for f in files]
+    with pytest.raises(StorageError, match="never stored"):
+        cache.place(store, digest, [{**f, "stored": False} for f in files])
+
+
 def test_concurrent_fetches_of_one_digest_read_the_store_once(tmp_path: Path) -> None:
     store = CountingStore()
     digest, files = bundle(store, "a", data_size=200_000)
