@@ -324,6 +324,21 @@ class UploadSession(Base):
     touched_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class BlobPut(Base):
+    """A blob a token stored with ``PUT /v1/blobs/DIGEST`` that nothing references yet: removed
+    when a model or a genai package is recorded from it (``farm.api.routes.blobs.referenced``);
+    counted against the token's ``FARM_QUOTA_UPLOAD_MB`` with its upload sessions for
+    ``FARM_UPLOAD_TTL_S``."""
+
+    __tablename__ = "blob_puts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 ACCURACY_STATUSES = ("ok", "runtime-crashed", "skipped", "unverified")
 
 

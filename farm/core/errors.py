@@ -63,7 +63,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
     (UsageError ─ BadSamplesError bad-samples       sample inputs that are not a readable .npz for the model)
     (RateLimitedError ─ QuotaUploadsError      quota-uploads       a token over FARM_QUOTA_UPLOADS open upload sessions)
-    (RateLimitedError ─ QuotaUploadBytesError  quota-upload-bytes  a token's upload sessions over FARM_QUOTA_UPLOAD_MB)
+    (RateLimitedError ─ QuotaUploadBytesError  quota-upload-bytes  a token's uploads over FARM_QUOTA_UPLOAD_MB)
     (RateLimitedError ─ QuotaReleasesError     quota-releases      a token over FARM_QUOTA_RELEASES releases in progress)
 """
 
@@ -505,8 +505,10 @@ class QuotaUploadsError(RateLimitedError):
 
 class QuotaUploadBytesError(RateLimitedError):
     code = "quota-upload-bytes"
-    summary = "HTTP: the token's open upload sessions would hold over `FARM_QUOTA_UPLOAD_MB` (429)"
-    default_hint = "complete this token's open uploads first (they expire after FARM_UPLOAD_TTL_S)"
+    summary = ("HTTP: the token's open upload sessions and the blobs it sent that no model references yet would "
+               "hold over `FARM_QUOTA_UPLOAD_MB` (429)")
+    default_hint = ("complete this token's open uploads, or submit what its blobs were sent for, first (both count "
+                    "for FARM_UPLOAD_TTL_S at most)")
 
 
 class QuotaReleasesError(RateLimitedError):

@@ -184,6 +184,48 @@ def test_upload_sessions_are_owned_and_held_to_per_token_quotas(app_env: dict[st
         assert client.get(f"/v1/uploads/{s1}", headers=auth(t["a"])).status_code == 404
 
 
+def test_blobs_a_token_sends_count_against_its_bytes_quota_until_a_model_uses_them(
+        app_env: dict[str, str], tmp_path: Path) -> None:
+    """PUT /v1/blobs had no per-token bound but the per-request cap: a token could fill the store
+    up to the gc's grace window. What it stored that no model references counts with its upload
+    sessions (FARM_QUOTA_UPLOAD_MB: 1 MiB here); a model recorded from the blobs frees them."""
+    from farm.core.keys import sha256_bytes
+    from tests.common.onnx_models import conv_relu_add
+
+    settings = Settings.from_env(app_env)
+    client, t = _client(settings)
+    model = conv_relu_add(tmp_path / "m.onnx", seed=11).read_bytes()
+    pad = 700 * 1024 - len(model)
+    assert pad > 0
+    filler = os.urandom(pad)  # with the model: 700 KiB of the token's 1 MiB
+    with client:
+        def put(data: bytes, who: str = "a") -> Any:
+            return client.put(f"/v1/blobs/{sha256_bytes(data)}", headers=auth(t[who]), content=data)
+
+        assert put(model).status_code == 200 and put(filler).status_code == 200
+        more = os.urandom(400 * 1024)
+        r = put(more)
+        assert r.status_code == 429 and code_of(r) == "quota-upload-bytes" and r.headers["Retry-After"], r.text
+        assert client.head(f"/v1/blobs/{sha256_bytes(more)}", headers=auth(t["a"])).status_code == 404  # not stored
+        assert put(model).json()["held"] is True  # a blob held already costs nothing
+        # One token's quota blocks no other; an open session's bytes count with the blobs.
+        assert put(more, "b").status_code == 200
+        upload = client.post("/v1/uploads", headers=auth(t["a"])).json()["upload"]
+        r = client.patch(f"/v1/uploads/{upload}", headers={**auth(t["a"]), "Upload-Offset": "0"},
+                         content=os.urandom(400 * 1024))
+        assert r.status_code == 429 and code_of(r) == "quota-upload-bytes", r.text
+        # A model recorded from its blob: that blob no longer counts, the next one fits.
+        from farm.core.digests import local_bundle
+
+        bundle_digest = local_bundle(tmp_path / "m.onnx", None).digest
+        r = client.post(f"/v1/models/{bundle_digest}", headers=auth(t["a"]),
+                        json={"files": [{"path": "model.onnx", "digest": sha256_bytes(model), "size": len(model)}]})
+        assert r.status_code == 200 and r.json()["digest"] == bundle_digest, r.text
+        small = os.urandom(300 * 1024)
+        assert put(small).status_code == 200, "the model's blob still counted"
+        assert put(os.urandom(100 * 1024)).status_code == 429  # the filler still does: 700 + 300 + 100 KiB
+
+
 def test_releases_are_owned_quota_bound_and_a_shared_build_outlives_one_cancel(
         app_env: dict[str, str], redis_server: str, tmp_path: Path) -> None:
     """Two tokens release the same model on the same target: one build, wanted by both. Another

@@ -213,6 +213,12 @@ def test_the_embedded_service_builds_a_package_with_its_fan_in_under_the_token_q
         assert r.status_code == 200, r.text
         st = r.json()
         assert len(st["builds"]) == 3 and not st["done"]
+        from registry.models import BlobPut
+
+        reg = Registry.open(settings)
+        with reg.db.session() as s:  # the package's files: no longer counted against the token's bytes quota
+            assert s.query(BlobPut).count() == 0
+        reg.close()
         busy = c.post("/v1/genai", json={"files": files, "targets": ["qnn:SM8650"]}, headers=auth(submit))
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "quota-releases"
         import time

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from farm.api.answers import none_match
 from farm.api.deps import (
+    Caller,
     MetricsDep,
     RegistryDep,
     SettingsDep,
@@ -25,8 +26,10 @@ from farm.api.deps import (
     read,
     receive_body,
     submit_before_body,
+    submitter,
     uploads_dir,
 )
+from farm.api.schemas import ErrorResponse
 from farm.core import errors as E
 from farm.core.keys import is_digest
 from registry.index import Registry
@@ -147,16 +150,23 @@ def _upload_limit(request: Request) -> int:
 
 
 @router.put("/v1/blobs/{digest}", response_model=BlobOut, tags=["submit"],
-            dependencies=[submit_before_body(_upload_limit)])
+            dependencies=[submit_before_body(_upload_limit)],
+            responses={429: {"model": ErrorResponse, "description": "quota-upload-bytes: this token's open upload "
+                                                                    "sessions and unreferenced blobs would hold over "
+                                                                    "FARM_QUOTA_UPLOAD_MB"}})
 async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: RegistryDep,
-                   metrics: MetricsDep) -> BlobOut:
+                   metrics: MetricsDep, who: Annotated[Caller, submitter]) -> BlobOut:
     """Store the body as the blob ``digest``: streamed to disk (at most FARM_MAX_UPLOAD_MB,
     else 413 ``too-large``), hashed, stored only when it hashes to ``digest`` (else 400
-    ``usage``, nothing stored). Idempotent: a blob the service holds is not stored again. A
-    blob no artifact or model comes to reference is removed by ``farm registry gc`` after its
+    ``usage``, nothing stored). Idempotent: a blob the service holds is not stored again. What
+    the token stored this way and no model references yet counts against its
+    FARM_QUOTA_UPLOAD_MB with its upload sessions, for FARM_UPLOAD_TTL_S (429
+    ``quota-upload-bytes``, nothing stored); recording a model or a genai package from the blobs
+    frees it. A blob nothing comes to reference is removed by ``farm registry gc`` after its
     grace window, as any unreferenced blob."""
     from starlette.concurrency import run_in_threadpool
 
+    from farm.api import quotas
     from farm.core.errors import BlobNotFound
     from registry.store.base import put_file
 
@@ -172,13 +182,22 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     if held is not None:
         await drain(request, limit)  # the same bytes: nothing to store
         return BlobOut(digest=digest, size=int(held.size), held=True)
+    room = max(settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
+        quotas.held_bytes, settings, reg, who.token_id), 0)
+    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions and unreferenced blobs would hold over "
+                                         f"{settings.quota_upload_mb} MiB (FARM_QUOTA_UPLOAD_MB)")
+    if declared.isdigit() and int(declared) > room and int(declared) <= limit:
+        await drain(request, limit)
+        raise over_quota
     work = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads_dir(settings)))
     hasher = hashlib.sha256()
     try:
         try:
-            size = await receive_body(request, work / "blob", limit, f"the blob is over {settings.max_upload_mb} MiB",
-                                      hasher)
+            size = await receive_body(request, work / "blob", min(limit, room),
+                                      f"the blob is over {settings.max_upload_mb} MiB", hasher)
         except E.TooLargeError as exc:
+            if room < limit and not (declared.isdigit() and int(declared) > limit):
+                raise over_quota from None
             exc.hint = "a file goes up in one request: raise FARM_MAX_UPLOAD_MB on the service for larger ones"
             raise
         metrics.bytes_received.inc(size)
@@ -189,8 +208,10 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
             raise E.UsageError(f"the body hashes to {got}, not to the digest it was sent as ({digest})",
                                hint="PUT /v1/blobs/<sha256 of the body>")
         await run_in_threadpool(put_file, reg.store, work / "blob", expected=digest)
+        await run_in_threadpool(quotas.count_blob, settings, reg, who.token_id, digest, size)
         return BlobOut(digest=digest, size=size, held=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
 
 

@@ -32,6 +32,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 
+from farm.api import quotas
 from farm.api.deps import Caller, MetricsDep, RegistryDep, SettingsDep, drain, submit_before_body, submitter, uploads_dir
 from farm.api.schemas import ModelOut
 from farm.core import errors as E
@@ -143,17 +144,6 @@ def upload_offset(upload: str, settings: SettingsDep, reg: RegistryDep,
     return {"upload": upload, "offset": (_session(settings, reg, upload, who) / "data").stat().st_size}
 
 
-def _held_elsewhere(reg: Registry, upload: str, owner: int) -> int:
-    """Bytes the owner's other open sessions hold."""
-    from sqlalchemy import func, select
-
-    from registry.models import UploadSession
-
-    with reg.db.session() as s:
-        return int(s.scalar(select(func.coalesce(func.sum(UploadSession.size), 0))
-                            .where(UploadSession.owner_token_id == owner, UploadSession.id != upload)) or 0)
-
-
 def _record(reg: Registry, upload: str, size: int) -> None:
     from datetime import UTC, datetime
 
@@ -184,9 +174,11 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
     limit = _limit(request)
     try:
         d = await run_in_threadpool(_session, settings, reg, upload, who)
-        # The owner's quota, less what its other sessions hold, is this session's room.
+        # The owner's quota, less what its other sessions and its unreferenced blobs hold, is
+        # this session's room.
+        owner = await run_in_threadpool(_owner, reg, upload)
         room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
-            _held_elsewhere, reg, upload, await run_in_threadpool(_owner, reg, upload))
+            lambda: quotas.held_bytes(settings, reg, owner, except_upload=upload))
         with _exclusive(d):
             try:
                 return await _append(request, settings, upload, d / "data", upload_offset, limit, room,
@@ -206,8 +198,8 @@ async def _append(request: Request, settings: Settings, upload: str, data: Path,
     if upload_offset != have:
         raise E.UsageError(f"upload {upload} holds {have} bytes, the piece starts at {upload_offset}",
                            hint=f"GET /v1/uploads/{upload} says where to go on from")
-    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions would hold over {settings.quota_upload_mb} "
-                                         "MiB (FARM_QUOTA_UPLOAD_MB)")
+    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions and unreferenced blobs would hold over "
+                                         f"{settings.quota_upload_mb} MiB (FARM_QUOTA_UPLOAD_MB)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and have + int(declared) > limit:
         raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")

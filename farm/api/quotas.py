@@ -1,0 +1,54 @@
+"""A token's bytes quota (FARM_QUOTA_UPLOAD_MB): what its open upload sessions hold and what the
+blobs it stored with ``PUT /v1/blobs`` that no model references yet hold (``blob_puts``), the
+latter for FARM_UPLOAD_TTL_S at most. Used by the upload-session and blob routes, freed by the
+routes that record a model or a genai package from blobs."""
+
+from __future__ import annotations
+
+from farm.core.settings import Settings
+from registry.index import Registry
+
+
+def held_bytes(settings: Settings, reg: Registry, owner: int, *, except_upload: str = "") -> int:
+    """What FARM_QUOTA_UPLOAD_MB counts for a token: the bytes its open sessions hold (less
+    ``except_upload``) and those of the blobs it stored with ``PUT /v1/blobs`` that no model
+    references yet, for FARM_UPLOAD_TTL_S after each was stored."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import func, select
+
+    from registry.models import BlobPut, UploadSession
+
+    since = datetime.now(UTC) - timedelta(seconds=settings.upload_ttl_s)
+    with reg.db.session() as s:
+        sessions = s.scalar(select(func.coalesce(func.sum(UploadSession.size), 0))
+                            .where(UploadSession.owner_token_id == owner, UploadSession.id != except_upload))
+        blobs = s.scalar(select(func.coalesce(func.sum(BlobPut.size), 0))
+                         .where(BlobPut.token_id == owner, BlobPut.created_at >= since))
+        return int(sessions or 0) + int(blobs or 0)
+
+
+def count_blob(settings: Settings, reg: Registry, token_id: int, digest: str, size: int) -> None:
+    """The blob counts for this token now; its rows past FARM_UPLOAD_TTL_S go."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import delete
+
+    from registry.models import BlobPut
+
+    with reg.db.session() as s:
+        s.execute(delete(BlobPut).where(BlobPut.token_id == token_id, BlobPut.created_at
+                                        < datetime.now(UTC) - timedelta(seconds=settings.upload_ttl_s)))
+        s.add(BlobPut(token_id=token_id, digest=digest, size=size))
+
+
+def referenced(reg: Registry, digests: list[str]) -> None:
+    """These blobs are a recorded model's (or a genai package's) now: no token's quota counts
+    them any longer."""
+    from sqlalchemy import delete
+
+    from registry.models import BlobPut
+
+    if digests:
+        with reg.db.session() as s:
+            s.execute(delete(BlobPut).where(BlobPut.digest.in_(sorted(set(digests)))))
