@@ -347,9 +347,6 @@ class Executor:
         # publisher waits for it before it starts (``_hand_over``).
         self._clear = threading.Event()
         self._clear.set()
-        # Set once builds are taken from the index (``execute_next``): each compile then places
-        # the queue's next build's model in the bundle cache (``_prefetch_next``).
-        self._chaining = False
         self._prefetcher: ThreadPoolExecutor | None = None
         self._prefetching: Future[None] | None = None
         self.runner: Runner = runner or get_runner(backend)
@@ -378,25 +375,24 @@ class Executor:
         caller's next build compiles while this one uploads and commits (its lease still held
         and renewed), and ``then`` gets the final result from that thread. Any other outcome is
         returned here and ``then`` is not called."""
-        result = None
-        try:
-            result = self._execute(build_id, then)
-            assert result is not None
-            return result
-        finally:
-            self._last_end = time.perf_counter()
-            if result is None or result.outcome != "publishing":
-                self._clear.set()
+        result = self._settled(build_id, then, None)
+        assert result is not None
+        return result
 
     def execute_next(self, queue: str, *, then: Callable[[Result], None] | None = None) -> Result | None:
         """Claim and run the oldest queued build of ``queue`` (``states.next_queued``), or None
         when there is none: a worker that just handed a build over takes its next one from the
         index, without the broker's round trip (issue 33: ~20 ms a build). The build's message
         is still in the broker; it finds the build taken or final and is dropped."""
+        return self._settled(None, then, queue)
+
+    def _settled(self, build_id: int | None, then: Callable[[Result], None] | None,
+                 queue: str | None) -> Result | None:
+        """``_execute``, then: when this executor's previous build ended, and, unless a build
+        was handed to the publisher, no publication waits for a compile start any longer."""
         result = None
-        self._chaining = True
         try:
-            result = self._execute(None, then, queue=queue)
+            result = self._execute(build_id, then, queue=queue)
             return result
         finally:
             self._last_end = time.perf_counter()
@@ -419,9 +415,9 @@ class Executor:
     def _prefetch_next(self, queue: str | None) -> None:
         """A worker's next build's model snapshot placed in the bundle cache while this build
         compiles (one thread; the cache is safe for concurrent fetchers): the next claim links it
-        (a miss cost 10-25 ms on the critical path, measured). Only where builds are taken from
-        the index one after another (``execute_next`` was called: a worker's task)."""
-        if queue is None or self.bundles is None or not self._chaining:
+        (a miss cost 10-25 ms on the critical path, measured). Only on a worker (one that
+        publishes in the background), whose next build is its queue's oldest."""
+        if queue is None or self.bundles is None or self._publisher is None:
             return
         if self._prefetcher is None:
             self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
@@ -434,9 +430,9 @@ class Executor:
                 with self.registry.db.session() as s:
                     nxt = states.next_queued(s, queue, lock=False)
                     row = _read_row(s, nxt) if nxt is not None else None
-                if row is not None and row.files and all(f.get("stored") for f in row.files):
+                if row is not None:
                     bundles.place(store, row.model_digest, row.files)
-            except Exception:  # the claim fetches it, as without this
+            except Exception:  # the claim fetches it (or says why it cannot), as without this
                 log.debug("prefetching the next bundle of %s failed", queue, exc_info=True)
 
         self._prefetching = self._prefetcher.submit(run)

@@ -720,3 +720,19 @@ def test_a_worker_takes_its_queue_from_the_index_and_clears_the_messages(farm_cl
     assert sorted(p.get("taken_from", "broker") for p in phases) == ["broker", "index", "index"], phases
     # the publication of each build waited for the next one's compile to start, not longer
     assert all(p["publish_yield"] < 1000 for p in phases), phases
+
+
+def test_a_worker_places_its_next_builds_model_while_it_compiles(farm_cluster: Farm) -> None:
+    """Issue 33: the queue's next build is another model's; its snapshot is placed in the worker's
+    bundle cache during the build before it (``Executor._prefetch_next``), so its own claim finds
+    it there: a hit, though that model never went through this worker before."""
+    f = farm_cluster
+    first = json.loads(f.cli("submit", str(light("squeezenet")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
+                             "--allow-queue", "--json").stdout)
+    second = json.loads(f.cli("submit", str(light("inception_v1")), "-t", "qnn:SM8650", "--sdk", "2.51.0",
+                              "--allow-queue", "--json").stdout)
+    f.start_worker("2.51.0")
+    f.wait_builds(lambda rows: all(x["state"] == "succeeded" for x in rows), timeout=120)
+    cache = [json.loads(f.cli("status", "--build", str(st["builds"][0]["build"]), "--json").stdout)["phases"]
+             ["bundle_cache"] for st in (first, second)]
+    assert cache == ["miss", "hit"], cache

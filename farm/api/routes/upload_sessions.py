@@ -176,9 +176,8 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
         d = await run_in_threadpool(_session, settings, reg, upload, who)
         # The owner's quota, less what its other sessions and its unreferenced blobs hold, is
         # this session's room.
-        owner = await run_in_threadpool(_owner, reg, upload)
         room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
-            lambda: quotas.held_bytes(settings, reg, owner, except_upload=upload))
+            lambda: quotas.held_bytes(settings, reg, _owner(reg, upload), except_upload=upload))
         with _exclusive(d):
             try:
                 return await _append(request, settings, upload, d / "data", upload_offset, limit, room,
