@@ -329,9 +329,10 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
                 heard(j)
             if not exited(j, ready):
                 continue
-            if j.get("handed") is not None and not j.get("accepted"):
-                # A standby that died before it took the job (killed, out of memory; a dying
-                # process keeps its pipes open until its last thread is gone): run it afresh.
+            if j.get("handed") is not None and not j.get("accepted") and not j.get("killed"):
+                # A standby that died before it took the job (killed from outside, out of memory; a
+                # dying process keeps its pipes open until its last thread is gone): run it afresh.
+                # One the owner had killed is reaped as the job it became.
                 line = j["handed"]
                 reap(j, report=False)
                 fresh = fork_job(json.loads(line))
@@ -364,6 +365,7 @@ def serve_host(commands: Commands, preload: Callable[[], None] | None) -> int:
             msg = json.loads(line)
             if msg["op"] == "kill":
                 if msg["id"] in jobs:
+                    jobs[msg["id"]]["killed"] = True
                     kill(jobs[msg["id"]])
             elif msg["op"] == "run":
                 # Several jobs may run at once (the owner bounds how many): each is a fork of this

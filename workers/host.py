@@ -11,8 +11,9 @@ then forks one job process per compile:
 - the job has the guards of a compile child: its own session (its group is killed as one),
   ``PR_SET_PDEATHSIG`` to the host (and the host to its owner: a SIGKILLed worker takes both
   down), ``RLIMIT_AS`` from the job's memory cap, a watchdog at its time limit;
-- the owner waits on the host's pipe (woken when the job exits), looks at the cancel flag every
-  ``CANCEL_POLL`` s and, on a lost lease, a timeout or any exception (SIGTERM), has the host kill
+- the owner waits on the host's pipe (woken when the job exits), looks at the cancel flag before
+  it asks for the job (set: nothing starts), as the job starts and every ``CANCEL_POLL`` s and, on
+  a lost lease, a timeout or any exception (SIGTERM), has the host kill
   the job's group and waits for the host to say it is gone; a host that does not answer is
   killed, and its job with it.
 
@@ -130,6 +131,8 @@ class CompileHost:
             cancel: CancelFlag | None = None) -> tuple[dict[str, Any], float, str, dict[str, float]]:
         """Run one command in a forked job; the contract of ``workers.runner.run_child``
         (result, wall seconds, log; the same FarmErrors), plus timings of the call."""
+        if cancel is not None and cancel.is_set():  # lost before it began: start nothing
+            raise LeaseLostError(f"{command} not started: this executor lost the build's lease")
         req_path = work_dir / f"{command}-request.json"
         res_path = work_dir / f"{command}-result.json"
         log_path = work_dir / f"{command}.log"
@@ -152,7 +155,12 @@ class CompileHost:
                         "memory_mb": int(memory_mb)})
             while status is None:
                 msg = self._next(jid, time.monotonic() + CANCEL_POLL)
-                if msg is None:
+                if msg is None or msg.get("event") == "started":
+                    # The flag is read every CANCEL_POLL and as the job starts: a job shorter
+                    # than one poll is stopped too when the lease went while it was forked.
+                    if msg is not None:
+                        self.job_pid, started = int(msg["pid"]), time.perf_counter()
+                        started_pid[0] = self.job_pid
                     if cancel is not None and cancel.is_set():
                         stopped = "cancel"
                     elif time.monotonic() > deadline:
@@ -161,10 +169,7 @@ class CompileHost:
                         self._stop(jid)
                         break
                     continue
-                if msg.get("event") == "started":
-                    self.job_pid, started = int(msg["pid"]), time.perf_counter()
-                    started_pid[0] = self.job_pid
-                elif msg.get("event") == "exited":
+                if msg.get("event") == "exited":
                     status, peak_kib = int(msg["status"]), int(msg.get("maxrss_kib") or 0)
                 elif msg.get("event") == "done":
                     # The job wrote its result and is exiting: a success needs nothing of its exit

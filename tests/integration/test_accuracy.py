@@ -253,12 +253,24 @@ def test_ungated_release_answers_at_publication_and_the_check_follows_idle(tmp_p
 
 def test_a_check_stopped_by_its_cancel_flag_records_nothing(settings: Settings, farm_env: dict[str, str],
                                                             tmp_path: Path) -> None:
-    """A background check preempted by a build (issue 33): its real child on the simulator is
-    killed once the flag is set, LeaseLostError comes back, nothing is recorded; the next run
-    (no flag) records the figures on the same warm host."""
+    """A background check preempted by a build (issue 33): a flag set before the check starts no
+    child; one set while its real child on the simulator starts has that child killed (the flag is
+    read as the job starts, so even a job shorter than one poll is stopped); LeaseLostError comes
+    back each time and nothing is recorded; the next run (no flag) records the figures on the same
+    warm host."""
     import threading
 
     import pytest
+
+    class SetAsTheJobStarts:
+        """False when the host is asked for the job, True from then on: a build arrived meanwhile."""
+
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def is_set(self) -> bool:
+            self.reads += 1
+            return self.reads > 1
 
     from farm.core.errors import LeaseLostError
     from farm.pipeline.accuracy import evaluate
@@ -271,10 +283,14 @@ def test_a_check_stopped_by_its_cancel_flag_records_nothing(settings: Settings, 
             from sqlalchemy import text
 
             (artifact_id,) = s.execute(text("SELECT id FROM artifacts")).one()
-        flag = threading.Event()
-        threading.Timer(0.05, flag.set).start()  # a build starts while the check runs
-        with pytest.raises(LeaseLostError):
+        before = threading.Event()
+        before.set()
+        with pytest.raises(LeaseLostError, match="not started"):  # no job asked of the host
+            evaluate(settings, reg, artifact_id, idle=True, cancel=before)
+        flag = SetAsTheJobStarts()
+        with pytest.raises(LeaseLostError, match="stopped"):
             evaluate(settings, reg, artifact_id, idle=True, cancel=flag)
+        assert flag.reads == 2, flag.reads  # once before, once as the job started
         assert _accuracy_rows(settings) == []
         out = evaluate(settings, reg, artifact_id, idle=True)
         assert out is not None and out["status"] == "ok", out

@@ -129,6 +129,40 @@ def test_cancel_kills_the_job_before_returning(tmp_path: Path) -> None:
         host.close()
 
 
+def test_a_flag_set_before_starts_nothing_and_one_set_as_the_job_starts_stops_even_a_short_job(
+        tmp_path: Path) -> None:
+    """The flag is read before the job is asked for (set: no job, "not started") and as the job
+    starts: a job shorter than one CANCEL_POLL is stopped too, never reported as done."""
+    host = CompileHost.start(FAKE)
+    pids: list[int] = []
+
+    class AtStart:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def is_set(self) -> bool:
+            self.reads += 1
+            if host.job_pid:
+                pids.append(host.job_pid)
+            return self.reads > 1
+
+    try:
+        done = threading.Event()
+        done.set()
+        with pytest.raises(LeaseLostError, match="not started"):
+            host.run("compile", {"action": "ok"}, job_dir(tmp_path, "a"), timeout=60, cancel=done)
+        assert host.jobs == 0 and not pids
+        flag = AtStart()
+        with pytest.raises(LeaseLostError, match="stopped"):
+            host.run("compile", {"action": "ok"}, job_dir(tmp_path, "b"), timeout=60, cancel=flag)
+        assert flag.reads == 2 and pids and not alive(pids[0])
+        assert host.alive()
+        result, *_ = host.run("compile", {"action": "ok"}, job_dir(tmp_path, "c"), timeout=60)
+        assert result["ppid"] == host.pid
+    finally:
+        host.close()
+
+
 def test_the_time_limit_is_a_resource_limit(pool: HostPool, tmp_path: Path) -> None:
     with pytest.raises(ResourceLimitError, match="time limit of 0.3 s"):
         pool.run("compile", {"action": "sleep"}, job_dir(tmp_path, "slow"), timeout=0.3)
