@@ -326,7 +326,8 @@ class UploadSession(Base):
 
 class BlobPut(Base):
     """A blob a token stored with ``PUT /v1/blobs/DIGEST`` that nothing references yet: removed
-    when a model or a genai package is recorded from it (``farm.api.routes.blobs.referenced``);
+    when a model that holds it is recorded, however it came, or a genai package
+    (``registry.index.release_blob_puts``);
     counted against the token's ``FARM_QUOTA_UPLOAD_MB`` with its upload sessions for
     ``FARM_UPLOAD_TTL_S``."""
 

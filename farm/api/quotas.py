@@ -1,7 +1,7 @@
 """A token's bytes quota (FARM_QUOTA_UPLOAD_MB): what its open upload sessions hold and what the
 blobs it stored with ``PUT /v1/blobs`` that no model references yet hold (``blob_puts``), the
 latter for FARM_UPLOAD_TTL_S at most. Used by the upload-session and blob routes, freed by the
-routes that record a model or a genai package from blobs."""
+recording of any model that holds them (``registry.index.record_model``) and of a genai package."""
 
 from __future__ import annotations
 
@@ -44,12 +44,9 @@ def count_blob(settings: Settings, reg: Registry, token_id: int, digest: str, si
 
 
 def referenced(reg: Registry, digests: list[str]) -> None:
-    """These blobs are a recorded model's (or a genai package's) now: no token's quota counts
-    them any longer."""
-    from sqlalchemy import delete
+    """These blobs are a genai package's now (a model's are freed as it is recorded:
+    ``registry.index.record_model``): no token's quota counts them any longer."""
+    from registry.index import release_blob_puts
 
-    from registry.models import BlobPut
-
-    if digests:
-        with reg.db.session() as s:
-            s.execute(delete(BlobPut).where(BlobPut.digest.in_(sorted(set(digests)))))
+    with reg.db.session() as s:
+        release_blob_puts(s, digests)

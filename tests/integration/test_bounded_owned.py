@@ -226,6 +226,32 @@ def test_blobs_a_token_sends_count_against_its_bytes_quota_until_a_model_uses_th
         assert put(os.urandom(100 * 1024)).status_code == 429  # the filler still does: 700 + 300 + 100 KiB
 
 
+def test_a_blob_is_freed_by_any_upload_of_a_model_that_holds_it(app_env: dict[str, str], tmp_path: Path) -> None:
+    """A blob one token stored with PUT /v1/blobs stops counting once a model holding it is
+    recorded however it came: here another token's plain POST /v1/models of the same bytes (it
+    was counted until FARM_UPLOAD_TTL_S before)."""
+    from farm.core.keys import sha256_bytes
+    from tests.common.onnx_models import matmul_add
+
+    settings = Settings.from_env(app_env)
+    client, t = _client(settings)
+    model = matmul_add(seed=5, size=360).SerializeToString()  # ~0.5 MiB of weights inline
+    filler = os.urandom(900 * 1024 - len(model))
+    assert len(model) > 400 * 1024 and len(filler) > 0
+    with client:
+        def put(data: bytes) -> Any:
+            return client.put(f"/v1/blobs/{sha256_bytes(data)}", headers=auth(t["a"]), content=data)
+
+        assert put(model).status_code == 200 and put(filler).status_code == 200
+        more = os.urandom(200 * 1024)
+        assert put(more).status_code == 429  # 900 + 200 KiB over a's 1 MiB
+        up = client.post("/v1/models?name=shared&tag=v1",
+                         headers={**auth(t["b"]), "Content-Type": "application/octet-stream"}, content=model)
+        assert up.status_code == 200, up.text
+        assert put(more).status_code == 200, "the blob a model now holds still counted against a"
+        assert put(os.urandom(500 * 1024)).status_code == 429  # the filler and `more` still do
+
+
 def test_releases_are_owned_quota_bound_and_a_shared_build_outlives_one_cancel(
         app_env: dict[str, str], redis_server: str, tmp_path: Path) -> None:
     """Two tokens release the same model on the same target: one build, wanted by both. Another

@@ -175,9 +175,6 @@ def _record_from_blobs(settings: Settings, reg: Registry, digest: str, files: li
         with reg.db.session() as s:
             moved = plan.record_snapshot(s, bundle.digest, bundle.onnx.digest, bundle.size, stored, name, tag,
                                          "upload", force_tag=force_tag)
-        from farm.api.quotas import referenced
-
-        referenced(reg, [d for _, d, _ in listing])  # a model's files: no token's quota counts them now
         return ModelOut(digest=bundle.digest, size=bundle.size, files=stored, tag=f"{name}:{tag}" if name else None,
                         tag_moved=moved)
     finally:
