@@ -24,6 +24,9 @@ log = logging.getLogger("ctxfarm.events")
 # Pub/sub channels are global to a Redis server (not per numbered database): the database number
 # is in the name so two farms on one server don't wake each other (a stray event costs one read).
 CHANNEL_PREFIX = "ctxfarm:builds"
+# Not a build (their ids start at 1): "a worker made a package, or failed to" (its service's
+# waiting POST /v1/packages reads the index again).
+PACKAGE_EVENT = 0
 
 
 def channel(broker_url: str) -> str:

@@ -206,4 +206,17 @@ def make_for_service(settings: Settings, reg: Registry, ref: str, key: str, boar
         error.pop("details", None)  # a child's log stays in the worker's
     finally:
         board.finish(key, error, FAILED_TTL_S)
+        _tell(settings.broker_url, outcome)
     return outcome
+
+
+def _tell(broker_url: str | None, outcome: str) -> None:
+    """Wake the service's waiting ``POST /v1/packages`` (farm.api.routes.packages): it reads the
+    index now, not at its next fallback look. Never raises (``Publisher``)."""
+    from farm.pipeline.events import PACKAGE_EVENT, Publisher
+
+    publisher = Publisher(broker_url)
+    try:
+        publisher.publish(PACKAGE_EVENT, f"package {outcome}"[:64])
+    finally:
+        publisher.close()

@@ -21,7 +21,8 @@ from registry.index import Registry
 router = APIRouter()
 
 DEFAULT_WAIT_S = 30.0  # how long a POST waits for a worker's package before answering 202
-LOOK_EVERY_S = 1.0  # a waiting POST looks at the index and the board this often
+LOOK_EVERY_S = 5.0  # a waiting POST looks at the index and the board at least this often (the worker's
+# package event wakes it at once; events are at-most-once)
 
 
 class PackageIn(BaseModel):
@@ -74,19 +75,31 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
 
         loop = asyncio.get_running_loop()
         token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        from farm.pipeline.events import PACKAGE_EVENT
+
         with polls.slot(token):  # a waiting POST counts as a long poll (their caps)
+            # Listening before the next read: a package made after it wakes this waiter.
+            ticket = polls.feed.listen(frozenset({PACKAGE_EVENT}))
             gone = asyncio.ensure_future(disconnected(request))
             try:
+                answer = await polls.read(jobs.step, body.ref)
                 deadline = loop.time() + wait
                 while answer is None and not gone.done():
                     left = deadline - loop.time()
                     if left <= 0:
                         break
-                    await asyncio.wait({gone}, timeout=min(left, LOOK_EVERY_S))
+                    woke = asyncio.ensure_future(ticket.event.wait())
+                    try:
+                        await asyncio.wait({woke, gone}, timeout=min(left, LOOK_EVERY_S),
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        woke.cancel()
                     if not gone.done():
+                        ticket.event.clear()  # before the read: an event after it wakes the next wait
                         answer = await polls.read(jobs.step, body.ref)
             finally:
                 gone.cancel()
+                polls.feed.forget(ticket)
     if answer is not None:
         # Made while this request waited: new to its asker, as a package made here would be.
         return {**answer, "cached": answer["cached"] and not waited}

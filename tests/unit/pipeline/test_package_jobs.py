@@ -281,6 +281,28 @@ def test_a_waiting_post_answers_what_the_worker_did_once_it_did(service: Any) ->
     assert r.json() == {"digest": PACKAGE, "cached": True}
 
 
+def test_a_waiting_post_is_woken_by_the_workers_package_event(service: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's make_for_service tells the service (PACKAGE_EVENT) once it made the package:
+    the waiting POST reads the index then, not at its next look (set to a minute here, past the
+    wait: without the event it is answered by its last read, at the end of the wait)."""
+    from farm.api.routes import packages as route
+    from farm.pipeline import packages
+
+    client, app, board = service
+    reg = app.state.registry
+    monkeypatch.setattr(route, "LOOK_EVERY_S", 60.0)
+
+    def worker(ref: str, key: str) -> None:  # as workers.tasks.make_package runs it
+        monkeypatch.setattr(packages, "make_package", lambda *a, **k: made(reg, key))
+        assert pj.make_for_service(app.state.settings, reg, ref, key, board) == "made"
+
+    jobs_of(app, board, RecordingDispatch(then=worker, later=0.3))
+    t0 = time.monotonic()
+    r = client.post("/v1/packages", params={"wait": 8}, json={"ref": "net:v1"})
+    assert r.status_code == 200 and r.json() == {"digest": PACKAGE, "cached": False}, r.text
+    assert time.monotonic() - t0 < 8  # on the event, not at the end of the wait (its last read)
+
+
 def test_a_waiting_post_answers_the_workers_error_with_its_status(service: Any) -> None:
     client, app, board = service
 
