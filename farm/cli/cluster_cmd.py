@@ -173,7 +173,7 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
 
     from farm.client import Client
     from farm.core import genai
-    from farm.core.digests import file_digests
+    from farm.core.digests import file_digests, memo_path
     from farm.core.options import parse_pairs
 
     t = time.perf_counter()
@@ -183,7 +183,7 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
         names += [n for n in (stage.graph.file, *stage.graph.data) if n not in names]
     names += [n for n in export.tokenizer if n not in names]
     paths = [export.path(n) for n in names]
-    digests = file_digests(paths, settings.home / "cache" / "digests.json")
+    digests = file_digests(paths, memo_path(settings.home))
     client = Client(args.server, args.token)
     files, nbytes = client.send_blobs([(p, d, size) for p, (d, size) in zip(paths, digests, strict=True)])
     if not args.json:
@@ -336,10 +336,10 @@ def send_model(client: Any, path: Any, args: argparse.Namespace, settings: Setti
 
     if path.suffix.lower() != ".onnx":
         return dict(client.upload(path, name=args.name, tag=args.tag, force_tag=args.force_tag))
-    from farm.core.digests import local_bundle
+    from farm.core.digests import local_bundle, memo_path
 
     t = time.perf_counter()
-    memo = settings.home / "cache" / "digests.json" if settings is not None else None
+    memo = memo_path(settings.home) if settings is not None else None
     bundle = local_bundle(path, memo)
     held = client.held(bundle.digest, name=args.name, tag=args.tag, force_tag=args.force_tag)
     if held is not None:

@@ -2,15 +2,18 @@
 it hashed): re-submitting an unchanged multi-GiB model costs a few ``stat`` calls, not a pass
 over its bytes. A file is hashed again whenever its size, mtime, ctime, inode or path changed.
 
-Only the client side uses this, to ask the service whether it already holds a bundle before
-sending any of it (``farm submit --server``). The service trusts none of it: what it is sent
-is hashed again there, and what it answers "held" it hashed itself when it was stored.
+The client side uses this to ask the service whether it already holds a bundle before sending
+any of it (``farm submit --server``). The service trusts none of what a client hashed: what it
+is sent is hashed there, and what it answers "held" it hashed itself when it was stored. Its own
+memo (under its FARM_HOME) holds only digests it computed: the blobs of a genai submission it
+verified as it laid them out (``remember``), so reading that folder does not hash them again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +68,7 @@ def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
             p = inside(path.parent, f.path)
             st = p.stat()
             if st.st_size == f.size:
-                memo[f"file:{st.st_dev}:{st.st_ino}"] = {
-                    "sig": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())], "digest": f.digest}
+                memo[_key(st)] = {"sig": _sig(p, st), "digest": f.digest}
     for rel in layout:
         try:
             p = inside(path.parent, str(rel))  # the .onnx names them: they stay inside its directory
@@ -83,12 +85,25 @@ def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
     return LocalBundle(bundle_digest(onnx_digest, external), size, members, hashed[0], tuple(files))
 
 
+def memo_path(home: Path) -> Path:
+    """The memo of a FARM_HOME (a client's, a service's)."""
+    return Path(home) / "cache" / "digests.json"
+
+
+def _key(st: os.stat_result) -> str:
+    return f"file:{st.st_dev}:{st.st_ino}"
+
+
+def _sig(p: Path, st: os.stat_result) -> list[Any]:
+    """What must be unchanged for a remembered digest to stand."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())]
+
+
 def _remembered(p: Path, memo: dict[str, Any], hashed: list[int]) -> tuple[str, int]:
     """(sha256, size) of ``p``, from ``memo`` while its stat is unchanged; ``hashed[0]``
     counts the bytes read."""
     st = p.stat()
-    key = f"file:{st.st_dev}:{st.st_ino}"
-    sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, str(p.absolute())]
+    key, sig = _key(st), _sig(p, st)
     hit = memo.get(key)
     if isinstance(hit, dict) and hit.get("sig") == sig:
         memo[key] = memo.pop(key)  # most recently used last
@@ -106,6 +121,19 @@ def file_digests(paths: list[Path], memo_path: Path | None) -> list[tuple[str, i
     out = [_remembered(p, memo, [0]) for p in paths]
     _save(memo_path, memo)
     return out
+
+
+def remember(memo_path: Path | None, files: list[tuple[Path, str]]) -> None:
+    """Digests this process computed itself for files it just wrote (``lay_out_blobs``: each
+    blob verified as it was copied), remembered by their stat as if hashed here."""
+    memo = _load(memo_path)
+    for p, digest in files:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        memo[_key(st)] = {"sig": _sig(p, st), "digest": digest}
+    _save(memo_path, memo)
 
 
 def _lone(path: Path, digest: str, size: int) -> bool:
@@ -146,7 +174,8 @@ def _save(memo_path: Path | None, memo: dict[str, Any]) -> None:
         memo.pop(next(iter(memo)))
     try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}")
+        # One writer per temporary name: the service's request threads each write their own.
+        tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(memo))
         os.replace(tmp, memo_path)
     except OSError:

@@ -228,14 +228,16 @@ NAMES_HINT = "list each file once, under its name relative to the folder (no '..
 
 
 def lay_out_blobs(store: Any, files: list[tuple[str, str, int]], dest: Path, *, max_bytes: int,
-                  error: type[FarmError], too_large: str, check_name: Any = None) -> None:
+                  error: type[FarmError], too_large: str, check_name: Any = None) -> list[tuple[Path, str]]:
     """Files a client named by digest (``POST /v1/models/DIGEST`` with its files, ``POST
     /v1/genai``), from the store into ``dest``. Before a byte is copied: every name a canonical
     relative path (``farm.core.names.check_tree``: unique, none both a file and a directory),
     and ``check_name`` where given (a genai export's plain names), each refusal ``error``; the
     listed sizes within ``max_bytes`` (``too-large``: as much as one upload could bring); every
     blob held by the store at its listed size (``not-found`` naming the file). Then each blob
-    comes from the store once (verified on the way), a second name for it a hard link."""
+    comes from the store once (verified on the way; a scratch copy, not synced to disk), a second
+    name for it a hard link. Returns (path, digest) of each blob's first copy: digests this
+    process computed itself (``farm.core.digests.remember``)."""
     from farm.core.errors import BlobNotFound, NotFoundError, TooLargeError
     from farm.core.keys import is_digest
     from farm.core.names import check_tree
@@ -275,5 +277,6 @@ def lay_out_blobs(store: Any, files: list[tuple[str, str, int]], dest: Path, *, 
             except OSError:
                 shutil.copyfile(seen, path)
             continue
-        download(store, d, path, size=int(size))
+        download(store, d, path, size=int(size), durable=False)
         first[d] = path
+    return [(p, d) for d, p in first.items()]

@@ -125,9 +125,10 @@ def inspect_package(settings: Settings, export_dir: str | Path, *, display: str 
     """Read the export (``farm.core.genai.read_export``: a folder it can't map is ``bad-genai``
     naming the file), inspect each part as a graph group (``farm.pipeline.groups.load_group``:
     a group the index holds is recognized without reading its weights again) and hash the
-    carried files. Nothing is written to the registry here."""
+    carried files (remembered by stat: ``farm.core.digests``). Nothing is written to the registry
+    here."""
     from farm.core import genai
-    from farm.core.keys import sha256_file
+    from farm.core.digests import file_digests, memo_path
     from farm.pipeline.groups import load_group
 
     export = genai.read_export(Path(export_dir))
@@ -135,9 +136,12 @@ def inspect_package(settings: Settings, export_dir: str | Path, *, display: str 
     parts = tuple(load_group(settings, export.group_members(i), display=f"{label}.{part_dir(i)}")
                   for i in range(len(export.parts)))
     carried: list[tuple[str, Path, BundleFile]] = []
-    for name in [*export.carried_files(), genai.CONFIG_FILE]:
+    names = [*export.carried_files(), genai.CONFIG_FILE]
+    # Remembered by stat, as each part's graphs are (load_group): an unchanged CPU stage's data
+    # is not read again; on the service, the blobs it verified as it laid the folder out.
+    digests = file_digests([export.path(n) for n in names], memo_path(settings.home))
+    for name, (digest, size) in zip(names, digests, strict=True):
         path = export.path(name)
-        digest, size = sha256_file(path)
         shown = SOURCE_CONFIG if name == genai.CONFIG_FILE else name
         carried.append((shown, path, BundleFile(shown, digest, size)))
     desc = canonical_json(descriptor(export, parts, carried))

@@ -58,7 +58,7 @@ def load_group(settings: Any, members: list[tuple[str, str]], *, display: str | 
     from pathlib import Path
 
     from farm.core.bundle import BundleFile, ModelBundle
-    from farm.core.digests import local_bundle
+    from farm.core.digests import local_bundle, memo_path
     from farm.core.errors import FarmError, InvalidModelError
     from farm.core.groups import (
         GroupBundle,
@@ -73,7 +73,7 @@ def load_group(settings: Any, members: list[tuple[str, str]], *, display: str | 
     from registry.index import find_model_by_onnx
 
     check_members(members)
-    memo = Path(settings.home) / "cache" / "digests.json"
+    memo = memo_path(settings.home)
     local: list[tuple[str, Path, Any]] = []
     for name, path in members:
         try:

@@ -103,8 +103,9 @@ def read_bytes(store: BlobStore, digest: str) -> bytes:
     return data
 
 
-def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = None) -> None:
-    """Stream a blob to ``dest`` atomically, verifying size and sha256 on the way."""
+def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = None, durable: bool = True) -> None:
+    """Stream a blob to ``dest`` atomically, verifying size and sha256 on the way. ``durable``:
+    on disk before it is in place (False for a scratch copy deleted after the request)."""
     import hashlib
     import os
     import tempfile
@@ -120,7 +121,8 @@ def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = No
                 n += len(chunk)
                 out.write(chunk)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         got = "sha256:" + h.hexdigest()
         if got != digest or (size is not None and n != size):
             raise DigestMismatchError(

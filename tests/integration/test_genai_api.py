@@ -190,9 +190,12 @@ def test_hostile_genai_requests_are_documented_refusals_and_write_nothing(app: d
     assert not [p for p in (app["settings"].home / "uploads").iterdir() if p.name.startswith("upload-")]
 
 
-def test_the_embedded_service_builds_a_package_with_its_fan_in_under_the_token_quota(tmp_path: Path) -> None:
+def test_the_embedded_service_builds_a_package_with_its_fan_in_under_the_token_quota(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No broker: the parts' builds and then the package's run on the service's own runner; the
-    package's release is the token's (FARM_QUOTA_RELEASES counts it)."""
+    package's release is the token's (FARM_QUOTA_RELEASES counts it). Submitted again, the
+    service reads the folder it lays out without hashing a file: each blob was verified as it
+    was copied (farm.core.digests.remember)."""
     from registry.index import Registry
     from registry.tokens import create_token
 
@@ -230,3 +233,18 @@ def test_the_embedded_service_builds_a_package_with_its_fan_in_under_the_token_q
         res = c.get("/v1/resolve?model=llm/e:t&soc=SM8650&qnn=2.51.0", headers=auth(submit)).json()
         names = {f["name"] for f in res["files"]}
         assert {"genai_config.json", "context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin", "tokenizer.json"} <= names
+
+        from farm.core import digests, keys
+
+        hashed: list[str] = []
+
+        def counted(path: Path) -> tuple[str, int]:
+            hashed.append(Path(path).name)
+            return sha256_file(path)
+
+        monkeypatch.setattr(keys, "sha256_file", counted)
+        monkeypatch.setattr(digests, "sha256_file", counted)
+        again = c.post("/v1/genai", json={"files": files, "targets": ["qnn:SM8650"], "name": "llm/e", "tag": "t"},
+                       headers=auth(submit))
+        assert again.status_code == 200 and again.json()["done"] and again.json()["ok"], again.text
+        assert hashed == [], hashed  # the export's files, each hashed once: as the service copied it

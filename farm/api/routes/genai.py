@@ -99,6 +99,7 @@ def _submit(settings: Settings, reg: Registry, body: GenaiIn, served: dict[tuple
             dispatch: bool, who: Caller) -> Any:
     from farm.api.routes.releases import _check_quota
     from farm.core import genai
+    from farm.core.digests import memo_path, remember
     from farm.pipeline.bundles import lay_out_blobs
     from farm.pipeline.genai import submit_package
 
@@ -113,10 +114,13 @@ def _submit(settings: Settings, reg: Registry, body: GenaiIn, served: dict[tuple
     work = Path(tempfile.mkdtemp(prefix="upload-genai-", dir=uploads_dir(settings)))
     try:
         export = work / "genai"
-        lay_out_blobs(reg.store, files, export, max_bytes=limit * max(graphs, 1), error=E.BadGenaiError,
-                      too_large=f"the export's files are over {settings.max_upload_mb} MiB per graph together "
-                                "(FARM_MAX_UPLOAD_MB)",
-                      check_name=lambda n: genai.check_file_name(n, "files"))
+        placed = lay_out_blobs(reg.store, files, export, max_bytes=limit * max(graphs, 1), error=E.BadGenaiError,
+                               too_large=f"the export's files are over {settings.max_upload_mb} MiB per graph "
+                                         "together (FARM_MAX_UPLOAD_MB)",
+                               check_name=lambda n: genai.check_file_name(n, "files"))
+        # Each blob was hashed as it was copied: reading the folder (inspect_package) takes those
+        # digests by stat and does not hash the export a second time.
+        remember(memo_path(settings.home), placed)
         # Counted and queued as one step per token: two requests at once cannot both pass the quota.
         with reg.db.serialized("releases", who.token_id):
             with reg.db.session() as s:
