@@ -342,7 +342,7 @@ def import_breakdown(python: Path, model: str, targets: list[str], env: dict[str
 
 
 def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: list[str], sdk: str,
-                    log_dir: Path) -> dict[str, Any]:
+                    log_dir: Path, serve_workers: int | None = 1) -> dict[str, Any]:
     """The README's pipeline path: `farm serve` and one worker; six `farm submit MODEL --server URL
     --token SUBMIT --wait` at once from the shell (the stdlib client uploads the model): wall from
     the first start to the last exit."""
@@ -358,7 +358,7 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
         # Six concurrent uploads under one submit token: above issue 32's default per-token quota of
         # open upload sessions (FARM_QUOTA_UPLOADS=4), which this bench does not measure.
         proc = serve({**os.environ, **env, "FARM_QUOTA_UPLOADS": str(max(8, 2 * len(models)))}, port,
-                     log_dir / f"serve-{port}.log")
+                     log_dir / f"serve-{port}.log", workers=serve_workers)
         try:
             tok = token(settings, f"pipeline-{uuid.uuid4().hex[:6]}", "submit")
             from registry.index import Registry
@@ -604,6 +604,8 @@ def main() -> int:
                          "'plain:FARM_STORE_URL={FARM_STORE_URL}&compress=0'); the order alternates round by round")
     ap.add_argument("--no-six-calls", action="store_true", help="skip the six `farm build` calls")
     ap.add_argument("--no-pipeline", action="store_true", help="skip six `farm submit --server` to one worker")
+    ap.add_argument("--serve-workers", type=int, default=1,
+                    help="the pipeline's `farm serve --workers N` (0: the service's default, one per core)")
     ap.add_argument("--only", choices=["six-calls", "pipeline"],
                     help="only this measure (and the loops either side of it): six-calls needs no services; "
                          "no embedded or cluster run")
@@ -665,7 +667,8 @@ def main() -> int:
                 last = r == args.rounds - 1
                 if args.only == "pipeline":
                     with fresh_farm(base_env, tmp, f"r{r}pipe") as env:
-                        emb = {"pipeline": pipeline_server(env, venv, models, socs, args.sdk, tmp)}
+                        emb = {"pipeline": pipeline_server(env, venv, models, socs, args.sdk, tmp,
+                                                           serve_workers=args.serve_workers or None)}
                     loops.append(loop_baseline(python, models, socs))
                     results["rounds"].append({"embedded": emb, "cluster": [], "variants": []})
                     loop = (loops[-2]["loop_s"] + loops[-1]["loop_s"]) / 2
@@ -682,7 +685,8 @@ def main() -> int:
                     emb["six_calls"] = six_calls(python, models, socs, tmp / f"round{r}", args.fixed_pairs)
                 if not args.no_pipeline:
                     with fresh_farm(base_env, tmp, f"r{r}pipe") as env:
-                        emb["pipeline"] = pipeline_server(env, venv, models, socs, args.sdk, tmp)
+                        emb["pipeline"] = pipeline_server(env, venv, models, socs, args.sdk, tmp,
+                                                          serve_workers=args.serve_workers or None)
                 runs: list[dict[str, Any]] = []
                 extra: list[dict[str, Any]] = []
                 # The variants go after the plain runs in even rounds and before them in odd ones:

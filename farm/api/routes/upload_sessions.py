@@ -54,6 +54,11 @@ def _limit(request: Request) -> int:
 def _session(settings: Settings, reg: Registry, upload: str, who: Caller) -> Path:
     """The session's directory, when ``who`` owns it (or is an admin); else 404 as for no session:
     another token's upload is not this token's business, not even that it exists."""
+    return _owned(settings, reg, upload, who)[0]
+
+
+def _owned(settings: Settings, reg: Registry, upload: str, who: Caller) -> tuple[Path, int]:
+    """``_session``, and the token that owns it (whose quota it counts against)."""
     from registry.models import UploadSession
 
     missing = E.NotFoundError(f"no upload session {upload[:40]!r}", hint="it expired or completed (or was never "
@@ -64,10 +69,11 @@ def _session(settings: Settings, reg: Registry, upload: str, who: Caller) -> Pat
         row = s.get(UploadSession, upload)
         if row is None or (row.owner_token_id != who.token_id and not who.admin):
             raise missing
+        owner = int(row.owner_token_id)
     d = inside(uploads_dir(settings), f"session-{upload}")
     if not (d / "data").is_file():
         raise missing
-    return d
+    return d, owner
 
 
 @contextmanager
@@ -156,14 +162,6 @@ def _record(reg: Registry, upload: str, size: int) -> None:
                   .values(size=size, touched_at=datetime.now(UTC)))
 
 
-def _owner(reg: Registry, upload: str) -> int:
-    from registry.models import UploadSession
-
-    with reg.db.session() as s:
-        row = s.get(UploadSession, upload)
-        return row.owner_token_id if row is not None else -1
-
-
 @router.patch("/v1/uploads/{upload}", dependencies=[submit_before_body(_limit)])
 async def append_upload(upload: str, request: Request, settings: SettingsDep, reg: RegistryDep,
                         metrics: MetricsDep, who: Annotated[Caller, submitter],
@@ -173,11 +171,11 @@ async def append_upload(upload: str, request: Request, settings: SettingsDep, re
 
     limit = _limit(request)
     try:
-        d = await run_in_threadpool(_session, settings, reg, upload, who)
+        d, owner = await run_in_threadpool(_owned, settings, reg, upload, who)
         # The owner's quota, less what its other sessions and its unreferenced blobs hold, is
         # this session's room.
         room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
-            lambda: quotas.held_bytes(settings, reg, _owner(reg, upload), except_upload=upload))
+            quotas.held_bytes, settings, reg, owner, except_upload=upload)
         with _exclusive(d):
             try:
                 return await _append(request, settings, upload, d / "data", upload_offset, limit, room,
