@@ -157,35 +157,45 @@ class LongPolls:
                     ) -> plan.ReleaseStatus:
         """The release's status once it is done, once one of its builds changed state, when
         the client hangs up, or after ``wait`` seconds."""
-        loop = asyncio.get_running_loop()
         st = await self.read(self._status, release_id)
         if st.done:
             return st
+        seen = _states(st)
+        # A release's builds are fixed when it is made: events about other builds need not wake
+        # this waiter.
+        builds = frozenset(b["build"] for b in st.builds if isinstance(b.get("build"), int)) or None
+        return await self.until(lambda now: now.done or _states(now) != seen, self._status, release_id,
+                                wait=wait, token=token, disconnected=disconnected, events=builds)
+
+    async def until(self, ready: Callable[[T], bool], fn: Callable[..., T], *args: Any, wait: float, token: str,
+                    disconnected: Callable[[], Any], events: frozenset[int] | None,
+                    every: float = FALLBACK_POLL_S) -> T:
+        """``fn(*args)`` read (on the readers) until ``ready`` says so, the client hangs up, or
+        ``wait`` seconds pass: read again on each event about ``events`` (any when None) and at
+        least every ``every`` s. Holds a long-poll slot of ``token`` meanwhile."""
+        loop = asyncio.get_running_loop()
         with self.slot(token):
-            # Before the read below: a change after it wakes us. A release's builds are fixed
-            # when it is made: events about other builds need not wake this waiter.
-            ticket = self.feed.listen(frozenset(b["build"] for b in st.builds if isinstance(b.get("build"), int))
-                                      or None)
+            # Listening before the read below: a change after it wakes us.
+            ticket = self.feed.listen(events)
             gone = asyncio.ensure_future(disconnected())
             try:
-                seen = _states(st)
-                st = await self.read(self._status, release_id)
+                value = await self.read(fn, *args)
                 deadline = loop.time() + wait
-                while not st.done and _states(st) == seen and not gone.done():
+                while not ready(value) and not gone.done():
                     left = deadline - loop.time()
                     if left <= 0:
                         break
                     woke = asyncio.ensure_future(ticket.event.wait())
                     try:
-                        await asyncio.wait({woke, gone}, timeout=min(left, FALLBACK_POLL_S),
+                        await asyncio.wait({woke, gone}, timeout=min(left, every),
                                            return_when=asyncio.FIRST_COMPLETED)
                     finally:
                         woke.cancel()
                     if gone.done():
                         break
                     ticket.event.clear()  # before the read: an event after it wakes the next wait
-                    st = await self.read(self._status, release_id)
-                return st
+                    value = await self.read(fn, *args)
+                return value
             finally:
                 gone.cancel()
                 self.feed.forget(ticket)

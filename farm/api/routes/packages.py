@@ -6,7 +6,6 @@ install --package`` do, verifying each)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -72,34 +71,13 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
     waited = answer is None
     if answer is None and wait > 0:
         from farm.api.longpoll import disconnected
-
-        loop = asyncio.get_running_loop()
-        token = request.headers.get("authorization", "").partition(" ")[2].strip()
         from farm.pipeline.events import PACKAGE_EVENT
 
-        with polls.slot(token):  # a waiting POST counts as a long poll (their caps)
-            # Listening before the next read: a package made after it wakes this waiter.
-            ticket = polls.feed.listen(frozenset({PACKAGE_EVENT}))
-            gone = asyncio.ensure_future(disconnected(request))
-            try:
-                answer = await polls.read(jobs.step, body.ref)
-                deadline = loop.time() + wait
-                while answer is None and not gone.done():
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    woke = asyncio.ensure_future(ticket.event.wait())
-                    try:
-                        await asyncio.wait({woke, gone}, timeout=min(left, LOOK_EVERY_S),
-                                           return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        woke.cancel()
-                    if not gone.done():
-                        ticket.event.clear()  # before the read: an event after it wakes the next wait
-                        answer = await polls.read(jobs.step, body.ref)
-            finally:
-                gone.cancel()
-                polls.feed.forget(ticket)
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        # A waiting POST counts as a long poll (their caps); the worker's package event wakes it.
+        answer = await polls.until(lambda got: got is not None, jobs.step, body.ref, wait=wait, token=token,
+                                   disconnected=lambda: disconnected(request), events=frozenset({PACKAGE_EVENT}),
+                                   every=LOOK_EVERY_S)
     if answer is not None:
         # Made while this request waited: new to its asker, as a package made here would be.
         return {**answer, "cached": answer["cached"] and not waited}
