@@ -56,13 +56,13 @@ def record_model(session: Session, *, digest: str, onnx_digest: str, size: int, 
         except IntegrityError:
             model = session.get(Model, digest)  # a concurrent submitter recorded it first
             assert model is not None
-    release_blob_puts(session, [str(f["digest"]) for f in files if f.get("digest")])
+    _release_blob_puts(session, [str(f["digest"]) for f in files if f.get("digest")])
     return model
 
 
-def release_blob_puts(session: Session, digests: list[str]) -> None:
-    """These blobs are a recorded model's (or a genai package's) now, however it came (an upload,
-    an upload session, blobs, a package): no token's FARM_QUOTA_UPLOAD_MB counts them any longer."""
+def _release_blob_puts(session: Session, digests: list[str]) -> None:
+    """These blobs are a recorded model's now, however it came (an upload, an upload session, blobs,
+    a genai package or one of its parts): no token's FARM_QUOTA_UPLOAD_MB counts them any longer."""
     from sqlalchemy import delete
 
     from registry.models import BlobPut

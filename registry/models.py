@@ -326,8 +326,8 @@ class UploadSession(Base):
 
 class BlobPut(Base):
     """A blob a token stored with ``PUT /v1/blobs/DIGEST`` that nothing references yet: removed
-    when a model that holds it is recorded, however it came, or a genai package
-    (``registry.index.release_blob_puts``);
+    when a model that holds it is recorded, however it came (a genai package and its parts too:
+    ``registry.index._release_blob_puts``);
     counted against the token's ``FARM_QUOTA_UPLOAD_MB`` with its upload sessions for
     ``FARM_UPLOAD_TTL_S``."""
 

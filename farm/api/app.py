@@ -203,12 +203,11 @@ def _warm_index_and_store(settings: Settings, reg: Registry) -> None:
     every upload and release reads with (SQLAlchemy compiles each at its first use), and the
     store's client and connection. Reads only: nothing is written, no id is taken. PostgreSQL
     only (the embedded SQLite index has no pool, and its one file may be held by a writer)."""
-    from sqlalchemy import select
-
     from farm.api.deps import Caller
     from farm.api.routes.releases import _check_quota
     from farm.pipeline.plan import served_toolchains
-    from registry.models import Artifact, Build, Model, Tag
+    from registry.index import artifact_for_build, release_builds, tags_of
+    from registry.models import Model
     from registry.tokens import PREFIX, token_identity
 
     engine = reg.db.engine
@@ -220,14 +219,14 @@ def _warm_index_and_store(settings: Settings, reg: Registry) -> None:
     nothing = "sha256:" + "0" * 64
     with reg.db.session() as s:
         token_identity(s, PREFIX + "warm-up")  # every request's token
-        s.get(Model, nothing)  # an upload's model, its tag
-        s.scalar(select(Tag.model_digest).where(Tag.name == "", Tag.tag == ""))
-        try:  # a release's quota and its cached answer
+        s.get(Model, nothing)  # an upload's model, its tags
+        tags_of(s, nothing)
+        try:  # a release's quota, its builds and their artifacts
             _check_quota(s, settings, Caller(token_id=-1, scope="submit"))
         except E.QuotaReleasesError:  # FARM_QUOTA_RELEASES=0: every release refused, the statement planned
             pass
-        s.execute(select(Build, Artifact).outerjoin(Artifact, Artifact.build_id == Build.id)
-                  .where(Build.build_key.in_([""]))).all()
+        release_builds(s, 0)
+        artifact_for_build(s, 0)
     served_toolchains(settings, reg)  # a release's toolchains (a session of its own: not inside the one above)
     try:
         reg.store.stat(nothing)

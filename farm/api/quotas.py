@@ -1,7 +1,8 @@
 """A token's bytes quota (FARM_QUOTA_UPLOAD_MB): what its open upload sessions hold and what the
 blobs it stored with ``PUT /v1/blobs`` that no model references yet hold (``blob_puts``), the
-latter for FARM_UPLOAD_TTL_S at most. Used by the upload-session and blob routes, freed by the
-recording of any model that holds them (``registry.index.record_model``) and of a genai package."""
+latter for FARM_UPLOAD_TTL_S at most. Used by the upload-session and blob routes; a blob is freed
+when any model that holds it is recorded (``registry.index.record_model``: an upload, a model or
+a genai package recorded from blobs, its parts)."""
 
 from __future__ import annotations
 
@@ -42,11 +43,3 @@ def count_blob(settings: Settings, reg: Registry, token_id: int, digest: str, si
         s.execute(delete(BlobPut).where(BlobPut.token_id == token_id, BlobPut.created_at < _since(settings)))
         s.add(BlobPut(token_id=token_id, digest=digest, size=size))
 
-
-def referenced(reg: Registry, digests: list[str]) -> None:
-    """These blobs are a genai package's now (a model's are freed as it is recorded:
-    ``registry.index.record_model``): no token's quota counts them any longer."""
-    from registry.index import release_blob_puts
-
-    with reg.db.session() as s:
-        release_blob_puts(s, digests)

@@ -161,8 +161,8 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     ``usage``, nothing stored). Idempotent: a blob the service holds is not stored again. What
     the token stored this way and no model references yet counts against its
     FARM_QUOTA_UPLOAD_MB with its upload sessions, for FARM_UPLOAD_TTL_S (429
-    ``quota-upload-bytes``, nothing stored); recording a model or a genai package from the blobs
-    frees it. A blob nothing comes to reference is removed by ``farm registry gc`` after its
+    ``quota-upload-bytes``, nothing stored); recording any model that holds it (a genai package
+    and its parts too) frees it. A blob nothing comes to reference is removed by ``farm registry gc`` after its
     grace window, as any unreferenced blob."""
     from starlette.concurrency import run_in_threadpool
 
@@ -212,6 +212,3 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
         return BlobOut(digest=digest, size=size, held=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-

@@ -125,13 +125,11 @@ def _submit(settings: Settings, reg: Registry, body: GenaiIn, served: dict[tuple
         with reg.db.serialized("releases", who.token_id):
             with reg.db.session() as s:
                 _check_quota(s, settings, who)
-            st = submit_package(settings, export, body.targets, body.sdks, body.options, name=body.name,
-                                tag=body.tag, allow_queue=body.allow_queue, retry_failed=body.retry_failed,
-                                force_tag=body.force_tag, registry=reg, served=served, dispatch=dispatch,
-                                owner=who.token_id)
-        from farm.api.quotas import referenced
-
-        referenced(reg, [d for _, d, _ in files])  # the package's files: no token's quota counts them now
-        return st
+            # Recording the parts and the package frees their blobs from every token's bytes quota
+            # (registry.index.record_model).
+            return submit_package(settings, export, body.targets, body.sdks, body.options, name=body.name,
+                                  tag=body.tag, allow_queue=body.allow_queue, retry_failed=body.retry_failed,
+                                  force_tag=body.force_tag, registry=reg, served=served, dispatch=dispatch,
+                                  owner=who.token_id)
     finally:
         shutil.rmtree(work, ignore_errors=True)
