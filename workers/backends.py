@@ -1,4 +1,6 @@
-"""The runner registry: backend name -> its Runner, and the few backend facts the layers above need.
+"""The runner registry: backend name -> its Runner, and the few backend facts and calls the layers
+above need (the CLI and the service reach workers/ only here, through farm.pipeline, and, for
+``farm worker``, workers.main: import-linter contracts say so).
 
 This is the only module above the backends that imports them (``workers.qnn``, ``workers.trt``);
 they import the shared types below them (``workers.runner``) and never this module, so the
@@ -15,6 +17,7 @@ from farm.core.errors import MissingExtraError
 
 if TYPE_CHECKING:
     from farm.core.catalog import Target
+    from workers.epcontext import ContextModel
     from workers.runner import Runner, Toolchain
     from workers.trt.runner import GpuInfo
 
@@ -39,6 +42,23 @@ def qnn_toolchain() -> Toolchain:
     from workers.qnn.runner import detect_toolchain
 
     return detect_toolchain()
+
+
+def prestart_qnn_hosts(count: int) -> None:
+    """Spawn QNN compile hosts for ``count`` concurrent compiles now, without waiting
+    (``workers.host.HostPool.prestart``), so their start overlaps the caller's own work."""
+    from workers.host import pool_for
+
+    # workers.qnn.runner.CHILD, named here so the caller does not import the runner (and its catalog) first.
+    pool_for("workers.qnn.child").prestart(count)
+
+
+def open_context(ctx_model: Path) -> ContextModel:
+    """A context model read the way a runtime is about to load it: the file checks every backend
+    shares (``workers.epcontext.open_context``: not-found, invalid-model, not-a-context)."""
+    from workers.epcontext import open_context as read
+
+    return read(ctx_model)
 
 
 def detect_gpu(index: int = 0) -> GpuInfo:

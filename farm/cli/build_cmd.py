@@ -204,11 +204,10 @@ def prestart_hosts(targets: list[str], models: int) -> None:
         return
     import os
 
-    from workers.host import pool_for
+    from workers.backends import prestart_qnn_hosts
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # workers.qnn.runner.CHILD, named here so the CLI does not import the runner (and its catalog) first.
-    pool_for("workers.qnn.child").prestart(min(cpus, models * len(qnn)))
+    prestart_qnn_hosts(min(cpus, models * len(qnn)))
 
 
 def _samples(args: argparse.Namespace, models: list[str]) -> tuple[Path, list[dict[str, Any]]] | None:

@@ -286,15 +286,13 @@ def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:
     would not work on the device is an error (not-found, not-a-context, target-mismatch,
     runtime-too-old, runtime-crashed, toolchain-error), never a zero exit."""
     from farm.core.errors import RuntimeCrashedError
-    from workers.backends import get_runner
+    from workers.backends import get_runner, open_context
 
     runner = get_runner(target.backend)
     check = getattr(runner, "check_load", None)
     if check is not None:
         return dict(check(ctx_model, target))
     # A runner without its own check: the file checks every backend shares, then its load.
-    from workers.epcontext import open_context
-
     open_context(ctx_model)
     result = dict(runner.load_check(ctx_model, target))
     if result.get("crashed"):

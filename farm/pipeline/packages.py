@@ -25,6 +25,7 @@ from farm.core.errors import (
     DigestMismatchError,
     FarmError,
     ManifestError,
+    MissingExtraError,
     PackageFilesMissingError,
     StorageError,
     UsageError,
@@ -107,6 +108,18 @@ def check_buildable(inputs: Inputs) -> None:
     if not inputs.rows:
         pk.plan(package_name=inputs.name, package_version=inputs.tag, model=inputs.model,
                 model_files=inputs.model_files, group=None, builds=[])  # raises no-published-builds
+
+
+def authors_here() -> bool:
+    """Can this process write model packages itself (onnxruntime >= 1.32 installed here,
+    ``workers.ortpackage.runtime``)? A service that cannot has a worker make them."""
+    from workers.ortpackage import runtime
+
+    try:
+        runtime()
+    except MissingExtraError:
+        return False
+    return True
 
 
 def make_package(settings: Settings, reg: Registry, ref: str, *, signer: Any = None,

@@ -91,17 +91,13 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
 def _here(settings: Settings, reg: Registry, ref: str) -> dict[str, Any] | None:
     """The answer when the index holds it or this process can make it (or no worker could:
     no broker); None when a worker must make it."""
-    from farm.core.errors import MissingExtraError
     from farm.pipeline.execute import signer_for
-    from farm.pipeline.packages import check_buildable, make_package, package_inputs
-    from workers.ortpackage import runtime
+    from farm.pipeline.packages import authors_here, check_buildable, make_package, package_inputs
 
     inputs = package_inputs(reg, ref)
     if inputs.made is None and settings.broker_url:
         check_buildable(inputs)
-        try:
-            runtime()
-        except MissingExtraError:
+        if not authors_here():
             return None
     return make_package(settings, reg, ref, signer=signer_for(settings), inputs=inputs)
 
