@@ -1,4 +1,4 @@
-"""Compile vs answer-from-the-index, in process and from the shell (issues 2 and 12).
+"""Compile vs answer-from-the-index, in process and from the shell.
 
 Builds a light model for two SoCs in a temp FARM_HOME (SQLite + local blob dir), and with
 ``--admin-url`` in a throwaway PostgreSQL database too (dropped at the end). Then:

@@ -1,4 +1,4 @@
-"""Evidence (issue 23): what the accuracy check costs, and how fast one service takes device reports.
+"""Evidence (docs/evidence.md): what the accuracy check costs, and how fast one service takes device reports.
 
     python bench/evidence.py [--models 6] [--rounds 2] [--report-seconds 8] [--clients 8] [--report-tokens 1]
 

@@ -22,8 +22,8 @@ more than the margins of the targets: so each figure is the median over the roun
 to the mean of the two loops either side of its round, and every round's ratio is printed too.
 
 Prints the table, the per-phase breakdown (p50 of each phase the executor recorded on the build
-rows, ``builds.phases``, over every round) and which of issue 12's and issue 33's targets hold
-(issue 33: six `farm build` calls <= 1.2 x the loop, six `farm submit --server --wait` <= 1.2 x;
+rows, ``builds.phases``, over every round) and which of its targets hold: the pipeline's, and the
+per-call tax's (six `farm build` calls <= 1.2 x the loop, six `farm submit --server --wait` <= 1.2 x;
 a call's fixed cost over a bare script is printed as information); writes bench/out/farm.json.
 
     python bench/farm.py [--rounds 3] [--models squeezenet,...] [--socs SM8650,SM8750] [--workers 1,2]
@@ -355,7 +355,7 @@ def pipeline_server(env: dict[str, str], venv: Path, models: list[str], socs: li
     port = free_port()
     with workers(env, [venv], log_dir):
         wait_live(env, 1)
-        # Six concurrent uploads under one submit token: above issue 32's default per-token quota of
+        # Six concurrent uploads under one submit token: above the default per-token quota of
         # open upload sessions (FARM_QUOTA_UPLOADS=4), which this bench does not measure.
         proc = serve({**os.environ, **env, "FARM_QUOTA_UPLOADS": str(max(8, 2 * len(models)))}, port,
                      log_dir / f"serve-{port}.log", workers=serve_workers)
@@ -801,7 +801,7 @@ def report(r: dict[str, Any]) -> None:
         print(f"{name:76s} {p50(secs):7.2f} {p50(xs):7.2f}  {' '.join(f'{x:.2f}' for x in xs)}")
     c = r.get("cached")
     if c is None:
-        _issue33(r, rows)
+        _call_tax_targets(r, rows)
         return
     print()
     print("cached re-submission (the set built):")
@@ -866,17 +866,17 @@ def report(r: dict[str, Any]) -> None:
         ("embedded `farm build` of the set <= 1.15 x loop", f"{per_round(emb_x)} (CLI)", p50(emb_x) <= 1.15),
     ]
     print()
-    print("issue 12 targets:")
+    print("pipeline targets:")
     for name, got, ok in targets:
         print(f"  {'n/a   ' if ok is None else 'holds ' if ok else 'MISSED'}  {name}: {got}")
     r["summary"] = {"loop_s": loop, "loop_process_s": loop_proc,
                     "rows": [{"measure": m, "seconds": s_, "x_loop": x} for m, s_, x in rows],
                     "targets": [{"target": t, "measured": g, "holds": ok} for t, g, ok in targets]}
-    _issue33(r, rows)
+    _call_tax_targets(r, rows)
 
 
-def _issue33(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]) -> None:
-    """Issue 33's targets ("no per-call tax"): six `farm build` calls <= 1.2 x the loop, six
+def _call_tax_targets(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]) -> None:
+    """The per-call tax's targets: six `farm build` calls <= 1.2 x the loop, six
     concurrent `farm submit --server --wait` to farm serve + one worker <= 1.2 x the loop. A
     call's fixed cost over a bare script (same targets) is information, not a target."""
     rounds = r["rounds"]
@@ -906,13 +906,13 @@ def _issue33(r: dict[str, Any], rows: list[tuple[str, list[float], list[float]]]
             print(f"  {family:36s} {ms:7.0f} ms  {im['shares'][family]:5.1%}")
     if out or info:
         print()
-        print("issue 33 targets:")
+        print("per-call tax targets:")
         for t in out:
             print(f"  {'holds ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']:.2f} {t['unit']}")
         for t in info:
             print(f"  (info)  {t['measure']}: {t['value']:.0f} {t['unit']}")
-    r.setdefault("summary", {})["issue33_targets"] = out
-    r["summary"]["issue33_info"] = info
+    r.setdefault("summary", {})["call_tax_targets"] = out
+    r["summary"]["call_tax_info"] = info
     r["name"] = "farm"
     r["targets"] = out
     r["baseline"] = "one process of the worker venv compiling every build in a loop, before and after each round"

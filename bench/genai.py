@@ -1,4 +1,4 @@
-"""An LLM export built into one onnxruntime-genai folder (issue 29): the farm with two workers
+"""An LLM export built into one onnxruntime-genai folder (docs/shipping-llm.md): the farm with two workers
 against the parts built one after the other in one process, in one run.
 
 The export: bench/genai_export.py, 2 parts (default --hidden 2048 --layers 20: about 1.5 GiB

@@ -1,5 +1,5 @@
-"""Service memory under the hostile bodies of issue 32, this code against another checkout in
-the same run.
+"""Service memory under hostile request bodies (big samples, huge JSON, oversized uploads), this code
+against another checkout in the same run.
 
     python bench/hostile_bodies.py [--code DIR] [--out NAME]
 

@@ -1,4 +1,4 @@
-"""Probes and device reads while a flood of long polls waits (issue 21), baseline in the same run.
+"""Probes and device reads while a flood of long polls waits, baseline in the same run.
 
     python bench/longpoll.py [--polls 48] [--wait 15] [--rounds 5] [--code DIR]
 

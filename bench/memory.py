@@ -1,4 +1,4 @@
-"""Memory planning (issue 22): each build's predicted peak RSS against the one measured.
+"""Memory planning (docs/large-models.md): each build's predicted peak RSS against the one measured.
 
 For each model, a real embedded build (QNN, SM8650) in a FARM_HOME of its own, so that the
 executor predicts from the defaults (farm.pipeline.memory: measured facts, no history); the

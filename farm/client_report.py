@@ -1,4 +1,4 @@
-"""Device reports from the device side (issue 23; docs/evidence.md): the standard library only,
+"""Device reports from the device side (docs/evidence.md): the standard library only,
 like ``farm.client``. An app that loads the artifact itself calls ``report``::
 
     from farm.client_report import report

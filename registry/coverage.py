@@ -1,6 +1,6 @@
 """Coverage for ops, two ways.
 
-The summary and the drill-down (``summary``, ``models_page``; issue 24) read the tables that the
+The summary and the drill-down (``summary``, ``models_page``; docs/coverage.md) read the tables that the
 triggers of migration 0008 keep (``registry.coverage_sql``): SoC x SDK counts for the farm, a tag
 or a name prefix, and models paged by name with a keyset cursor. They answer in milliseconds at a
 million artifacts; `farm coverage --summary/--missing`, GET /v1/coverage/summary|models and the
@@ -56,7 +56,7 @@ class Cell:
     # Partial offload: an active artifact of the cell leaves nodes on the CPU; their op types.
     partial_offload: bool = False
     cpu_op_types: list[str] = field(default_factory=list)
-    # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries): issue 31.
+    # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries).
     unverified: str | None = None
     devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
 
@@ -315,7 +315,7 @@ def _evidence(session: Session, cells: dict[tuple[str, str, str], Cell], backend
     return {b: sorted(v, key=parse_version) for b, v in runtimes.items()}
 
 
-# ---- the summary and the paged drill-down (issue 24) ----------------------------------------------
+# ---- the summary and the paged drill-down ---------------------------------------------------------
 #
 # Both read the tables the triggers of migration 0008 keep (registry.coverage_sql): the summary
 # sums ``coverage_deltas`` (a few rows per target x toolchain once folded) or, for a subset of
@@ -661,7 +661,7 @@ def _newest_case(newest: dict[str, str], params: dict[str, Any]) -> str:
 
 def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filtered: bool,
                      index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
-    """Issue 23 on each cell (docs/evidence.md): ``devices`` (distinct devices that reported it
+    """Device evidence on each cell (docs/evidence.md): ``devices`` (distinct devices that reported it
     loads, not revoked) and ``accuracy_min_psnr_db`` (the lowest PSNR a check against the CPU
     reference found among its active artifacts; None when none was checked or none ran)."""
     where = (f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
@@ -689,7 +689,7 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
 
 def _twin_evidence(rows: Rows, placeholders: str, params: dict[str, Any],
                    index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
-    """Issue 29 on each cell of a genai package (its artifact's ctx model is its
+    """The twin's evidence on each cell of a genai package (its artifact's ctx model is its
     genai_config.json): ``twin``, the greedy tokens its twin matched of those compared
     (``16/16``), or the twin's status when it gave no figure."""
     for m, b, t, tc, desc in rows.rows(

@@ -19,7 +19,7 @@ One touch of a cell (model, backend, target, toolchain):
 A cell's state: built (a succeeded build whose artifact is not broken), else building (queued or
 running), else broken, else failed: the order ``registry.coverage`` has always shown.
 
-A multi-SoC QNN build (target ``SM8650+SM8750``, issue 22; migration 0009) has no cell of its own:
+A multi-SoC QNN build (target ``SM8650+SM8750``, docs/groups.md; migration 0009) has no cell of its own:
 it counts in the cell of each SoC it names, beside that SoC's own builds, and a change of it
 touches each of those cells. A device report on it verifies only the cell of the SoC the device
 has (the other SoCs were not loaded).
@@ -197,7 +197,7 @@ def rebuild(dialect: str) -> list[str]:
 _MODEL_TAGS = "SELECT DISTINCT model_digest, tag FROM tags"
 
 
-# ---- device reports: touch and bump only on what can change (issues 31, 33) -------------------------
+# ---- device reports: touch and bump only on what can change, at fleet rate ---------------------------
 #
 # A fleet sends reports by the thousand: a touch (locks, a delta, a cell rewrite) and a generation
 # bump (every cached resolve answer of the model dropped) per report row was most of what a

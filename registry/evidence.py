@@ -1,4 +1,4 @@
-"""Accuracy evidence (issue 23): what running an artifact gave against the CPU reference.
+"""Accuracy evidence (docs/evidence.md): what running an artifact gave against the CPU reference.
 
 One ``accuracy_results`` row per (artifact, runtime, inputs). ``numerics_key`` hashes what decides
 the numbers (model, context bytes, runtime, inputs): an artifact whose context is byte-identical to

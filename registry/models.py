@@ -287,7 +287,7 @@ class GenaiPart(Base):
     part_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
 
 
-# ``report``: devices posting load reports (issue 23); outside the read < submit < admin ladder.
+# ``report``: devices posting load reports; outside the read < submit < admin ladder.
 TOKEN_SCOPES = ("read", "submit", "admin", "report")
 
 
@@ -344,7 +344,7 @@ ACCURACY_STATUSES = ("ok", "runtime-crashed", "skipped", "unverified")
 
 
 class AccuracyResult(Base):
-    """Numerical evidence (issue 23): an artifact run under a runtime (the HTP simulator) against
+    """Numerical evidence: an artifact run under a runtime (the HTP simulator) against
     the source model on onnxruntime's CPU EP, same inputs; per output PSNR, cosine, max abs error.
     ``inputs`` names the inputs (``seeded:0`` or an uploaded sample's digest); ``numerics_key``
     lets another artifact with the same model, context bytes, runtime and inputs reuse a row."""
@@ -411,7 +411,7 @@ class DeviceReport(Base):
     device_model: Mapped[str] = mapped_column(String(128))
     soc: Mapped[str] = mapped_column(String(64))
     os: Mapped[str] = mapped_column(String(128))
-    # The runtime's CPU architecture (issue 31, migration 0010): rows without one predate it and
+    # The runtime's CPU architecture (migration 0010): rows without one predate it and
     # never count as device evidence.
     arch: Mapped[str | None] = mapped_column(String(16))
     runtime_backend: Mapped[str] = mapped_column(String(16))
@@ -489,7 +489,7 @@ class ModelGeneration(Base):
 
 
 class ModelPackageRow(Base):
-    """An ORT model package (issue 30, ``farm.core.packages``): made from a model's published
+    """An ORT model package (``farm.core.packages``): made from a model's published
     builds, verified, its files in the store. ``digest`` is its record's (a blob); ``inputs`` what
     it was made from (model, NAME:TAG, every artifact digest): UNIQUE, so the same inputs are
     answered from the index and a new build makes a new package."""

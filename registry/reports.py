@@ -1,4 +1,4 @@
-"""Device reports (issues 23 and 31): what a device saw when it loaded an artifact, and what the
+"""Device reports (docs/evidence.md): what a device saw when it loaded an artifact, and what the
 fleet's reports add up to.
 
 A report is attributed to the token that sent it and the device id it names. One row per
@@ -6,7 +6,7 @@ A report is attributed to the token that sent it and the device id it names. One
 up), so one device counts once however often it reports. Aggregates count distinct devices per
 artifact x runtime (x SoC) by outcome, with load time p50/p90 and peak memory.
 
-What counts as device evidence (issue 31, docs/evidence.md "What makes reports independent"):
+What counts as device evidence (docs/evidence.md "What makes reports independent"):
 
 - only reports that say their platform (``arch``) and were admitted: not from a host the farm
   itself could be (QNN on x86_64/x86 is the HTP simulator: refused, ``not-device-evidence``), for

@@ -57,7 +57,7 @@ def list_tokens(session: Session) -> list[TokenInfo]:
 def revoke_token(session: Session, name: str) -> None:
     """Revoke a token, and withdraw what it said: its device reports are struck (``revoked_why``
     ``token revoked``) in the same transaction, so no artifact stays quarantined or preferred on
-    its word (issue 31)."""
+    its word."""
     from registry.models import DeviceReport
 
     now = datetime.now(UTC)

@@ -125,7 +125,7 @@ def referenced_digests(session: Session) -> set[str]:
         refs.update(f["digest"] for f in files if f.get("stored"))
     from registry.models import ModelPackageRow
 
-    for files in session.scalars(select(ModelPackageRow.files)):  # ORT model packages (issue 30)
+    for files in session.scalars(select(ModelPackageRow.files)):  # ORT model packages
         refs.update(f["digest"] for f in files)
     return refs
 

@@ -140,7 +140,7 @@ def artifact_document(session: Session, store: Any, ref: str, target: str | None
     doc["compatibility"] = dict(a.compatibility if a.compatibility is not None else manifest.get("compatibility") or {})
     if getattr(a, "description", None) is not None:  # the context binaries' own description (QNN System API)
         doc["description"] = a.description
-    # Evidence beyond "it loads" (issue 23): accuracy against the CPU reference, device reports.
+    # Evidence beyond "it loads" (docs/evidence.md): accuracy against the CPU reference, device reports.
     from registry.evidence import of_artifacts
     from registry.reports import summary
 

@@ -73,7 +73,7 @@ def _finish(ex: Any, queue: str | None, result: Any, taken: bool = False) -> Non
             log.warning("could not take build %s's message off %s", result.build_id, queue, exc_info=True)
 
     if result.outcome in ("succeeded", "failed", "exhausted"):
-        try:  # issue 29: the last part of a genai package sends the package's build (the fan-in)
+        try:  # the last part of a genai package sends the package's build (the fan-in)
             from farm.pipeline.genai import after_part
 
             after_part(settings, ex.registry, result.build_id, app)
@@ -86,7 +86,7 @@ def _finish(ex: Any, queue: str | None, result: Any, taken: bool = False) -> Non
             send(app, COMPILE_TASK, [result.build_id], queue, countdown=result.countdown)
     elif result.outcome == "succeeded" and result.artifact_id is not None:
         schedule_probes(ex, result.artifact_id)
-        try:  # issue 23: the accuracy check, a follow-up task (never on the answer's path)
+        try:  # the accuracy check, a follow-up task (never on the answer's path)
             from farm.pipeline.accuracy import after_publish
 
             after_publish(settings, ex.registry, result.build_id, result.artifact_id)
@@ -164,7 +164,7 @@ CHAIN_S = min(200.0, settings.effective_visibility_timeout / 2)
 
 
 def _next_builds(ex: Any, queue: str) -> None:
-    """Issue 33: the builds waiting on this queue, taken here from the index one after another
+    """The builds waiting on this queue, taken here from the index one after another
     (``Executor.execute_next``) rather than each through the broker (Celery's acknowledgement,
     the next message, the task's start: ~20 ms a build, measured), and each one's message taken
     out of the broker list. Stops when none is queued, when the worker is asked to stop or to

@@ -84,25 +84,25 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for module in (health, models, releases, builds, blobs, tags, coverage, workers, artifacts):
         app.include_router(module.router)
-    resolve.include(app)  # issue 33: its hot GET route first
+    resolve.include(app)  # its hot GET route first
     from farm.api.routes import cancel, upload_sessions
 
-    app.include_router(cancel.router)  # issue 22: farm cancel
-    app.include_router(upload_sessions.router)  # issue 22: resumable uploads
-    reports.include(app)  # issue 23: device reports (its hot POST route first)
+    app.include_router(cancel.router)  # farm cancel
+    app.include_router(upload_sessions.router)  # resumable uploads
+    reports.include(app)  # device reports (its hot POST route first)
     from farm.api.routes import groups
 
-    app.include_router(groups.router)  # issue 22: graph groups
+    app.include_router(groups.router)  # graph groups
     from farm.api.routes import packages
 
-    app.include_router(packages.router)  # issue 30: ORT model packages
+    app.include_router(packages.router)  # ORT model packages
     from farm.api.routes import genai
 
-    app.include_router(genai.router)  # issue 29: genai packages over HTTP
+    app.include_router(genai.router)  # genai packages over HTTP
     from farm.api.deps import guard_routes
 
-    guard_routes(app)  # issue 32: every route, the token before the body and the body within its cap
-    app.take_first(resolve.fast_route, reports.fast_route)  # issue 33: a device's poll and its report
+    guard_routes(app)  # every route: the token before the body and the body within its cap
+    app.take_first(resolve.fast_route, reports.fast_route)  # a device's poll and its report, served first
     return app
 
 

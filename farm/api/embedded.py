@@ -54,7 +54,7 @@ class EmbeddedRunner:
 
                 after_publish(self.settings, self.reg, build_id, r.artifact_id)  # a thread: off the answer's path
             if r.outcome in ("succeeded", "failed", "exhausted"):
-                # The fan-in (issue 29), as a worker's ``after_part``: the package builds whose
+                # The genai fan-in, as a worker's ``after_part``: the package builds whose
                 # last part this was are built next, on this runner.
                 with self.reg.db.session() as s:
                     ready = [pkg for pkg, _ in ready_packages(s, build_id)]

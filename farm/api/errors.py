@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from farm.core import errors as E
 
 STATUS = {
-    "sharing-unsupported": 400, "multi-soc-unsupported": 400, "bad-group": 400,  # issue 22
+    "sharing-unsupported": 400, "multi-soc-unsupported": 400, "bad-group": 400,  # graph groups, multi-SoC builds
     "usage": 400, "bad-name": 400, "bad-options": 400, "unknown-target": 400, "invalid-model": 400,
     "bad-manifest": 400, "unsupported-ops": 400, "not-found": 404, "no-match": 404, "too-large": 413,
     "unauthorized": 401, "forbidden": 403, "no-worker": 503, "database-error": 503, "schema-mismatch": 503,
@@ -22,8 +22,8 @@ STATUS = {
     "bad-config": 500, "internal-error": 500, "tag-conflict": 409, "rate-limited": 429, "server-error": 502,
     "accuracy-below-threshold": 422, "accuracy-unverified": 422, "cancelled": 409,
     "no-published-builds": 404, "package-files-missing": 409, "package-verify-failed": 500,
-    "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # issue 31
-    "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # issue 32
+    "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # device evidence
+    "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # per-token quotas
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the

@@ -172,16 +172,16 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                 label = st + (f" ({', '.join(c['codes'])})" if c and c["codes"] and st == "failed" else "")
                 if c and c.get("probe_verified"):
                     label += " \u2713probe"
-                if c and c.get("device_verified"):  # how many distinct devices said it loads (issue 23)
+                if c and c.get("device_verified"):  # how many distinct devices said it loads
                     n = int(c.get("devices") or 0)
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
-                if c and c.get("unverified"):  # built only as groups / multi-SoC binaries (issue 31)
+                if c and c.get("unverified"):  # built only as groups / multi-SoC binaries: no runtime here verifies them
                     label += " unverified"
-                if c and c.get("twin"):  # a genai package: greedy tokens its twin matched (issue 29)
+                if c and c.get("twin"):  # a genai package: greedy tokens its twin matched
                     label += f" twin {c['twin']}"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)
                     label += " via " + ", ".join(v.partition(":")[2] for v in c["via"])
-                if c and c.get("partial_offload"):  # ops left on the device's CPU (issue 30)
+                if c and c.get("partial_offload"):  # ops left on the device's CPU
                     label += " +cpu (" + (", ".join(c.get("cpu_op_types") or []) or "ops not recorded") + ")"
                 verdicts = "".join(
                     f"<div class='v'>{e(RUNTIME_NAMES.get(p['runtime_backend'], p['runtime_backend']))} "

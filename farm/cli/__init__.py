@@ -130,7 +130,7 @@ def suggest(word: str, candidates: Sequence[str]) -> str:
 
 def build_parser(selected: str | None = None) -> Parser:
     """The parser; only ``selected``'s module is imported to declare its arguments. A known
-    ``selected`` gets only its own subparser (issue 33: 27 empty subparsers cost ~7 ms of every
+    ``selected`` gets only its own subparser (27 empty subparsers cost ~7 ms of every
     call); anything else (no command, a typo, ``--help``, ``--version``) gets them all, for the
     listing and the suggestion."""
     parser = Parser(

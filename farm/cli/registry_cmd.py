@@ -244,7 +244,7 @@ def _note(v: dict[str, Any]) -> str:
 
 
 def _show_evidence(info: dict[str, Any]) -> None:
-    """Accuracy against the CPU reference and device reports (issue 23, docs/evidence.md)."""
+    """Accuracy against the CPU reference and device reports (docs/evidence.md)."""
     for acc in info.get("accuracy") or []:
         if acc["status"] == "ok":
             worst = f"worst output {acc['worst_output']!r}: " if acc.get("worst_output") else ""
@@ -258,7 +258,7 @@ def _show_evidence(info: dict[str, Any]) -> None:
         print("accuracy  not checked (farm build --accuracy, --min-psnr, or FARM_ACCURACY=after)")
     for d in info.get("devices") or []:
         times = f", load p50 {d['load_ms_p50']:g} ms" if d.get("load_ms_p50") is not None else ""
-        from farm.core.text import printable  # stored device text: escaped (issue 31)
+        from farm.core.text import printable  # stored device text: escaped, a device is not trusted
 
         err = f", last error: {printable(d['last_error'][:80])}" if d.get("last_error") else ""
         print(f"devices   {d['runtime']} {d['soc']}: {d['loads']} load, {d['fails']} fail, {d['crashed']} crashed "

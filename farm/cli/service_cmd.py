@@ -229,7 +229,7 @@ def _install(args: argparse.Namespace, settings: Settings) -> int:
     reported = None
     if getattr(args, "report", False):
         # A report that can't be sent (or won't be: a simulator host) never fails a good install:
-        # the exit status and stdout stay as without --report, a warning says why (issue 32).
+        # the exit status and stdout stay as without --report, a warning says why.
         from farm.cli.report_cmd import NotReportingError, install_report
         from farm.core.errors import translate
         from farm.core.text import printable

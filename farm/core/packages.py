@@ -1,4 +1,4 @@
-"""ORT model packages: the shape of one, made from a model's published builds (issue 30).
+"""ORT model packages: the shape of one, made from a model's published builds (docs/packages.md).
 
 An ONNX Runtime model package (onnxruntime >= 1.32: ``onnxruntime.ModelPackage`` authors one,
 ``ModelPackageContext(dir).select_component(name, ModelPackageOptions(session_options))`` picks

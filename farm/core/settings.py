@@ -81,7 +81,7 @@ class Settings:
     # Embedded `farm build`: start the first compiles before the pipeline is imported and the
     # builds are recorded; each claimed build adopts its own (farm.pipeline.early).
     early_compile: bool = True
-    # Evidence (issue 23; docs/evidence.md). FARM_ACCURACY: "gate" runs the simulator accuracy
+    # Evidence (docs/evidence.md). FARM_ACCURACY: "gate" runs the simulator accuracy
     # check only for requests with --min-psnr; "after" also after every QNN build (a follow-up
     # task on the probe queue, off the answer's path); "off" never (a gated request then says
     # accuracy-unverified). Each run gets FARM_ACCURACY_BUDGET seconds.
@@ -91,7 +91,7 @@ class Settings:
     # runtime, and loading on none, is not served to that runtime again.
     reports_per_minute: int = 600
     report_fail_devices: int = 3
-    # Per-token quotas of the HTTP service (issue 32): open upload sessions, the bytes they hold,
+    # Per-token quotas of the HTTP service (docs/security.md): open upload sessions, the bytes they hold,
     # and releases with builds still queued or running; upload sessions untouched this long expire.
     quota_uploads: int = 4
     quota_upload_mb: int = 8192

@@ -20,7 +20,7 @@ def unprintable(text: str) -> str | None:
     are. Not printable: controls (C0 with tab, CR and LF; DEL; C1, so a lone CSI ``\\x9b`` too),
     format characters (bidi overrides and isolates, zero-width joiners, BOM), line and paragraph
     separators, surrogates, private-use and unassigned code points (Unicode categories Cc, Cf, Zl,
-    Zp, Cs, Co, Cn). What a device sends as "printable" fields is held to this (issue 31)."""
+    Zp, Cs, Co, Cn). What a device sends as "printable" fields is held to this."""
     import unicodedata
 
     if text.isascii() and text.isprintable():  # the common case: no per-character lookups

@@ -1,4 +1,4 @@
-"""The accuracy check as a pipeline step (issue 23): after publication, never inside it.
+"""The accuracy check as a pipeline step (docs/evidence.md): after publication, never inside it.
 
 ``evaluate`` takes an artifact id, returns early when its figures exist (or a byte-identical
 context's can be reused), else fetches the model snapshot and the artifact into a fresh temp dir

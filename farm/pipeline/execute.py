@@ -382,7 +382,7 @@ class Executor:
     def execute_next(self, queue: str, *, then: Callable[[Result], None] | None = None) -> Result | None:
         """Claim and run the oldest queued build of ``queue`` (``states.next_queued``), or None
         when there is none: a worker that just handed a build over takes its next one from the
-        index, without the broker's round trip (issue 33: ~20 ms a build). The build's message
+        index, without the broker's round trip (~20 ms a build). The build's message
         is still in the broker; it finds the build taken or final and is dropped."""
         return self._settled(None, then, queue)
 

@@ -1,4 +1,4 @@
-"""onnxruntime-genai packages (issue 29): an exported static decoder pipeline becomes one folder
+"""onnxruntime-genai packages (docs/shipping-llm.md): an exported static decoder pipeline becomes one folder
 a device opens with ``og.Model(dir)``, built part by part.
 
 The shape of an export (which file is which part's prefill or decode, the CPU stages, the

@@ -1,4 +1,4 @@
-"""ORT model packages in a cluster whose service can't make them (issue 30): a worker makes them.
+"""ORT model packages in a cluster whose service can't make them: a worker makes them.
 
 A package is written and checked by onnxruntime >= 1.32 (``workers.ortpackage``); a cluster's API
 image has none, its QNN 2.49.40 / 2.51.0 workers pin 1.32.0. So ``POST /v1/packages`` on such a

@@ -1,4 +1,4 @@
-"""``farm package``: an ORT model package from a model's published builds (issue 30).
+"""``farm package``: an ORT model package from a model's published builds (docs/packages.md).
 
 ``make_package`` reads the index (the model behind NAME:TAG, its active artifacts and their
 manifests), and answers from the index when a package of exactly these inputs exists (the same

@@ -195,7 +195,7 @@ def part_builds(session: Session, package_build_id: int) -> list[int] | None:
 
 
 def next_queued(session: Session, queue: str, *, lock: bool = True) -> int | None:
-    """The build a worker of ``queue`` takes next without waiting for the broker (issue 33): the
+    """The build a worker of ``queue`` takes next without waiting for the broker: the
     oldest queued build of the queue whose backoff is over, not a genai package (those are sent
     when their parts are final, ``farm.pipeline.genai``). PostgreSQL locks the row until the
     caller's transaction ends and skips rows another worker has locked, so two workers asking

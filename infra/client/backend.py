@@ -23,12 +23,12 @@ ROOT = HERE.parents[1]
 MODULES = [
     "farm/__init__.py",
     "farm/client.py",
-    "farm/client_report.py",  # device reports (issue 23): report() for apps that load artifacts themselves
+    "farm/client_report.py",  # device reports: report() for apps that load artifacts themselves
     "farm/core/__init__.py",
     "farm/core/errors.py",
     "farm/core/keys.py",
     "farm/core/names.py",
-    "farm/core/packages.py",  # issue 30: ctxfarm-install --package (an ORT model package)
+    "farm/core/packages.py",  # ctxfarm-install --package (an ORT model package)
     "farm/core/placement.py",
     "farm/core/settings.py",
     "farm/core/untrusted.py",

@@ -1,4 +1,4 @@
-"""graph groups, multi-SoC builds, context binary descriptions, build memory (issue 22)
+"""graph groups, multi-SoC builds, context binary descriptions, build memory
 
 Revision ID: 0006
 Revises: 0005

@@ -1,4 +1,4 @@
-"""accuracy evidence and device reports (issue 23)
+"""accuracy evidence and device reports
 
 Revision ID: 0007
 Revises: 0006

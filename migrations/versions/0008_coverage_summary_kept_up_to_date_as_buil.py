@@ -1,4 +1,4 @@
-"""coverage summary kept up to date as builds finish (issue 24)
+"""coverage summary kept up to date as builds finish
 
 Three tables kept by triggers, in the transaction that changes a build's state, inserts or marks
 an artifact, or records a verdict (every writer: the ORM, the bare connections, psql):
@@ -13,8 +13,8 @@ an artifact, or records a verdict (every writer: the ORM, the bare connections, 
   answers are keyed by it.
 
 The trigger bodies come from ``registry.coverage_sql`` (one template for PostgreSQL and SQLite).
-``install`` drops what it creates first: a later migration that changes what a cell counts (e.g. the
-multi-SoC artifacts of issue 22) calls it again, then ``rebuild``.
+``install`` drops what it creates first: a later migration that changes what a cell counts (e.g. counting
+multi-SoC artifacts in each SoC's cell, 0009) calls it again, then ``rebuild``.
 
 Revision ID: 0008
 Revises: 0007

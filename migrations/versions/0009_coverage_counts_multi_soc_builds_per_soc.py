@@ -1,4 +1,4 @@
-"""coverage counts a multi-SoC build in each SoC's cell (issues 22 and 24)
+"""coverage counts a multi-SoC build in each SoC's cell
 
 A QNN build for ``SM8650+SM8750`` had a coverage cell of its own, a pseudo-target no device has.
 The triggers of ``registry.coverage_sql`` now touch, and recompute, the cell of each SoC such a

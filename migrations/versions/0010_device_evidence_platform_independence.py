@@ -1,14 +1,14 @@
-"""device evidence: platform, independence, withdrawal (issue 31)
+"""device evidence: platform, independence, withdrawal
 
 - ``device_reports.arch``: the CPU architecture the reporting runtime ran on. Every row stored
   before this revision has none and is struck (``revoked_why`` = ``no platform``): it can't be
-  told from the x86_64 HTP simulator's, which poisoned the fleet (issue 31). Shown, never counted.
+  told from the x86_64 HTP simulator's, which poisoned the fleet's evidence. Shown, never counted.
 - ``device_reports.revoked_why``: why a report was struck (revoked by an admin, token revoked,
   quarantine lifted, no platform).
 - Reports of tokens already revoked are struck (revoking a token now withdraws what it said).
 - The coverage triggers (``registry.coverage_sql``, code) count a device confirmation only on the
   cell of the report's own SoC, and touch a cell or bump a model's resolve generation only for a
-  report that can change them (issue 33: reports at fleet rate): reinstalled, every cell
+  report that can change them (reports arrive at fleet rate): reinstalled, every cell
   recomputed. An index on (artifact, runtime, SoC, token) makes "another token reported here"
   two index seeks.
 

@@ -1,4 +1,4 @@
-"""ownership and per-token quotas (issue 32)
+"""ownership and per-token quotas
 
 ``releases.owner_token_id`` (the token that submitted it through the service; only it or an admin
 cancels it) and ``releases.cancelled_at`` (a cancelled release no longer wants its builds: a build

@@ -1,4 +1,4 @@
-"""build compatibility strings, the op types a build left on the CPU, and ORT model packages (issue 30)
+"""build compatibility strings, the op types a build left on the CPU, and ORT model packages
 
 ``artifacts.compatibility``: the EP's own compatibility string by EP name, read from the context
 model's ``ep_compatibility_info.<EP>`` metadata (``{"QNNExecutionProvider": "v2:6:2.51.0:..."}``);

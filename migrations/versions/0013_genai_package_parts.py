@@ -1,4 +1,4 @@
-"""genai packages (issue 29): genai_parts links a package's build to its parts' group builds
+"""genai packages: genai_parts links a package's build to its parts' group builds
 
 A genai package's build (farm.pipeline.genai) is assembled from one weight-shared group build
 per part; on the cluster the fan-in (a part's build final -> the package's build sent) reads this

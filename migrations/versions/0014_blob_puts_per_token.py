@@ -1,4 +1,4 @@
-"""blob puts counted per token (issue 33's gap of issue 32's quotas)
+"""blob puts counted per token: uploaded blobs nothing references yet count against the token's quota
 
 ``blob_puts``: each blob a token stored with ``PUT /v1/blobs/DIGEST``, with its size, until a model
 or a genai package comes to reference it (the row goes) or ``FARM_UPLOAD_TTL_S`` passes: what

@@ -1,4 +1,4 @@
-"""The accuracy gate's test models (issue 23): a 64x64 MatMul with seeded weights (the HTP's fp16
+"""The accuracy gate's test models: a 64x64 MatMul with seeded weights (the HTP's fp16
 rounding: PSNR about 78.6 dB against the CPU) and the same MatMul followed by x 1e5 then x 1e-5
 (an intermediate beyond fp16's 65,504: PSNR about 9.8 dB)."""
 

@@ -1,4 +1,4 @@
-"""Hostile zip archives (issue 32): a directory of many entries written directly (zipfile
+"""Hostile zip archives: a directory of many entries written directly (zipfile
 takes minutes for 250,000), and a member whose data no longer matches its CRC."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hostile device-report corpus (issue 31): one case per class of report the service must
+"""The hostile device-report corpus: one case per class of report the service must
 refuse, with the status and code it must refuse it with, and nothing written. The unit tests
 parse each; tests/integration/test_reports_hostile.py posts each to the real service (SQLite
 and PostgreSQL) against a real SM8650 artifact built with QNN 2.51.0, then checks that resolve's

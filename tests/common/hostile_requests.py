@@ -1,4 +1,4 @@
-"""Hostile HTTP requests against a real service (issue 32): every route of the app, enumerated
+"""Hostile HTTP requests against a real service: every route of the app, enumerated
 from it (a route added later is covered without touching the tests), a path that matches it, a
 body sent over a raw socket (declared or chunked) while the answer is read, and the service's
 peak memory from /proc."""

@@ -1,4 +1,4 @@
-"""The accuracy gate for real (issue 23): QNN 2.51.0 contexts run on the x86_64 HTP simulator
+"""The accuracy gate for real: QNN 2.51.0 contexts run on the x86_64 HTP simulator
 against onnxruntime's CPU EP. A 64x64 MatMul with seeded weights passes --min-psnr 30 (fp16
 rounding, about 77 dB); the same MatMul followed by x 1e5 then x 1e-5 (beyond fp16's range) fails
 it with accuracy-below-threshold naming output 'y', while its artifact is still published once.
@@ -195,7 +195,7 @@ def test_build_with_samples(settings: Settings, farm_env: dict[str, str], tmp_pa
 
 
 def test_ungated_release_answers_at_publication_and_the_check_follows_idle(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """FARM_ACCURACY=after on the embedded service (issue 33): an ungated release is answered when
+    """FARM_ACCURACY=after on the embedded service: an ungated release is answered when
     its artifact is published; its check follows on the background checker at SCHED_IDLE and then
     updates the evidence. A --min-psnr release still waits for its check, run at nice 10."""
     import time
@@ -253,7 +253,7 @@ def test_ungated_release_answers_at_publication_and_the_check_follows_idle(tmp_p
 
 def test_a_check_stopped_by_its_cancel_flag_records_nothing(settings: Settings, farm_env: dict[str, str],
                                                             tmp_path: Path) -> None:
-    """A background check preempted by a build (issue 33): a flag set before the check starts no
+    """A background check preempted by a build: a flag set before the check starts no
     child; one set while its real child on the simulator starts has that child killed (the flag is
     read as the job starts, so even a job shorter than one poll is stopped); LeaseLostError comes
     back each time and nothing is recorded; the next run (no flag) records the figures on the same

@@ -1,4 +1,4 @@
-"""The service as an attacker and a new user meet it (issue 21): a flood of long polls against a
+"""The service as an attacker and a new user meet it: a flood of long polls against a
 real `farm serve` never delays its probes or device reads; archive bombs of every accepted
 format are refused while they stream and leave nothing; a refused token on a big upload is
 answered (401/403 JSON), not reset; the embedded service builds an unbuilt model; tokens in
@@ -40,7 +40,7 @@ from tests.common.registry_state import snapshot
 from tests.common.service import serve, token
 
 WAIT = 15.0  # seconds each long poll of the flood would wait
-FLOOD = 48  # long polls at once (issue 21 measured 45)
+FLOOD = 48  # long polls at once (more than the 45 of the flood first reported)
 
 
 def auth(tok: str, scheme: str = "Bearer") -> dict[str, str]:
@@ -179,7 +179,7 @@ def test_embedded_service_builds_an_unbuilt_model(svc: dict[str, Any], tmp_path:
 @pytest.mark.parametrize("ask", [{"sdks": ["2.47.0"]}, {"sdks": ["2.47.0"], "allow_queue": True},
                                  {"targets": ["trt:sm_89"]}])
 def test_embedded_service_says_which_sdk_it_builds(svc: dict[str, Any], ask: dict[str, Any]) -> None:
-    """An SDK the embedded service does not have (issue 33): a 409 that says what it builds and
+    """An SDK the embedded service does not have: a 409 that says what it builds and
     where the others are built (was 503 no-worker, which clients read as "try again later");
     nothing is queued."""
     from sqlalchemy import text
@@ -412,7 +412,7 @@ def test_long_poll_flood_never_delays_probes_or_resolve(live: dict[str, Any]) ->
 
 
 def test_a_refused_token_on_a_big_upload_is_answered_not_reset(live: dict[str, Any], tmp_path: Path) -> None:
-    """issue 21 item 2: a read or unknown token on a 4 MB+ model is 403/401 JSON the client
+    """A read or unknown token on a 4 MB+ model is 403/401 JSON the client
     shows, not `Connection reset by peer` (the token is checked before the body is read)."""
     from farm.client import Client
     from farm.core.errors import ForbiddenError, UnauthorizedError

@@ -1,4 +1,4 @@
-"""A model over 2 GiB through every path (issue 22), once, on the real stack: SeaweedFS (S3,
+"""A model over 2 GiB through every path (docs/large-models.md), once, on the real stack: SeaweedFS (S3,
 multipart), the HTTP service (in this process: tests.common.inproc), the real QNN compile.
 
 - upload: streamed through a resumable session (the bundle goes as a tar written on the way,

@@ -1,4 +1,4 @@
-"""The hostile corpus of issue 32, against the real service (`farm serve`, and the in-process app on
+"""The hostile corpus (tests/common/hostile_requests.py), against the real service (`farm serve`, and the in-process app on
 SQLite and PostgreSQL) and the real CLI: no request outgrows its budget before auth, no token
 touches what another owns, archives of sample inputs fail cleanly, and the CLI leaves nothing
 behind. Each class is refused with a documented 4xx code, no 5xx, no traceback, memory bounded,

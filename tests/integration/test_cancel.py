@@ -1,4 +1,4 @@
-"""farm cancel through the HTTP service (issue 22): a release's queued builds and a running one
+"""farm cancel through the HTTP service: a release's queued builds and a running one
 stop with code ``cancelled``; a build already final is left as it is; a read token may not
 cancel; a worker that takes the message of a cancelled build drops it (its claim finds it final).
 The real service in this process (tests.common.inproc), the real index."""
@@ -68,7 +68,7 @@ def test_cancel_a_release_over_http(service: dict[str, Any], settings: Settings)
     reader = Client(service["url"], token(settings, "device", "read"))
     with pytest.raises(ForbiddenError):
         reader.json("POST", f"/v1/releases/{release_id}/cancel")
-    with pytest.raises(NotFoundError):  # another pipeline's submit token: not its release (issue 32)
+    with pytest.raises(NotFoundError):  # another pipeline's submit token: not its release (a submit token owns only its own)
         Client(service["url"], token(settings, "other", "submit")).json("POST", f"/v1/releases/{release_id}/cancel")
     client = Client(service["url"], service["token"])
     answer = client.json("POST", f"/v1/releases/{release_id}/cancel")

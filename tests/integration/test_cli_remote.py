@@ -1,4 +1,4 @@
-"""Read commands against a live `farm serve` (issue 21, item 3): in a shell with FARM_SERVER and
+"""Read commands against a live `farm serve`: in a shell with FARM_SERVER and
 FARM_TOKEN and no index of its own, `farm ls`, `show`, `workers`, `coverage --missing` and
 `status --build` answer what the service's index holds (the same JSON the service host prints
 locally), never an empty SQLite index made on the spot; a command with no remote form says
@@ -106,7 +106,7 @@ def test_read_commands_answer_from_the_service(farm_service: dict[str, Any], pip
     assert "ep_compile" in phases and " ms" in phases
     assert "page_faults" not in phases or not any(p.strip().startswith("child.page_faults") and p.endswith("ms")
                                                    for p in phases.split(","))
-    # Sizes in their own unit (issue 33): the compile child's peak RSS is KiB/MiB, never ms.
+    # Sizes in their own unit: the compile child's peak RSS is KiB/MiB, never ms.
     for part in phases.split(","):
         if "peak_rss_kib" in part:
             assert part.endswith(("MiB", "KiB")), phases
@@ -165,7 +165,7 @@ def test_a_cached_release_says_cached_as_farm_build_does(farm_service: dict[str,
     ("/v1/artifacts?target=" + "x" * 500, None),
     ("/v1/artifacts?model=..%2F..%2Fetc", None),
     ("/v1/artifacts/..%2F..%2Fetc%2Fpasswd", None),
-    ("/v1/artifacts/zzzzzz", "not-found"),  # a model NAME (farm show NAME:TAG, issue 33) that is not there
+    ("/v1/artifacts/zzzzzz", "not-found"),  # a model NAME (farm show NAME:TAG) that is not there
     ("/v1/artifacts/%21bad%20name", "bad-name"),
     ("/v1/artifacts/" + "a" * 64, "not-found"),
     ("/v1/workers?all=maybe", None),

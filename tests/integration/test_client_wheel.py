@@ -109,7 +109,7 @@ def test_the_client_wheel_has_no_dependencies_and_installs_from_a_live_service(
 
 def test_the_client_wheel_installs_an_ort_model_package(bare_client: Path, live: dict[str, Any],
                                                        tmp_path: Path) -> None:
-    """ctxfarm-install --package (issue 30): the package a pipeline made, with the wheel alone."""
+    """ctxfarm-install --package: the package a pipeline made, with the wheel alone."""
     from farm.pipeline.packages import make_package
     from registry.index import Registry
 

@@ -392,7 +392,7 @@ def test_full_offload_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> N
     plain = valid("submit", f.cli(*args).stdout)
     (p,) = plain["builds"]
     assert (p["state"], p["build"], p["artifact"]) == ("succeeded", b["build"], b["artifact"])
-    # Ungated, the partial offload is a warning, not a failure (issue 30).
+    # Ungated, the partial offload is a warning, not a failure.
     assert (p["nodes_cpu"], p["cpu_op_types"]) == (2, ["Erf", "Mod"])
     assert [(w["code"], w["nodes_cpu"], w["cpu_op_types"]) for w in plain["warnings"]] == [
         ("partial-offload", 2, ["Erf", "Mod"])]
@@ -635,7 +635,7 @@ def test_submit_wait_shows_each_build_change_and_json_is_typed(farm_cluster: Far
 
 
 def test_cancel_a_running_and_a_queued_build(farm_cluster: Farm) -> None:
-    """farm cancel on a release (issue 22): the worker's running compile is killed within its
+    """farm cancel on a release: the worker's running compile is killed within its
     lease renewal, the queued build's message is dropped when the worker takes it, the worker
     goes on to the next build, and submitting again queues the cancelled builds again."""
     f = farm_cluster
@@ -665,7 +665,7 @@ def test_cancel_a_running_and_a_queued_build(farm_cluster: Farm) -> None:
 
 
 def test_accuracy_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> None:
-    """--min-psnr on a cluster release (issue 23): the worker publishes, then checks the context on
+    """--min-psnr on a cluster release: the worker publishes, then checks the context on
     the simulator in a follow-up task on its probe queue; the release waits for it and answers
     accuracy-below-threshold for the overflowing model, naming the output. A gated re-submission
     of the built model runs no compile and no second check."""
@@ -700,7 +700,7 @@ def test_accuracy_gate_on_a_release(farm_cluster: Farm, tmp_path: Path) -> None:
 
 
 def test_a_worker_takes_its_queue_from_the_index_and_clears_the_messages(farm_cluster: Farm) -> None:
-    """Issue 33: builds queued before the worker starts are run one after another by the task of
+    """Builds queued before the worker starts are run one after another by the task of
     the first message (``workers.tasks._next_builds``): each once, the later ones taken from the
     index, and their messages taken out of the broker list (none left for a worker to start a
     task on)."""
@@ -723,7 +723,7 @@ def test_a_worker_takes_its_queue_from_the_index_and_clears_the_messages(farm_cl
 
 
 def test_a_worker_places_its_next_builds_model_while_it_compiles(farm_cluster: Farm) -> None:
-    """Issue 33: the queue's next build is another model's; its snapshot is placed in the worker's
+    """The queue's next build is another model's; its snapshot is placed in the worker's
     bundle cache during the build before it (``Executor._prefetch_next``), so its own claim finds
     it there: a hit, though that model never went through this worker before."""
     f = farm_cluster

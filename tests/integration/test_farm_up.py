@@ -39,7 +39,7 @@ def test_farm_up_end_to_end(tmp_path: Path) -> None:
             assert p.returncode == 0, f"{args}\n{p.stdout}\n{p.stderr}"
             return p.stdout
 
-        # The printed exports are enough for the client: FARM_SERVER and its token (issue 21, item 4).
+        # The printed exports are enough for the client: FARM_SERVER and its token.
         exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in log.read_text().splitlines()
                        if line.strip().startswith("export "))
         assert exports["FARM_TOKEN"].strip("'") == info["env"]["FARM_TOKEN"]

@@ -1,4 +1,4 @@
-"""An LLM export becomes one onnxruntime-genai folder a device opens (issue 29), for real: the
+"""An LLM export becomes one onnxruntime-genai folder a device opens (docs/shipping-llm.md), for real: the
 export written by bench/genai_export.py, each part's prefill + decode compiled together by
 QNN 2.51.0 (onnxruntime-qnn) in the embedded farm, the folder assembled, checked, fetched as a
 device does, opened by onnxruntime-genai's og.Config in the QNN 2.51.0 worker env."""

@@ -1,4 +1,4 @@
-"""A genai package through the HTTP service (issue 29): `farm submit --genai DIR --server URL`
+"""A genai package through the HTTP service: `farm submit --genai DIR --server URL`
 sends each file of the export once per digest, and only those the service lacks (a data file
 the prefill and decode graphs share goes up once), then `POST /v1/genai` queues what `farm
 submit --genai` queues on a cluster; the embedded service (no broker) builds the parts and then

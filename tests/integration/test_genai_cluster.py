@@ -1,4 +1,4 @@
-"""A genai package on the distributed farm (issue 29): `farm submit --genai` sends each part's
+"""A genai package on the distributed farm: `farm submit --genai` sends each part's
 group build to the QNN 2.51.0 workers (two of them: the parts build at once), and the worker
 that finishes the last part sends the package's build, which a worker assembles, checks and
 publishes. One release holds the package's build and its parts'."""

@@ -53,7 +53,7 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     text = farm(farm_env, "show", b["artifact"]).stdout
     assert "verdict   unverified: the x86_64 simulator cannot load weight-shared contexts" in text
     assert "graph decode" in text and "x float32[1,1,64]" in text
-    # Coverage says the cell can't be verified here, and why (issue 31): JSON and the table.
+    # Coverage says the cell can't be verified here, and why: JSON and the table.
     cov = json.loads(farm(farm_env, "coverage", "--json").stdout)
     valid("coverage", cov)
     (cell,) = [c for c in cov["cells"] if c["model"] == out["model"]]
@@ -93,7 +93,7 @@ def test_group_builds_one_shared_binary_described_and_delivered_whole(
     # the last graph's context model under every graph's name: decode would have run prefill).
     assert partitions == [g["qnn_graphs"][0] for g in desc["graphs"]] and len(set(partitions)) == 2, (partitions, desc)
     # load-check on this machine says why it can't tell, instead of blaming the file.
-    # Its own outcome and exit status (issue 29), not runtime-crashed, and checked before any load.
+    # Its own outcome and exit status, not runtime-crashed, and checked before any load.
     checked = farm(farm_env, "load-check", str(dev / "g1_ctx.onnx"), "-t", "qnn:SM8650", check=False)
     assert checked.returncode == 4 and "Traceback" not in checked.stderr
     assert "error[load-unverified]" in checked.stderr and "runtime-crashed" not in checked.stderr

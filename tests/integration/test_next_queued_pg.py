@@ -1,4 +1,4 @@
-"""Issue 33: two workers taking their next build from the PostgreSQL index at the same moment
+"""Two workers taking their next build from the PostgreSQL index at the same moment
 get two different builds (``FOR UPDATE SKIP LOCKED``), and each claim succeeds."""
 
 from __future__ import annotations

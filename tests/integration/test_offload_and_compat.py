@@ -1,4 +1,4 @@
-"""Partial offload in plain sight and the build's own compatibility string (issue 30), for real:
+"""Partial offload in plain sight and the build's own compatibility string, for real:
 QNN 2.51.0 compiles under onnxruntime 1.32.0 in the embedded farm, read back through build,
 resolve, show and coverage (CLI, JSON and the /coverage page)."""
 

@@ -1,4 +1,4 @@
-"""ORT model packages end to end (issue 30), real compiles: a small model with external data built
+"""ORT model packages end to end (docs/packages.md), real compiles: a small model with external data built
 for SM8650 and SM8750 (QNN 2.51.0) becomes, through `farm package`, a folder that onnxruntime
 1.32's ModelPackageContext opens: two QNN variants with their builds' compatibility strings and
 a CPU variant, which CPU-only session options select and which runs (the source model's

@@ -1,4 +1,4 @@
-"""Quantized models (issue 22): a QDQ model, uint8 or uint16 activations and int8 weights,
+"""Quantized models: a QDQ model, uint8 or uint16 activations and int8 weights,
 compiles for the HTP with the real QNN EP, and its context loads and runs on the x86_64 simulator,
 at the terminal as a user would (`farm build`, `farm fetch`, `farm load-check`)."""
 

@@ -311,7 +311,7 @@ def digest_of_release(settings: Settings, release_id: int) -> str:
 
 def test_show_takes_a_model_reference_like_every_other_command(settings: Settings, farm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
-    """`farm show NAME:TAG` (issue 33): the model's one artifact, --target narrowing it; a model
+    """`farm show NAME:TAG`: the model's one artifact, --target narrowing it; a model
     with several is a usage error listing their ids; locally and through the service alike."""
     from fastapi.testclient import TestClient
 

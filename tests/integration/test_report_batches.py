@@ -1,4 +1,4 @@
-"""The report writer's batch statement (issue 33) on SQLite and PostgreSQL: the same ids, counts
+"""The report writer's batch statement on SQLite and PostgreSQL: the same ids, counts
 and strikes whichever dialect (PostgreSQL writes the batch as one ``unnest`` statement, SQLite as
 one multi-row INSERT), through ``ReportWriter`` from an event loop as the service uses it."""
 

@@ -1,5 +1,5 @@
 """Device reports over HTTP against a live `farm serve` on PostgreSQL, with real QNN builds behind
-it (issue 23): scopes, hostile bodies with stable codes, one device counted once, resolve moving
+it: scopes, hostile bodies with stable codes, one device counted once, resolve moving
 from probe to device evidence and away from an artifact devices report failing, revocation,
 the rate limit and the metrics; the registry stays consistent through every refusal."""
 

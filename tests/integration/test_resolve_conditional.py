@@ -183,7 +183,7 @@ def test_hostile_if_none_match_is_a_clear_answer(svc: dict[str, Any], header: st
 
 
 def test_the_fast_route_checks_the_query_as_the_documented_route_declares(svc: dict[str, Any]) -> None:
-    """GET /v1/resolve is served by a plain route ahead of FastAPI (issue 33): its query and
+    """GET /v1/resolve is served by a plain route ahead of FastAPI: its query and
     header are checked by hand, against the documented route's declaration, each bad one 400
     ``usage`` naming the parameter; a body, a token in the URL, no token: 413, 401, 401."""
     c = svc["c"]
@@ -238,7 +238,7 @@ def test_a_miss_names_the_nearest_without_reading_other_targets(svc: dict[str, A
     import registry.resolve as R
 
     real = R.candidates
-    # No count with the SoC's own candidates: the miss reads every target's, as before issue 33.
+    # No count with the SoC's own candidates: the miss reads every target's, as it did before the count.
     monkeypatch.setattr(R, "candidates", lambda *a, **k: [dataclasses.replace(c, total=None) for c in real(*a, **k)])
     with reg.db.session() as s, pytest.raises(NoMatchError) as full:
         resolve(SessionRows(s), m, device, model_label="m:stable")

@@ -1,4 +1,4 @@
-"""`farm serve --workers N` on PostgreSQL (issue 33): several processes, each with its own pool
+"""`farm serve --workers N` on PostgreSQL: several processes, each with its own pool
 and answer cache, answer as one service. A tag moved through one process is seen by the next
 request to any other; a published artifact (a generation bump) is never answered stale by a
 process that cached the older answer; /metrics adds up every process's requests."""

@@ -1,4 +1,4 @@
-"""Hash first (issue 22): `farm submit --server` offers a bundle's digest before it sends any
+"""Hash first: `farm submit --server` offers a bundle's digest before it sends any
 of it, and an unchanged model is not uploaded again. The real service in this process with a
 counting middleware in front (tests.common.inproc): what reached the upload route, in bytes."""
 

@@ -1,5 +1,5 @@
 """A fresh service on PostgreSQL warms what its first upload and release would otherwise pay
-(issue 33: six pipelines submitting at once to a fresh service): pooled index connections open,
+(six pipelines submitting at once to a fresh service): pooled index connections open,
 the statements read, the store's client made; nothing written (no row, no blob, no id taken)."""
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def test_pools_use_the_code_s_queue_names_tags_and_settings() -> None:
 
 
 def _one_process_per_core(args: list[str], limit: object, request: object) -> None:
-    """`farm serve` runs one process per core of its CPU quota (issue 33): the quota is a whole
+    """`farm serve` runs one process per core of its CPU quota: the quota is a whole
     number of cores, requested as well as allowed, and no --workers in the args disagrees."""
     from farm.cli.service_cmd import serve_processes
     from farm.core.settings import Settings

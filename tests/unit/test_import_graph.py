@@ -1,4 +1,4 @@
-"""No circle in the import graph of farm/, registry/ and workers/ (issue 25): every import counts,
+"""No circle in the import graph of farm/, registry/ and workers/: every import counts,
 the ones inside functions and under ``TYPE_CHECKING`` too, module by module. The import-linter
 contracts in pyproject.toml say which way the layers point; this test says that, whatever the
 contracts allow, no module reaches itself. A failure prints each circle, shortest first."""
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGES = ("farm", "registry", "workers")
 ROOT = Path(__file__).resolve().parents[2]
-# Each says what lives in it and what it may import (issue 25), in its docstring's first lines.
+# Each says what lives in it and what it may import, in its docstring's first lines.
 DOCUMENTED = ("farm", "farm/core", "farm/api", "farm/cli", "farm/pipeline", "registry", "registry/store", "workers",
               "workers/qnn", "workers/trt", "migrations", "tests", "infra/devfarm")
 

@@ -1,4 +1,4 @@
-"""The device loading snippets of the docs agree (issue 33): docs/groups.md's group loading uses
+"""The device loading snippets of the docs agree: docs/groups.md's group loading uses
 the README's single-model lines (the QNN plugin registered, its devices, the same provider
 options, no CPU fallback), and neither uses a name it does not define."""
 

@@ -1,4 +1,4 @@
-"""ORT model packages, the worker half (issue 30): write a package with onnxruntime's own
+"""ORT model packages, the worker half (docs/packages.md): write a package with onnxruntime's own
 ``ModelPackage`` API and check it with ``ModelPackageContext``, in a child process
 (``python -m workers.ortpackage.child author REQUEST.json RESULT.json``) of the environment that
 has onnxruntime >= 1.32 (the main env and the QNN 2.49.40 / 2.51.0 worker envs pin 1.32.0).

@@ -45,7 +45,7 @@ def coverage_of(reg: Registry, models: list[str] | None, backend: str | None) ->
         return coverage(s, backend=backend, models=models or None).to_dict()
 
 
-# -- the summary and the paged drill-down (issue 24): what ops read at any size ---------------------
+# -- the summary and the paged drill-down: what ops read at any size ------------------------------
 
 ScopeQuery = Annotated[str | None, Query(max_length=255)]
 

@@ -1,4 +1,4 @@
-"""onnxruntime-genai packages through the service (issue 29): ``POST /v1/genai`` (submit) names
+"""onnxruntime-genai packages through the service (docs/shipping-llm.md): ``POST /v1/genai`` (submit) names
 every file of an export folder by digest, each a blob the service holds (``HEAD`` then ``PUT
 /v1/blobs/DIGEST`` for those it lacks: a file goes up once per digest, a data file the prefill
 and decode graphs share included). The service lays the folder out again under its own

@@ -1,4 +1,4 @@
-"""ORT model packages (issue 30): ``POST /v1/packages`` (submit) makes, or finds in the index, the
+"""ORT model packages (docs/packages.md): ``POST /v1/packages`` (submit) makes, or finds in the index, the
 package of NAME:TAG's published builds; ``GET /v1/packages/{digest}`` and ``GET
 /v1/packages?ref=NAME:TAG`` (read) answer one made earlier. The package's record and every file
 are then fetched by digest from ``/v1/blobs`` (``farm package --server -d DIR`` and ``farm

@@ -1,4 +1,4 @@
-"""Device reports (issue 23; docs/evidence.md): ``POST /v1/reports`` (scope ``report``) records
+"""Device reports (docs/evidence.md): ``POST /v1/reports`` (scope ``report``) records
 what a device saw loading an artifact; ``GET /v1/reports?artifact=`` (read) sums them up;
 ``DELETE /v1/reports/{id}`` and ``DELETE /v1/reports?token=NAME`` (admin) strike reports.
 
@@ -6,7 +6,7 @@ The body is read up to ``MAX_BODY`` bytes before anything is parsed (413 ``too-l
 then validated whole (unknown fields, wrong types, far-future timestamps: 400 ``usage``); an
 unknown artifact is 404 ``not-found``, an SoC the catalog lacks 400 ``unknown-target``. Each
 token may send ``FARM_REPORTS_PER_MINUTE`` reports a minute in this process (429 ``rate-limited``).
-A report that can't be device evidence for its artifact (issue 31: ``registry.resolve.admit``) is
+A report that can't be device evidence for its artifact (``registry.resolve.admit``) is
 422 ``not-device-evidence`` (the simulator's host), ``report-soc-mismatch`` or
 ``report-runtime-mismatch``. ``GET /v1/reports/quarantined`` and ``POST /v1/reports/lift`` (admin)
 show and lift what independent reports withhold from resolve.
@@ -336,7 +336,7 @@ def _parse(raw: bytes) -> ReportIn:
 def _prepare(reg: Any, st: _State, report: ReportIn) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """(artifact id, the answer without its report id, the row's fields): the artifact by digest
     (cached: artifacts are immutable), the SoC by the catalog, then ``registry.resolve.admit``:
-    refused unless it can be device evidence for that artifact (issue 31)."""
+    refused unless it can be device evidence for that artifact."""
     from farm.core.catalog import load_catalog
     from registry.lite import SessionRows
     from registry.reports import artifact_ref

@@ -1,4 +1,4 @@
-"""What a new user met at the CLI (issue 21): the documented `farm token create` forms, progress
+"""What a new user met at the CLI: the documented `farm token create` forms, progress
 with real elapsed times and `cached` answers, page faults as counts, and `local-only` where a
 shell has a service but no index."""
 
@@ -104,7 +104,7 @@ def test_release_progress_restarts_the_clock_when_a_build_starts_running(monkeyp
     ("page_faults", 12.0, "page_faults 12"),
     ("bundle_cache", "hit", "bundle_cache hit"),
     ("sha256:ab.bin", 3.5, "sha256:ab.bin 3.5 ms"),
-    ("child.peak_rss_kib", 422400.0, "child.peak_rss_kib 412.5 MiB"),  # issue 33: a size, not ms
+    ("child.peak_rss_kib", 422400.0, "child.peak_rss_kib 412.5 MiB"),  # a size, not ms
     ("child.peak_rss_kib", 512, "child.peak_rss_kib 512.0 KiB"),
     ("heap_mb", 64, "heap_mb 64.0 MiB"),
     ("blob_bytes", 100, "blob_bytes 100 bytes"),
@@ -171,7 +171,7 @@ def test_a_malformed_status_answer_is_server_error(argv, doc, capsys, monkeypatc
 
 @pytest.mark.parametrize("argv", [["status", "7"], ["status", "--build", "7"]])
 def test_status_of_an_id_with_no_server_says_ids_live_on_a_server(argv, tmp_path, monkeypatch, capsys):
-    """`farm status ID` with no server configured (issue 33): not a hint about `farm ls`, and no
+    """`farm status ID` with no server configured: not a hint about `farm ls`, and no
     empty index created on the spot; with an index that lacks the id, the same pointer."""
     monkeypatch.delenv("FARM_SERVER", raising=False)
     monkeypatch.delenv("FARM_DATABASE_URL", raising=False)

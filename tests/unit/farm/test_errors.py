@@ -55,7 +55,7 @@ STABLE_CODES = {
     "AccuracyUnverifiedError": "accuracy-unverified",
     "TwinMismatchError": "twin-mismatch",
     "RateLimitedError": "rate-limited",
-    "NoPublishedBuildsError": "no-published-builds",  # issue 30: farm package
+    "NoPublishedBuildsError": "no-published-builds",  # farm package
     "PackageFilesMissingError": "package-files-missing",
     "PackageVerifyError": "package-verify-failed",
     "CancelledError": "cancelled",
@@ -63,10 +63,10 @@ STABLE_CODES = {
     "MultiSocUnsupportedError": "multi-soc-unsupported",
     "BadGroupError": "bad-group",
     "LocalOnlyError": "local-only",
-    "NotDeviceEvidenceError": "not-device-evidence",  # issue 31
+    "NotDeviceEvidenceError": "not-device-evidence",  # device evidence
     "ReportSocMismatchError": "report-soc-mismatch",
     "ReportRuntimeMismatchError": "report-runtime-mismatch",
-    "BadSamplesError": "bad-samples",  # issue 32
+    "BadSamplesError": "bad-samples",  # bounded inputs, per-token quotas
     "QuotaUploadsError": "quota-uploads",
     "QuotaUploadBytesError": "quota-upload-bytes",
     "QuotaReleasesError": "quota-releases",

@@ -124,7 +124,7 @@ def test_sharing_and_multi_soc_rules() -> None:
 ])
 def test_a_deeply_nested_group_file_is_bad_group_not_a_recursion_error(tmp_path: Path, suffix: str,
                                                                        text: str) -> None:
-    """issue 32: a deeply nested group file crashed the CLI (exit 70, RecursionError)."""
+    """A deeply nested group file once crashed the CLI (exit 70, RecursionError)."""
     from farm.core.errors import BadGroupError
     from farm.core.groups import read_group_file
 

@@ -1,4 +1,4 @@
-"""`farm install --report` (issues 31 and 32): a report that can't be sent, or won't be (this
+"""`farm install --report`: a report that can't be sent, or won't be (this
 x86_64 host is the simulator), never turns a good install into a failure: the exit status and
 stdout stay as without --report, a warning on stderr says why."""
 

@@ -1,4 +1,4 @@
-"""Partial offload in plain sight (issue 30): the resolve answer's ``offload``, how the CLI words
+"""Partial offload in plain sight: the resolve answer's ``offload``, how the CLI words
 it, and the warnings of build/submit/status documents; answers from a service are hostile."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How many processes `farm serve` runs (issue 33): one per core with PostgreSQL, exactly one with
+"""How many processes `farm serve` runs: one per core with PostgreSQL, exactly one with
 SQLite (one writer), the long-poll gauge under several processes."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_long_poll_gauge_is_written_on_change_under_several_processes(tmp_path: 
 
 
 def test_shared_listener_gives_connections_tcp_nodelay() -> None:
-    """The processes' shared listener (issue 33): its accepted connections get TCP_NODELAY from
+    """The processes' shared listener: its accepted connections get TCP_NODELAY from
     asyncio, so a kept-alive answer is not held for the client's delayed ACK (a socket made
     with protocol 0, as uvicorn's own bind_socket makes it, gets none: Kludex/uvicorn#3149)."""
     import asyncio

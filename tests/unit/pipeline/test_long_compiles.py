@@ -1,4 +1,4 @@
-"""Compiles of 30 minutes and more (issue 22): everything that bounds a build follows
+"""Compiles of 30 minutes and more (docs/large-models.md): everything that bounds a build follows
 FARM_COMPILE_TIMEOUT, so raising it is all a two-hour compile needs. The lease renewal itself
 is exercised with a real slow child in test_cancel.py."""
 

@@ -209,7 +209,7 @@ def test_job_dirs_of_dead_executors_are_swept(tmp_path):
 
 
 def test_next_queued_is_the_oldest_ready_build_of_the_queue(db, model):
-    """What a worker takes from the index after a build (issue 33): its queue's oldest queued
+    """What a worker takes from the index after a build: its queue's oldest queued
     build, never one in backoff, running, on another queue, or a genai package's build."""
     from registry.models import GenaiPart
 

@@ -1,4 +1,4 @@
-"""Evidence (issue 23) without servers: accuracy figures and the gate, seeded inputs, the report
+"""Evidence without servers: accuracy figures and the gate, seeded inputs, the report
 scope, report validation on both sides, aggregation (one device counts once, revocation) and
 resolve's order (device > probe > rule; failing on N devices is not served)."""
 
@@ -352,7 +352,7 @@ def test_rank_never_serves_another_soc_on_device_evidence() -> None:
     assert good == [] and bad[0][1].source == "rule"
 
 
-# ---- coverage tells the truth about evidence (issue 31) ---------------------------------------------
+# ---- coverage tells the truth about evidence ------------------------------------------------------
 
 def test_coverage_marks_cells_only_groups_or_multi_soc_built_as_unverified(db) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import text

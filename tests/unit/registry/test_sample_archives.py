@@ -1,4 +1,4 @@
-"""Sample inputs (``.npz``) through the one archive reader (issue 32): a directory of 250,000
+"""Sample inputs (``.npz``) through the one archive reader: a directory of 250,000
 entries is refused before zipfile parses it (memory bounded), a bad CRC, a cut member or a header
 past its data is ``bad-samples`` with a hint, never an internal error."""
 
