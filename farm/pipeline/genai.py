@@ -209,14 +209,14 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
 
     req = parse_build_request(target_refs, option_pairs, name, tag, False)
     check_genai_backends([t.backend for t in req.targets])
+    for backend in dict.fromkeys(t.backend for t in req.targets):  # before anything is read, recorded or compiled
+        check_here(backend, get_runner(backend).toolchain().version, here(backend))
     pkg = inspect_package(settings, export_dir, display=name)
     reg = Registry.open(settings)
     try:
         versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
                     for t in req.targets}
         check_support([(t, versions[t.backend]) for t in req.targets], group=True)
-        for backend, version in versions.items():  # before anything is recorded or compiled
-            check_here(backend, version, here(backend))
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         planned = []
         with reg.db.session() as s:
