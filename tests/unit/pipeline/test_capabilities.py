@@ -166,3 +166,19 @@ def test_a_worker_that_cannot_assemble_fails_the_package_build_deterministically
     assert refusal is not None and refusal.code == "capability-missing" and "QNN 2.47.0" in refusal.message
     monkeypatch.setattr(capabilities, "here", lambda backend: ABLE)
     assert genai._capability_refusal(BuildSpec("k", "m", "qnn", "SM8650", "2.51.0", {}, "o")) is None
+
+
+def test_a_capability_missing_failure_is_answered_again_until_retry_failed(reg: Registry) -> None:
+    from farm.pipeline import states
+    from tests.common.index_rows import add_model, spec
+
+    with reg.db.session() as s:
+        sp = spec(add_model(s).digest, toolchain="2.47.0")
+        build_id, _ = states.enqueue(s, sp, "compile.qnn.2.47.0.genai")
+        lease = states.claim(s, build_id, owner="t", lease_seconds=60, max_attempts=3).lease
+        assert lease is not None
+        states.fail(s, lease, "capability-missing", "this environment (QNN 2.47.0) can't make a genai package", None)
+    with reg.db.session() as s:
+        assert states.enqueue(s, sp, "compile.qnn.2.47.0.genai") == (build_id, False)
+        assert states.get_build(s, build_id).error_code == "capability-missing"
+        assert states.enqueue(s, sp, "compile.qnn.2.47.0.genai", retry_failed=True) == (build_id, True)
