@@ -149,6 +149,16 @@ def artifact_document(session: Session, store: Any, ref: str, target: str | None
     return doc
 
 
+def _capabilities(extra: Any) -> dict[str, Any]:
+    """What a worker announced it makes besides context binaries (``farm.core.capabilities``)."""
+    from farm.core.capabilities import Capabilities
+
+    caps = Capabilities.from_extra(extra)
+    if caps is None:
+        return {"makes": None, "lacks": {}}
+    return {"makes": sorted(caps.makes), "lacks": dict(sorted(caps.lacks.items()))}
+
+
 def worker_rows(session: Session, *, stale_after: float, include_all: bool = False) -> list[dict[str, Any]]:
     """`farm workers --json` (schema: farm/cli/schemas/workers.json): the live workers, with
     ``include_all`` also the stopped and dead ones (the 200 seen last)."""
@@ -168,5 +178,5 @@ def worker_rows(session: Session, *, stale_after: float, include_all: bool = Fal
                      "host": w.host, "pid": int(w.pid), "jobs": int(w.jobs_done),
                      "started_at": iso(w.started_at), "last_seen": iso(w.last_seen),
                      "last_seen_seconds": round(age, 3), "stopped_at": iso(w.stopped_at),
-                     "queues": list(w.queues)})
+                     "queues": list(w.queues), **_capabilities(w.extra)})
     return rows

@@ -20,13 +20,20 @@ log = logging.getLogger("ctxfarm.worker")
 
 
 def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: str = "INFO") -> int:
-    from farm.pipeline.queues import compile_queue, probe_queue
+    from farm.core.capabilities import GENAI_PACKAGE, short_list
+    from farm.pipeline.queues import compile_queue, genai_queue, probe_queue
     from registry.index import Registry, heartbeat, register_worker
     from workers.backends import get_runner
+    from workers.capabilities import here
 
     toolchain = get_runner(backend).toolchain()
     target = _trt_target(backend)
+    # What this environment makes besides context binaries, announced with the row: releases
+    # route genai package builds (and ORT model packages) only to workers that can make them.
+    capabilities = here(backend)
     queues = [compile_queue(backend, toolchain.version, target), probe_queue(backend, toolchain.version)]
+    if GENAI_PACKAGE in capabilities.makes:
+        queues.append(genai_queue(backend, toolchain.version))
     if backend == "trt":
         # Hardware-compatible (Ampere+) engines can be built on any sm_80+ GPU.
         queues.append(compile_queue(backend, toolchain.version, "ampere_plus"))
@@ -41,12 +48,15 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
     reg = Registry.open(settings)
     with reg.db.session() as s:
         worker_id = register_worker(s, name=name, host=host, pid=os.getpid(), toolchain=toolchain, queues=queues,
-                                    extra={"target": target} if target else {})
+                                    extra={**capabilities.to_extra(), **({"target": target} if target else {})})
     os.environ.update(CTXFARM_WORKER_ID=str(worker_id), CTXFARM_WORKER_NAME=name, CTXFARM_BACKEND=backend)
     if target:
         os.environ["CTXFARM_GPU_TARGET"] = target
     print(f"worker {name}: {backend} {toolchain.version} (onnxruntime {toolchain.ort_version}, "
-          f"{toolchain.ep_package} {toolchain.ep_version}) serving {', '.join(queues)}", flush=True)
+          f"{toolchain.ep_package} {toolchain.ep_version}) serving {', '.join(queues)}; makes "
+          f"{short_list(capabilities.makes)}", flush=True)
+    for what, why in sorted(capabilities.lacks.items()):
+        log.info("this worker can't make %s: %s", what, why)
 
     # Import Celery (and build the app) before any thread starts: celery's lazy module is not
     # safe to import from two threads at once.

@@ -149,11 +149,15 @@ def _submit_genai(args: argparse.Namespace, settings: Settings) -> int:
                          hint="farm submit --genai EXPORT_DIR -t qnn:SM8650 --name llm/tiny --tag t")
     if args.min_psnr is not None or args.require_full_offload:
         raise UsageError("--min-psnr/--require-full-offload gate one context; a genai package carries its twin")
+    from farm.core.capabilities import check_genai_backends
+    from farm.pipeline.submission import parse_targets
+
+    check_genai_backends([t.backend for t in parse_targets(list(args.target))])  # before a byte is read or sent
     if getattr(args, "server", None):
         return _submit_genai_remote(args, settings)
     st = submit_package(settings, args.genai, list(args.target), list(args.sdk), list(args.option), name=args.name,
                         tag=args.tag, allow_queue=args.allow_queue, retry_failed=args.retry_failed,
-                        force_tag=args.force_tag)
+                        force_tag=args.force_tag, warn=_warn)
     if not args.json:
         print(f"release {st.release_id} ({st.model}): genai package: {_counts_text(st.builds)}", file=sys.stderr)
     answered = answered_builds(st)
@@ -200,6 +204,8 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
         raise ServerError("the answer to POST /v1/genai is not a release")
     if moved := st.get("tag_moved"):
         print(f"moved {moved['tag']}: {moved['from']} -> {moved['to']}", file=sys.stderr)
+    for line in st.get("warnings") or []:
+        _warn(str(line))
     if not args.json:
         print(f"release {st['release']} ({st['model']}): genai package: {_counts_text(st['builds'])}", file=sys.stderr)
     answered = answered_builds(st)
@@ -208,6 +214,13 @@ def _submit_genai_remote(args: argparse.Namespace, settings: Settings) -> int:
     doc["uploaded_bytes"] = client.sent
     _show_release(doc, args.json, header=False, answered=answered)  # the release line went to stderr
     return 0 if doc["ok"] or not args.wait else 1
+
+
+def _warn(line: str) -> None:
+    """One warning line on stderr (an SDK left out of an LLM release), before anything is followed."""
+    from farm.core.text import strip_ansi
+
+    print(f"warning: {strip_ansi(line)[:2000]}", file=sys.stderr, flush=True)
 
 
 def _post_genai(client: Any, body: dict[str, Any]) -> Any:
@@ -683,15 +696,34 @@ def _workers(args: argparse.Namespace, settings: Settings) -> int:
     elif rows:
         from farm.cli.registry_cmd import _when
         from farm.cli.remote import answer_of
+        from farm.core.capabilities import ALL, short_list
 
         with answer_of("workers"):
             cells = [{**r, "ep": f"{r.get('ep_package')} {r.get('ep_version')}", "started": _when(r.get("started_at")),
                       "last_seen": f"{float(r.get('last_seen_seconds') or 0):.0f} s ago",
+                      "makes": "?" if r.get("makes") is None else short_list([c for c in r["makes"] if c in ALL]),
                       "queues": " ".join(map(str, r.get("queues") or []))} for r in rows]
-        table(cells, ["worker", "state", "toolchain", "onnxruntime", "ep", "jobs", "started", "last_seen", "queues"])
+        table(cells, ["worker", "state", "toolchain", "onnxruntime", "ep", "makes", "jobs", "started", "last_seen",
+                      "queues"])
+        _print_lacks(rows)
     else:
         print("no workers registered" if args.all else "no live workers (--all shows stopped and dead ones)")
     return 0
+
+
+def _print_lacks(rows: list[dict[str, Any]]) -> None:
+    """Under the table, once per toolchain: why its workers can't make what the others make."""
+    from farm.core.text import strip_ansi
+
+    said: set[tuple[str, str, str]] = set()
+    for r in rows:
+        lacks = r.get("lacks")
+        for cap, why in sorted(lacks.items() if isinstance(lacks, dict) else []):
+            key = (str(r.get("toolchain")), str(cap), str(why))
+            if cap == "genai-package" and key not in said and r.get("state") == "live":
+                said.add(key)
+                print(f"{str(r.get('backend')).upper()} {strip_ansi(key[0])} makes no genai package: "
+                      f"{strip_ansi(key[2])[:300]}")
 
 
 def _check_model_path(path: Path) -> None:

@@ -56,6 +56,8 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── NoPublishedBuildsError   no-published-builds  farm package: the model has no published build to package
     ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
     ├── PackageVerifyError       package-verify-failed  farm package: the package failed its check (not published)
+    ├── PackageUnsupportedError  package-unsupported  farm package: a kind no ORT model package holds (a genai folder)
+    ├── CapabilityMissingError   capability-missing  no worker of that SDK can make it (a genai package: onnxruntime-genai)
     ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
     ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
     ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
@@ -375,10 +377,11 @@ BUILD_FAILURE_CODES = (
     "interrupted",
     "cancelled",
     "genai-folder-invalid",
+    "capability-missing",
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
 DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit",
-                                    "genai-folder-invalid"})
+                                    "genai-folder-invalid", "capability-missing"})
 
 def _subclasses(cls: type[FarmError]) -> list[type[FarmError]]:
     out = []
@@ -470,6 +473,21 @@ class PackageVerifyError(FarmError):
     summary = ("`farm package`: the package failed its check before publication (ORT could not open it, a file "
                "did not hash right, or the CPU variant was not selected or did not run); nothing was published")
     default_hint = "this is a ctxfarm or onnxruntime bug for this model: the message names the failed check"
+
+
+class PackageUnsupportedError(FarmError):
+    code = "package-unsupported"
+    summary = ("`farm package` / `farm install --package`: the model is a kind no ORT model package holds here (an "
+               "onnxruntime-genai folder: onnxruntime-genai 0.18's wheel opens no model package) (409)")
+    default_hint = "install the artifact itself: farm install NAME:TAG (a genai package installs as its folder)"
+
+
+class CapabilityMissingError(FarmError):
+    code = "capability-missing"
+    summary = ("no worker of the SDK asked for can make it (a genai package needs onnxruntime-genai >= 0.18 beside "
+               "the toolchain), or a target that can't hold it (`--genai` with a TensorRT target) (409)")
+    exit_code = 2  # a refusal of what was asked, before anything is written, like sharing-unsupported
+    default_hint = "`farm workers` shows what each worker makes; leave --sdk out to build where it can be made"
 class NotDeviceEvidenceError(FarmError):
     code = "not-device-evidence"
     summary = ("a device report from a host the farm itself could be (QNN on x86_64/x86: the HTP simulator): "

@@ -357,6 +357,8 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     decode graph or numbered with gaps, a part whose prefill and decode differ in I/O names,
     parts that share KV layers, a window that differs between parts, no tokenizer.json."""
     root = Path(path)
+    if not root.exists():
+        raise _bad(f"{root}: no such folder (an export is a folder with {CONFIG_FILE})")
     if not root.is_dir():
         raise _bad(f"{root}: not a folder (an export is a folder with {CONFIG_FILE})")
     try:

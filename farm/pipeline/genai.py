@@ -191,6 +191,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     target. ``twin``: run the twin check (budgeted); ``require_twin``: a gate on the answer (a
     package whose twin did not match every token, or could not run, fails with
     ``twin-mismatch``; the artifact stays published)."""
+    from farm.core.capabilities import check_genai_backends, check_here
     from farm.pipeline import states
     from farm.pipeline.execute import Executor, interruptible, wait_until_final_or_free
     from farm.pipeline.plan import (
@@ -204,8 +205,12 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     )
     from registry.index import Registry
     from workers.backends import get_runner
+    from workers.capabilities import here
 
     req = parse_build_request(target_refs, option_pairs, name, tag, False)
+    check_genai_backends([t.backend for t in req.targets])
+    for backend in dict.fromkeys(t.backend for t in req.targets):  # before anything is read, recorded or compiled
+        check_here(backend, get_runner(backend).toolchain().version, here(backend))
     pkg = inspect_package(settings, export_dir, display=name)
     reg = Registry.open(settings)
     try:
@@ -667,7 +672,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                    tag: str | None = None, allow_queue: bool = False, retry_failed: bool = False,
                    force_tag: bool = False, registry: Any = None, app: Any = None,
                    served: dict[tuple[str, str], list[str]] | None = None, dispatch: bool = True,
-                   owner: int | None = None) -> Any:
+                   owner: int | None = None, fleet: Any = None, warn: Callable[[str], None] | None = None) -> Any:
     """Cluster (``farm submit --genai``; ``POST /v1/genai`` runs it on the folder it laid out
     from the blobs it was sent): each part a group release (its builds sent to the workers of
     each toolchain: parts build on different workers at once, each admitted by its worker's
@@ -677,11 +682,18 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
     (``farm cancel RELEASE``) and one answer. ``dispatch=False``: no broker, the caller runs the
     release's builds itself (the embedded service: ``EmbeddedRunner`` does the fan-in).
     ``owner``: the token that submitted it through the service (the package's release is its:
-    its quota, its cancel). ``served``: the toolchains that build (default: the live workers')."""
+    its quota, its cancel). ``served``: the toolchains that build (default: the live workers').
+    ``fleet``: what each toolchain's workers make (default: their announcements; the embedded
+    service: this environment): an SDK that can't make the package is left out, parts and all,
+    with one warning (``warn``, and the answer's ``warnings``), or refused when named with
+    ``sdks`` (``capability-missing``); the package builds go to the genai queue of their SDK,
+    which only workers that make them serve."""
     from sqlalchemy import select
 
+    from farm.core.capabilities import genai_matrix
     from farm.core.options import parse_pairs
     from farm.pipeline import states
+    from farm.pipeline.capabilities import fleet_here, fleet_of
     from farm.pipeline.plan import (
         _spec,
         _status,
@@ -691,7 +703,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         served_toolchains,
         store_snapshot,
     )
-    from farm.pipeline.queues import COMPILE_TASK, check_broker, compile_queue, send, shared_app
+    from farm.pipeline.queues import COMPILE_TASK, check_broker, genai_queue, send, shared_app
     from farm.pipeline.submission import ReleaseRequest
     from registry.index import Registry, release_builds
     from registry.models import Build, Release, ReleaseBuild
@@ -703,15 +715,22 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         options = dict(option_pairs) if isinstance(option_pairs, Mapping) else parse_pairs(option_pairs)
         request = ReleaseRequest.parse(target_refs, sdks, options, name, tag, allow_queue, retry_failed, force_tag)
         served = served if served is not None else served_toolchains(settings, reg)
+        fan = genai_matrix([t.backend for t in request.targets], request.sdks, list(served),
+                           fleet if fleet is not None else fleet_of(settings, reg) if dispatch else fleet_here(served))
         request.check_served(served)
-        matrix = request.matrix(served)
+        matrix = [(t, v) for t, v in request.matrix(served) if v in fan.versions.get(t.backend, ())]
         check_support(matrix, group=True)
+        warning = fan.warning()
+        if warning and warn is not None:
+            warn(warning)
         pkg = inspect_package(settings, export_dir, display=request.name)
         if dispatch:
             app = app or shared_app(settings)
             check_broker(app)
         # Parts first: each one release of its own group (recorded, stored, sent).
-        part_request = ReleaseRequest.parse(target_refs, sdks, options, None, None, allow_queue, retry_failed)
+        # The parts build for exactly the package's SDKs: none for an SDK left out.
+        part_sdks = list(sdks) or sorted({v for _, v in matrix})
+        part_request = ReleaseRequest.parse(target_refs, part_sdks, options, None, None, allow_queue, retry_failed)
         part_releases: list[int] = []
         for g in pkg.parts:
             def store(g: Any = g) -> list[dict[str, Any]]:
@@ -735,7 +754,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
             s.flush()
             for t, version in matrix:
                 spec = _spec(pkg.digest, t, version, request.options[t])
-                queue = compile_queue(t.backend, version, t.name)
+                queue = genai_queue(t.backend, version)
                 build_id, _ = states.enqueue(s, spec, queue, retry_failed=request.retry_failed)
                 # Each part's build of this (target, toolchain, options): by its key, as queued above.
                 parts = [int(s.scalar(select(Build.id).where(
@@ -754,6 +773,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         with reg.db.session() as s:
             out = _status(s, release_id, release_builds(s, release_id), reg.store)
         out.tag_moved = moved
+        out.warnings = [warning] if warning else []
         return out
     finally:
         if pkg is not None:
@@ -800,6 +820,14 @@ def execute_package(executor: Any, build_id: int) -> Any:
 
         model = s.get(Model, b.model_digest)
         files = [dict(f) for f in (model.files if model else [])]
+    refusal = _capability_refusal(spec)
+    if refusal is not None:  # a release routes around it; this is a queue served by mistake
+        with reg.db.session() as s:
+            c = states.claim(s, build_id, owner=executor.owner, lease_seconds=settings.lease_seconds,
+                             max_attempts=settings.max_attempts)
+        if c.lease is not None:
+            _fail(reg, c.lease, refusal.code, refusal.message)
+        return Result("failed", build_id)
     outcomes = [outcome_from_row(reg, p, f"{spec.backend}:{spec.target}", cached=False) for p in parts]
     with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-export-") as tmp:
         try:
@@ -824,6 +852,20 @@ def execute_package(executor: Any, build_id: int) -> Any:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,
                   artifact_id=art.id if art is not None else None)
+
+
+def _capability_refusal(spec: Any) -> FarmError | None:
+    """``capability-missing`` when this environment can't assemble the package (no usable
+    onnxruntime-genai for its folder check): a deterministic failure, answered again from the
+    index until ``--retry-failed``, not a toolchain-error found after the checks started."""
+    from farm.core.capabilities import check_here
+    from workers.capabilities import here
+
+    try:
+        check_here(spec.backend, spec.toolchain, here(spec.backend))
+    except FarmError as exc:
+        return exc
+    return None
 
 
 def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, Any]], dest: Path) -> PackageBundle:

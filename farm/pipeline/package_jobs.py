@@ -115,6 +115,7 @@ def error_of(doc: dict[str, Any]) -> E.FarmError:
 def package_queue(settings: Settings, reg: Registry) -> str:
     """The probe queue of a live worker that can make packages (onnxruntime >= 1.32): the
     toolchain with the most such workers, then the newest. no-worker (503) when there is none."""
+    from farm.core.capabilities import ORT_MODEL_PACKAGE, Capabilities
     from farm.core.keys import parse_version
     from farm.pipeline.queues import probe_queue
     from registry.index import live_workers
@@ -124,7 +125,10 @@ def package_queue(settings: Settings, reg: Registry) -> str:
     with reg.db.session() as s:
         for w in live_workers(s, stale_after=settings.worker_stale_after):
             queue = probe_queue(w.backend, w.toolchain)
-            if parse_version(w.ort_version or "0") >= MIN_ORT and queue in (w.queues or []):
+            # What the worker announced it makes; a worker of an older ctxfarm by its onnxruntime.
+            caps = Capabilities.from_extra(w.extra)
+            able = ORT_MODEL_PACKAGE in caps.makes if caps is not None else parse_version(w.ort_version or "0") >= MIN_ORT
+            if able and queue in (w.queues or []):
                 count[(w.backend, w.toolchain)] = count.get((w.backend, w.toolchain), 0) + 1
     if not count:
         raise E.NoWorkerError(

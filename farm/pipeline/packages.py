@@ -27,6 +27,7 @@ from farm.core.errors import (
     ManifestError,
     MissingExtraError,
     PackageFilesMissingError,
+    PackageUnsupportedError,
     StorageError,
     UsageError,
 )
@@ -102,9 +103,27 @@ def package_inputs(reg: Registry, ref: str) -> Inputs:
     return Inputs(name, tag, digest, model_files, rows, sample_digest, key, have)
 
 
+def check_packable(model_files: list[dict[str, Any]], ref: str) -> None:
+    """``package-unsupported`` for a model no ORT model package holds here: an onnxruntime-genai
+    package (a folder of stages a device opens with ``og.Model(dir)``). onnxruntime-genai 0.18's
+    PyPI wheel exports ``OgaCreateConfigFromPackageEp`` (and ``og.Config.from_package_ep``), but
+    answers every package "Model package support requires building onnxruntime-genai against ONNX
+    Runtime with the OrtModelPackageApi experimental functions" (measured: docs/packages.md), so
+    a package of one could not be opened by the runtime a device would use."""
+    from farm.pipeline.genai import PACKAGE_FILE
+
+    if model_files and model_files[0].get("path") == PACKAGE_FILE:
+        raise PackageUnsupportedError(
+            f"{ref} is an onnxruntime-genai package: no ORT model package is made of it (the onnxruntime-genai 0.18 "
+            "wheel opens no model package: it is not built with ONNX Runtime's model package API)",
+            hint=f"install its folder, resolved for the device: farm install --model {ref} --soc SOC --qnn VERSION "
+                 "-d DIR (or farm fetch --model ...); og.Model(DIR) opens it")
+
+
 def check_buildable(inputs: Inputs) -> None:
     """no-published-builds when the model has no build to package (read from the index alone:
-    a service without onnxruntime says so itself)."""
+    a service without onnxruntime says so itself); package-unsupported for a genai package."""
+    check_packable(inputs.model_files, f"{inputs.name}:{inputs.tag}")
     if not inputs.rows:
         pk.plan(package_name=inputs.name, package_version=inputs.tag, model=inputs.model,
                 model_files=inputs.model_files, group=None, builds=[])  # raises no-published-builds
@@ -306,11 +325,13 @@ def current_package(reg: Registry, ref: str) -> dict[str, Any]:
 
     from farm.core.errors import NotFoundError
     from registry.index import resolve_model_ref
-    from registry.models import ModelPackageRow
+    from registry.models import Model, ModelPackageRow
 
     name, tag = split_package_ref(ref)
     with reg.db.session() as s:
         model = resolve_model_ref(s, f"{name}:{tag}")
+        row = s.get(Model, model)
+        check_packable([dict(f) for f in (row.files if row is not None else [])][:1], f"{name}:{tag}")
         digest = s.scalar(select(ModelPackageRow.digest)
                           .where(ModelPackageRow.ref == f"{name}:{tag}", ModelPackageRow.model_digest == model)
                           .order_by(ModelPackageRow.id.desc()).limit(1))

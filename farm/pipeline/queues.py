@@ -29,6 +29,13 @@ def compile_queue(backend: str, toolchain: str, target: str | None = None) -> st
     return f"compile.{backend}.{toolchain}"
 
 
+def genai_queue(backend: str, toolchain: str) -> str:
+    """compile.qnn.2.51.0.genai: the package builds of LLM releases (assembly, folder check, twin),
+    served only by the workers of that toolchain that announce they can make them
+    (``farm.core.capabilities``); their parts go to ``compile_queue`` like any build."""
+    return f"compile.{backend}.{toolchain}.genai"
+
+
 def probe_queue(backend: str, toolchain: str) -> str:
     return f"probe.{backend}.{toolchain}"
 

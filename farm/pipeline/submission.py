@@ -185,6 +185,7 @@ class ReleaseStatus:
     model: str
     builds: list[dict[str, Any]] = field(default_factory=list)
     tag_moved: dict[str, str] | None = None  # {"tag", "from", "to"} when --force-tag moved NAME:TAG
+    warnings: list[str] = field(default_factory=list)  # e.g. an SDK left out of an LLM release
 
     @property
     def done(self) -> bool:

@@ -197,3 +197,30 @@ def test_a_folder_olive_exported_ships_too(settings: Settings, farm_env: dict[st
     opened = subprocess.run([str(GENAI_PY), "-c", "import sys, onnxruntime_genai as og; og.Config(sys.argv[1]); "
                              "print('opened')", str(dest)], capture_output=True, text=True, timeout=120)
     assert opened.returncode == 0 and opened.stdout.strip() == "opened", opened.stderr
+
+
+def test_an_environment_without_onnxruntime_genai_refuses_before_anything_is_written(tmp_path: Path) -> None:
+    """`farm build --genai` in the QNN 2.47.0 worker environment (onnxruntime 1.24.4: no
+    onnxruntime-genai installs beside it that can run QNN) is refused with capability-missing from
+    what the environment holds, before the export is read or the index made; the same in an
+    environment that has it goes on (here: the TensorRT target it is then given is refused as such)."""
+    import os
+
+    from tests.common.genai import make_export
+
+    src = make_export(tmp_path / "export")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FARM_")}, "FARM_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(ROOT)}
+    py = ROOT / ".venvs" / "qnn-2.47.0" / "bin" / "python"
+    got = subprocess.run([str(py), "-m", "farm.cli", "build", "--genai", str(src), "-t", "qnn:SM8650", "--name",
+                          "llm/x", "--tag", "t"], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2, got.stderr
+    assert "error[capability-missing]" in got.stderr and "QNN 2.47.0" in got.stderr
+    assert "onnxruntime_genai" in got.stderr and "Traceback" not in got.stderr
+    assert not (tmp_path / "home").exists()
+    trt = subprocess.run([str(GENAI_PY), "-m", "farm.cli", "build", "--genai", str(src), "-t", "trt:sm_90"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert trt.returncode == 2 and "error[capability-missing]" in trt.stderr and "a trt target" in trt.stderr
+    gone = subprocess.run([str(GENAI_PY), "-m", "farm.cli", "build", "--genai", str(tmp_path / "nope"), "-t",
+                           "qnn:SM8650"], env=env, capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 2 and "no such folder" in gone.stderr

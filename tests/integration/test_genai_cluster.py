@@ -95,3 +95,64 @@ def test_submit_genai_over_http_on_the_cluster(farm_cluster: Farm, tmp_path: Pat
         again = json.loads(cli(*args).stdout)
         assert again["uploaded_bytes"] == 0 and again["ok"]
         assert sorted(b["build"] for b in again["builds"]) == sorted(b["build"] for b in doc["builds"])
+
+
+def test_an_sdk_whose_workers_cannot_make_the_package_is_left_out_before_anything_compiles(
+        farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
+    """Workers of QNN 2.47.0 (no onnxruntime-genai: none installs beside its onnxruntime 1.24.4)
+    and 2.51.0: `farm workers` says what each makes; `farm submit --genai` with no --sdk builds
+    for 2.51.0 only (no part either for 2.47.0), says so in one warning line, and exits 0 with no
+    failed build; a re-submit creates no build; naming 2.47.0 is refused up front. The package
+    is then refused by `farm package` and over HTTP (POST/GET /v1/packages, `farm install
+    --package`) with package-unsupported, never a 5xx."""
+    import urllib.error
+    import urllib.request
+
+    from tests.common.genai import make_export
+
+    f = farm_cluster
+    export = make_export(tmp_path / "export")
+    f.start_worker("2.47.0")
+    f.start_worker("2.51.0")
+    shown = {w["toolchain"]: w for w in json.loads(f.cli("workers", "--json").stdout)}
+    assert shown["2.47.0"]["makes"] == [] and "onnxruntime_genai" in shown["2.47.0"]["lacks"]["genai-package"]
+    assert set(shown["2.51.0"]["makes"]) == {"genai-package", "genai-folder-check", "genai-twin", "ort-model-package"}
+    assert "compile.qnn.2.51.0.genai" in shown["2.51.0"]["queues"]
+    human = f.cli("workers").stdout
+    assert "genai,folder-check,twin,ort-package" in human and "QNN 2.47.0 makes no genai package" in human
+
+    args = ("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/fleet", "--tag", "t", "--wait",
+            "--timeout", "240", "--json")
+    got = f.cli(*args, timeout=300)
+    doc = json.loads(got.stdout)
+    warnings = [line for line in got.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "QNN 2.47.0" in warnings[0] and "QNN 2.51.0" in warnings[0], got.stderr
+    assert doc["ok"] and len(doc["builds"]) == 3, doc
+    rows = f.builds()
+    assert {r["toolchain"] for r in rows} == {"2.51.0"} and all(r["state"] == "succeeded" for r in rows), rows
+
+    again = f.cli(*args, timeout=300)
+    assert json.loads(again.stdout)["ok"] and len(f.builds()) == len(rows)
+    named = f.cli(*args[:-3], "--sdk", "2.47.0", check=False)
+    assert named.returncode == 2 and "error[capability-missing]" in named.stderr and "QNN 2.51.0" in named.stderr
+    assert len(f.builds()) == len(rows)
+
+    local = f.cli("package", "llm/fleet:t", "-d", str(tmp_path / "pkg"), check=False)
+    assert local.returncode == 1 and "error[package-unsupported]" in local.stderr and "bug" not in local.stderr
+    with f.over_http(tmp_path) as h:
+        for method, path, token, body in (("POST", "/v1/packages", h.submit, b'{"ref": "llm/fleet:t"}'),
+                                          ("GET", "/v1/packages?ref=llm/fleet:t", h.read, None)):
+            req = urllib.request.Request(h.url + path, data=body, method=method,
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+                raise AssertionError(f"{method} {path} answered 2xx")
+            except urllib.error.HTTPError as e:
+                answer = json.loads(e.read())
+                assert e.code == 409 and answer["error"]["code"] == "package-unsupported", (e.code, answer)
+        device = subprocess.run([sys.executable, "-m", "farm.cli", "install", "--package", "llm/fleet:t", "--server",
+                                 h.url, "--token", h.read, "-d", str(tmp_path / "device")], env=h.env,
+                                capture_output=True, text=True, timeout=120)
+        assert device.returncode == 1 and "error[package-unsupported]" in device.stderr, device.stderr
+        assert "farm install --model llm/fleet:t" in device.stderr

@@ -55,6 +55,9 @@ class GenaiIn(BaseModel):
 class GenaiOut(ReleaseOut):
     tag_moved: dict[str, str] | None = Field(
         default=None, description='{"tag", "from", "to"} when force_tag moved NAME:TAG from another model')
+    warnings: list[str] = Field(
+        default_factory=list, description="e.g. an SDK left out of the release because none of its workers can make a "
+                                          "genai package (one line each; nothing is built for it)")
 
 
 @router.post("/v1/genai", response_model=GenaiOut, tags=["submit"],
@@ -69,7 +72,10 @@ class GenaiOut(ReleaseOut):
                         429: {"model": ErrorResponse, "description": "quota-releases: this token has "
                                                                      "FARM_QUOTA_RELEASES releases in progress"},
                         409: {"model": ErrorResponse, "description": "no-worker: the embedded service (no broker) "
-                                                                     "can't build an SDK it does not have"}})
+                                                                     "can't build an SDK it does not have; "
+                                                                     "capability-missing: no worker of the SDK named "
+                                                                     "(or none at all) can make a genai package, or "
+                                                                     "a non-QNN target"}})
 async def create_genai(http: Request, body: GenaiIn, settings: SettingsDep, reg: RegistryDep, runner: RunnerDep,
                        who: Annotated[Caller, submitter]) -> GenaiOut | Response:
     """Queue a genai package release owned by this token (its quota and cancel, as ``POST
@@ -84,6 +90,9 @@ async def create_genai(http: Request, body: GenaiIn, settings: SettingsDep, reg:
     # Everything a bad request can be refused for, before a byte is copied.
     request = plan.ReleaseRequest.parse(body.targets, body.sdks, body.options, body.name, body.tag,
                                         body.allow_queue, body.retry_failed, body.force_tag)
+    from farm.core.capabilities import check_genai_backends
+
+    check_genai_backends([t.backend for t in request.targets])
     served, refusal = await run_in_threadpool(served_or_refusal, http, settings, reg, request)
     if refusal is not None:
         return refusal
@@ -92,7 +101,7 @@ async def create_genai(http: Request, body: GenaiIn, settings: SettingsDep, reg:
     if runner is not None:
         runner.submit([b["build"] for b in st.builds])
     return GenaiOut(release=st.release_id, model=st.model, done=st.done, ok=st.ok, builds=st.builds,
-                    tag_moved=getattr(st, "tag_moved", None))
+                    tag_moved=getattr(st, "tag_moved", None), warnings=list(getattr(st, "warnings", None) or []))
 
 
 def _submit(settings: Settings, reg: Registry, body: GenaiIn, served: dict[tuple[str, str], list[str]],

@@ -39,7 +39,8 @@ class PackagePending(BaseModel):
     202: {"model": PackagePending, "description": "a worker is making it (a cluster whose service has no onnxruntime "
                                                   ">= 1.32): POST the same again after Retry-After"},
     404: {"model": ErrorResponse, "description": "not-found (no such NAME:TAG), no-published-builds"},
-    409: {"model": ErrorResponse, "description": "package-files-missing"},
+    409: {"model": ErrorResponse, "description": "package-files-missing; package-unsupported: an onnxruntime-genai "
+                                                  "package (install its folder: farm install --model NAME:TAG)"},
     500: {"model": ErrorResponse, "description": "package-verify-failed"},
     501: {"model": ErrorResponse, "description": "missing-extra: no onnxruntime >= 1.32 here and no broker"},
     503: {"model": ErrorResponse, "description": "no-worker: no live worker with onnxruntime >= 1.32 to make it"}})
@@ -57,7 +58,8 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
     it (``cached: false`` when it was made while this request waited), the worker's error (its
     code and status, as here), or 202 with ``Retry-After`` while it is being made (POST the same
     again: one worker makes it, however many ask). Errors: 404 ``not-found`` (no such NAME:TAG),
-    404 ``no-published-builds``, 409 ``package-files-missing``, 500 ``package-verify-failed``, 501
+    404 ``no-published-builds``, 409 ``package-files-missing``, 409 ``package-unsupported`` (a genai
+    package: no ORT model package is made of one), 500 ``package-verify-failed``, 501
     ``missing-extra`` (no onnxruntime >= 1.32 here and no broker), 503 ``no-worker`` (no live
     worker can make it)."""
     from starlette.concurrency import run_in_threadpool
@@ -114,10 +116,12 @@ def _jobs(app: Any, settings: Settings, reg: Registry) -> Any:
     return jobs
 
 
-@router.get("/v1/packages", tags=["read"], dependencies=[read])
+@router.get("/v1/packages", tags=["read"], dependencies=[read], responses={
+    409: {"model": ErrorResponse, "description": "package-unsupported: an onnxruntime-genai package"}})
 def newest_package(ref: Annotated[str, Query(max_length=400)], reg: RegistryDep) -> dict[str, Any]:
     """The newest package made of ``ref``'s current model (``farm install --package``): made
-    earlier by ``POST /v1/packages``, never here (404 ``not-found`` names the command)."""
+    earlier by ``POST /v1/packages``, never here (404 ``not-found`` names the command; 409
+    ``package-unsupported`` for a genai package, whose folder installs as an artifact)."""
     from farm.pipeline.packages import current_package
 
     return current_package(reg, ref)

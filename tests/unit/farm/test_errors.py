@@ -72,6 +72,8 @@ STABLE_CODES = {
     "QuotaReleasesError": "quota-releases",
     "BadGenaiError": "bad-genai",
     "GenaiFolderError": "genai-folder-invalid",
+    "PackageUnsupportedError": "package-unsupported",
+    "CapabilityMissingError": "capability-missing",
 }
 
 
