@@ -19,16 +19,17 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# The client's import closure (farm.client and what it imports from farm.core), with its data.
+# The client's import closure (the farm.client package, every module of it, and what it imports
+# from farm.core), with its data.
 MODULES = [
     "farm/__init__.py",
-    "farm/client.py",
-    "farm/client_report.py",  # device reports (issue 23): report() for apps that load artifacts themselves
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "farm" / "client").glob("*.py")),
+    "farm/client_report.py",  # device reports: report() for apps that load artifacts themselves
     "farm/core/__init__.py",
     "farm/core/errors.py",
     "farm/core/keys.py",
     "farm/core/names.py",
-    "farm/core/packages.py",  # issue 30: ctxfarm-install --package (an ORT model package)
+    "farm/core/packages.py",  # ctxfarm-install --package (an ORT model package)
     "farm/core/placement.py",
     "farm/core/settings.py",
     "farm/core/untrusted.py",
