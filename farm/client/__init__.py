@@ -9,13 +9,15 @@ SQLAlchemy or EPs; ``cryptography`` only when signatures are checked).
 A device trusts no server: everything a service (or a man in the middle) sends is hostile input
 until checked (docs/security.md, "Device client"). ``install``:
 
-1. asks ``/v1/resolve`` and reads at most ``MAX_ANSWER_BYTES`` of the answer; checks the type of
-   every field it uses and binds the answer to the question (the model it named, the backend,
-   the SoC or GPU, a toolchain the runtime can load);
+1. asks ``/v1/resolve`` and reads at most ``MAX_ANSWER_BYTES`` of the answer; holds it to its
+   shape (``shapes``: the type of every field it reads, before any is used) and binds the
+   answer to the question (the model it named, the backend, the SoC or GPU, a toolchain the
+   runtime can load);
 2. fetches the manifest by its digest (``/v1/blobs/<artifact>``, never a URL from the answer),
-   stops at its declared size, checks the bytes hash to the artifact digest, its shape and every
-   file name, digest and size (``farm.core.untrusted``), and that it says what the answer said;
-   with trusted keys, requires a signature by one of them over that digest;
+   stops at its declared size, checks the bytes hash to the artifact digest, its shape (the
+   type of every field read) and every file name, digest and size (``farm.core.untrusted``),
+   and that it says what the answer said; with trusted keys, requires a signature by one of
+   them over that digest;
 3. takes each file --dest already holds at its name and size (a hard link, verified like a
    download: a re-install of an up-to-date destination fetches nothing and changes nothing);
    downloads the others with resume into a partial directory named by the file's checked
@@ -26,14 +28,15 @@ until checked (docs/security.md, "Device client"). ``install``:
 
 Redirects are followed to http(s) only (never https -> http), at most ``MAX_REDIRECTS``; the
 bearer token never follows one. Every malformed answer is ``server-error`` (the answer) or
-``bad-manifest`` (the manifest); content that does not match its digest is ``digest-mismatch``.
+``bad-manifest`` (the manifest, a package record); content that does not match its digest is
+``digest-mismatch``.
 
 One module per job: ``transport`` (requests, redirects, capped reads, error answers),
-``answers`` (the question, the answer and manifest bound to it, signatures), ``ranges`` and
-``downloads`` (resumable, ranged downloads by digest), ``placing`` (staging, links, the atomic
-swap, up-to-date detection), ``install``, ``packages`` (ORT model packages), ``uploads`` and
-``service`` (the pipeline's side: uploads, ``Client``, ``wait_release``) and ``cli``
-(``ctxfarm-install``, ``python -m farm.client``).
+``shapes`` (the shape every answer must have), ``answers`` (the question, the answer and
+manifest bound to it, signatures), ``ranges`` and ``downloads`` (resumable, ranged downloads by
+digest), ``placing`` (staging, links, the atomic swap, up-to-date detection), ``install``,
+``packages`` (ORT model packages), ``uploads`` and ``service`` (the pipeline's side: uploads,
+``Client``, ``wait_release``) and ``cli`` (``ctxfarm-install``, ``python -m farm.client``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a device accepts as an answer to its question: the question itself (the model, the
-backend, the SoC or GPU, the runtime it can load), a resolve answer checked and bound to that
-question, the manifest fetched by the answer's digest checked and bound to the answer, and the
-signatures over that digest by a key the device trusts.
+backend, the SoC or GPU, the runtime it can load), a resolve answer held to its shape and bound
+to that question, the manifest fetched by the answer's digest held to its shape, checked and
+bound to the answer, and the signatures over that digest by a key the device trusts.
 
 A malformed answer is ``server-error``; a malformed manifest, or one that is not for what the
 answer said, is ``bad-manifest`` (the service sent a document this client refuses).
@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from farm.client import shapes
 from farm.client.transport import HINT_SERVER, parse_json
 from farm.core.errors import (
     ManifestError,
@@ -24,7 +25,6 @@ from farm.core.errors import (
 )
 from farm.core.keys import is_digest, parse_version
 from farm.core.untrusted import (
-    BACKENDS,
     check_digest,
     check_manifest,
     check_size,
@@ -33,8 +33,8 @@ from farm.core.untrusted import (
     shown,
 )
 
-MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KiB; its declared size must be under this
-MAX_SIGNATURES = 64
+MAX_MANIFEST_BYTES = shapes.MAX_MANIFEST_BYTES
+MAX_SIGNATURES = shapes.MAX_SIGNATURES
 
 
 @dataclass(frozen=True)
@@ -67,24 +67,17 @@ def question(model: str, soc: str | None, qnn: str | None, gpu: str | None, trt:
 
 
 def check_answer(res: Any, q: Question) -> dict[str, Any]:
-    """A resolve answer: the type of every field used, and that it answers ``q``."""
-    if not isinstance(res, dict):
-        raise ServerError("the resolve answer is not a JSON object", hint=HINT_SERVER)
+    """A resolve answer: every field used of its type and form (``shapes.RESOLVE_ANSWER``),
+    and that it answers ``q``."""
+    shapes.conform(res, shapes.RESOLVE_ANSWER, "the resolve answer", ServerError, HINT_SERVER)
     try:
-        check_digest(res.get("artifact"), "the answer's artifact")
-        check_digest(res.get("model"), "the answer's model")
-        check_target_name(res.get("target"), "the answer's target")
-        check_version(res.get("toolchain"), "the answer's toolchain")
-        check_size(res.get("manifest_size"), "the answer's manifest_size", limit=MAX_MANIFEST_BYTES)
+        check_digest(res["artifact"], "the answer's artifact")
+        check_digest(res["model"], "the answer's model")
+        check_target_name(res["target"], "the answer's target")
+        check_version(res["toolchain"], "the answer's toolchain")
+        check_size(res["manifest_size"], "the answer's manifest_size", limit=MAX_MANIFEST_BYTES)
     except ManifestError as exc:
         raise ServerError(f"the resolve answer is malformed: {exc.message}", hint=HINT_SERVER) from None
-    sigs = res.get("signatures", [])
-    if not isinstance(sigs, list) or len(sigs) > MAX_SIGNATURES or not all(
-            isinstance(s, dict) and isinstance(s.get("public_key"), str) and isinstance(s.get("signature"), str)
-            and len(s["public_key"]) <= 200 and len(s["signature"]) <= 200 for s in sigs):
-        raise ServerError("the resolve answer's signatures are malformed", hint=HINT_SERVER)
-    if res.get("backend") not in BACKENDS:
-        raise ServerError(f"the resolve answer's backend {shown(res.get('backend'))} is unknown", hint=HINT_SERVER)
 
     def refuse(what: str) -> ServerError:
         return ServerError(f"the service answered for {what}: not installing", hint=HINT_SERVER)
@@ -108,10 +101,11 @@ def check_answer(res: Any, q: Question) -> dict[str, Any]:
 
 
 def checked_manifest(data: bytes, artifact: str) -> dict[str, Any]:
-    """The manifest's bytes (already checked to hash to ``artifact``) as a manifest: JSON, its
-    shape, every name, digest and size checked (``farm.core.untrusted.check_manifest``). Raises
-    ManifestError."""
+    """The manifest's bytes (already checked to hash to ``artifact``) as a manifest: JSON, of
+    its shape (``shapes.MANIFEST``), every name, digest and size checked
+    (``farm.core.untrusted.check_manifest``). Raises ManifestError."""
     doc = parse_json(data, f"manifest {artifact[7:19]}", ManifestError)
+    shapes.conform(doc, shapes.MANIFEST, f"manifest {artifact[7:19]}", ManifestError, HINT_SERVER)
     try:
         return check_manifest(doc)
     except ManifestError as exc:
@@ -135,11 +129,13 @@ def check_manifest_binding(manifest: dict[str, Any], res: dict[str, Any], q: Que
                                 f"device's {q.target}, and not hardware-compatible", hint=HINT_SERVER)
 
 
-def check_signatures(artifact: str, sigs: list[dict[str, str]], trusted: list[str], *, required: bool,
+def check_signatures(artifact: str, sigs: Any, trusted: list[str], *, required: bool,
                      allow_unsigned: bool) -> str | None:
-    """The signing key's short id when a signature in ``sigs`` verifies over ``artifact`` with a
+    """The signing key's short id when a signature in ``sigs`` (as the service sent them: held to
+    ``shapes.SIGNATURES`` first, whatever the policy) verifies over ``artifact`` with a
     ``trusted`` key; None where none is asked for (no trusted key, not required) or unsigned
     artifacts are allowed. unsigned / signature-invalid otherwise."""
+    shapes.conform(sigs, shapes.SIGNATURES, "the signatures", ServerError, HINT_SERVER)
     if not trusted and not required:
         return None
     if not sigs:

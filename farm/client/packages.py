@@ -1,5 +1,5 @@
 """ORT model packages on a device (``farm install --package``, ``ctxfarm-install --package``): the
-package's record fetched by its digest and checked, the signature policy
+package's record fetched by its digest, held to its shape and checked, the signature policy
 applied to that digest, then every file it lists fetched, verified and placed as an artifact's
 files are (``farm.client.placing``). The package's layout is ``farm.core.packages``'s."""
 
@@ -9,20 +9,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+from farm.client import shapes
 from farm.client.answers import check_signatures
 from farm.client.downloads import CONNECTIONS
 from farm.client.install import InstallResult
 from farm.client.placing import fetch_and_place
 from farm.client.service import Client
-from farm.client.transport import HINT_SERVER, MAX_ANSWER_BYTES, parse_json
+from farm.client.transport import HINT_SERVER, parse_json
 from farm.core.errors import ManifestError, ServerError
-from farm.core.keys import is_digest
 from farm.core.names import safe_relative
 from farm.core.placement import destination
 
 
 def install_package_files(client: Client, digest: str, size: int, dest: Path, *, trusted: Any = (),
-                          signatures: list[dict[str, str]] | None = None, required: bool = False,
+                          signatures: Any = None, required: bool = False,
                           allow_unsigned: bool = False, connections: int = CONNECTIONS) -> InstallResult:
     """An ORT model package (``farm package --server``) into ``dest``: its record fetched by
     ``digest`` (at most ``size`` bytes, checked against the digest), the signature policy
@@ -31,22 +31,25 @@ def install_package_files(client: Client, digest: str, size: int, dest: Path, *,
     ``ctx_model`` is the package's ``manifest.json`` (``ModelPackageContext`` opens its folder)."""
     from farm.core.packages import MANIFEST, check_record
 
-    if not is_digest(digest) or not isinstance(size, int) or not 0 < size <= MAX_ANSWER_BYTES:
-        raise ServerError("the package answer names no valid record", hint=HINT_SERVER)
+    shapes.conform({"digest": digest, "record_size": size}, shapes.PACKAGE_ANSWER, "the package answer", ServerError,
+                   HINT_SERVER)
     data = client.manifest_bytes(digest, size)
+    doc = parse_json(data, f"package {digest[7:19]}", ManifestError)
+    # Every field read of the record is of its type before the layout rules read it.
+    shapes.conform(doc, shapes.PACKAGE_RECORD, f"package record {digest[7:19]}", ManifestError, HINT_SERVER)
     try:
-        doc = check_record(parse_json(data, f"package {digest[7:19]}", ManifestError))
+        doc = check_record(doc)
     except ManifestError as exc:
         raise ManifestError(exc.message, hint=HINT_SERVER) from None
-    signed_by = check_signatures(digest, signatures or [], list(trusted or []), required=required,
-                                 allow_unsigned=allow_unsigned)
+    signed_by = check_signatures(digest, [] if signatures is None else signatures, list(trusted or []),
+                                 required=required, allow_unsigned=allow_unsigned)
     out = destination(Path(dest))
     files = [{"name": f["path"], "digest": f["digest"], "size": f["size"]} for f in doc["files"]]
     # As an artifact's files: a large variant in parallel ranges, files already in place kept.
     resumed, downloaded, kept = fetch_and_place(client, out, files, connections=connections,
                                                 directories=doc["directories"])
     return InstallResult(digest, out / MANIFEST, [out / safe_relative(f["name"]) for f in files],
-                         sum(int(f["size"]) for f in files), resumed, signed_by, downloaded, kept)
+                         sum(f["size"] for f in files), resumed, signed_by, downloaded, kept)
 
 
 def install_package(server: str, token: str | None, ref: str, *, dest: str | os.PathLike[str],
@@ -57,10 +60,8 @@ def install_package(server: str, token: str | None, ref: str, *, dest: str | os.
     current model (``GET /v1/packages?ref=``, a read token: it makes nothing), installed as
     ``install_package_files`` does."""
     client = Client(server, token, timeout=timeout)
-    answer = client.json("GET", "/v1/packages", ref=ref)
-    if not isinstance(answer, dict) or not isinstance(answer.get("record_size"), int):
-        raise ServerError("the package answer is not a JSON object with a record_size", hint=HINT_SERVER)
-    sigs = answer.get("signatures") if isinstance(answer.get("signatures"), list) else []
-    return install_package_files(client, str(answer.get("digest")), answer["record_size"], Path(dest),
-                                 trusted=trusted_keys or [], signatures=sigs, required=require_signature,
-                                 allow_unsigned=allow_unsigned, connections=connections)
+    answer = shapes.conform(client.json("GET", "/v1/packages", ref=ref), shapes.PACKAGE_ANSWER, "the package answer",
+                            ServerError, HINT_SERVER)
+    return install_package_files(client, answer["digest"], answer["record_size"], Path(dest),
+                                 trusted=trusted_keys or [], signatures=answer.get("signatures", []),
+                                 required=require_signature, allow_unsigned=allow_unsigned, connections=connections)

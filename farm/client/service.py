@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from farm.client import shapes
 from farm.client.downloads import Downloads
 from farm.client.transport import HINT_SERVER
 from farm.client.uploads import Uploads
@@ -27,9 +28,8 @@ def wait_release(client: Client, release_id: int, *, timeout: float | None = Non
     while True:
         wait = long_poll if deadline is None else max(min(long_poll, deadline - time.monotonic()), 0.0)
         asked = time.monotonic()
-        st = client.json("GET", f"/v1/releases/{release_id}", wait=f"{wait:.1f}")
-        if not isinstance(st, dict) or not isinstance(st.get("builds"), list):
-            raise ServerError(f"the answer for release {release_id} is malformed", hint=HINT_SERVER)
+        st = shapes.conform(client.json("GET", f"/v1/releases/{release_id}", wait=f"{wait:.1f}"), shapes.RELEASE,
+                            f"the answer for release {release_id}", ServerError, HINT_SERVER)
         if on_change is not None:  # every answer: the caller shows what changed (farm submit --wait)
             on_change(st)
         if st.get("done"):
@@ -38,7 +38,7 @@ def wait_release(client: Client, release_id: int, *, timeout: float | None = Non
             from farm.core.errors import CompileTimeoutError
 
             raise CompileTimeoutError(f"release {release_id} not finished after {timeout:g} s")
-        seen = [(b.get("build"), b.get("state"), b.get("attempts")) for b in st["builds"] if isinstance(b, dict)]
+        seen = [(b.get("build"), b.get("state"), b.get("attempts")) for b in st["builds"]]
         if seen == last and time.monotonic() - asked < min(poll, wait):
             time.sleep(poll)
         last = seen

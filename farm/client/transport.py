@@ -3,7 +3,7 @@ never downgrade and never carry the token, request bodies streamed from files, a
 to a cap and a deadline, and HTTP error answers turned into the documented error they name.
 
 Nothing here reads a field of an answer: ``Transport.json`` hands back parsed JSON, which the
-caller checks before using any of it.
+caller holds to its shape (``farm.client.shapes``) before using any of it.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class Transport:
 
     def json(self, method: str, path: str, payload: Any = None, **query: Any) -> Any:
         """A JSON answer, at most ``MAX_ANSWER_BYTES`` read; anything else is server-error. The
-        caller checks the shape of what it uses."""
+        caller holds it to its shape before it reads a field."""
         return self.json_status(method, path, payload, **query)[0]
 
     def json_status(self, method: str, path: str, payload: Any = None, **query: Any) -> tuple[Any, int, float | None]:

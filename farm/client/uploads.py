@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from farm.client import shapes
 from farm.client.transport import HINT_SERVER, MAX_ANSWER_BYTES, Stream, Transport, parse_json, read_capped
 from farm.core.errors import FarmError, ServerError
-from farm.core.untrusted import check_size, shown
+from farm.core.untrusted import shown
 
 
 def tar_parts(members: list[tuple[str, Path]]) -> tuple[list[tuple[bytes | None, Path | None, int]], int]:
@@ -37,10 +38,10 @@ def tar_parts(members: list[tuple[str, Path]]) -> tuple[list[tuple[bytes | None,
 
 
 def _session_id(value: Any) -> str:
-    """An upload session id from the service: 32 hex digits, or the answer is refused (it goes
+    """An upload session id kept from an earlier call: 32 hex digits, or it is refused (it goes
     into a URL path)."""
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{32}", value):
-        raise ServerError(f"the service answered an upload session id {shown(value)}", hint=HINT_SERVER)
+        raise ServerError(f"upload session id {shown(value)} is not 32 hex digits", hint=HINT_SERVER)
     return value
 
 
@@ -63,9 +64,7 @@ class Uploads(Transport):
             answer = parse_json(read_capped(resp, MAX_ANSWER_BYTES, "the upload's answer",
                                             deadline=time.monotonic() + 2 * self.timeout),
                                 "the upload's answer", ServerError)
-        if not isinstance(answer, dict):
-            raise ServerError("the upload's answer is not a JSON object", hint=HINT_SERVER)
-        return answer
+        return shapes.conform(answer, shapes.Obj(), "the upload's answer", ServerError, HINT_SERVER)
 
     def held(self, digest: str, *, name: str | None = None, tag: str | None = None,
              force_tag: bool = False) -> dict[str, Any] | None:
@@ -83,7 +82,8 @@ class Uploads(Transport):
             if "HTTP 404" in exc.message or "HTTP 405" in exc.message:
                 return None  # a service without the route: upload
             raise
-        if not isinstance(answer, dict) or answer.get("digest") != digest:
+        shapes.conform(answer, shapes.STORED, "the answer to a held-model request", ServerError, HINT_SERVER)
+        if answer["digest"] != digest:
             raise ServerError("the answer to a held-model request names another model", hint=HINT_SERVER)
         return answer
 
@@ -115,8 +115,10 @@ class Uploads(Transport):
         offset = 0
         if session is not None:
             try:
-                offset = check_size(self.json("GET", f"/v1/uploads/{_session_id(session)}").get("offset"))
-            except (FarmError, AttributeError):
+                where = self.json("GET", f"/v1/uploads/{_session_id(session)}")
+                offset = shapes.conform(where, shapes.UPLOAD_OFFSET, "the upload session's answer", ServerError,
+                                        HINT_SERVER)["offset"]
+            except FarmError:  # gone, or an answer refused: a new session
                 session = None
         if session is None or offset > total:
             from farm.core.errors import NotFoundError
@@ -125,7 +127,9 @@ class Uploads(Transport):
                 answer = self.json("POST", "/v1/uploads")
             except NotFoundError:  # a service without upload sessions: one request, not resumable
                 return self.upload_bundle(members, name=name, tag=tag, force_tag=force_tag)
-            session, offset = _session_id(answer.get("upload") if isinstance(answer, dict) else None), 0
+            shapes.conform(answer, shapes.UPLOAD_SESSION, "the answer to a new upload session", ServerError,
+                           HINT_SERVER)
+            session, offset = answer["upload"], 0
             if on_session is not None:
                 on_session(session)
         if offset < total:
@@ -137,9 +141,7 @@ class Uploads(Transport):
                             deadline=time.monotonic() + 2 * self.timeout)
         answer = self.json("POST", f"/v1/uploads/{session}/complete", None, name=name, tag=tag,
                            force_tag="true" if force_tag else None, bundle_type=kind)
-        if not isinstance(answer, dict):
-            raise ServerError("the upload's answer is not a JSON object", hint=HINT_SERVER)
-        return answer
+        return shapes.conform(answer, shapes.Obj(), "the upload's answer", ServerError, HINT_SERVER)
 
     def blob_held(self, digest: str) -> bool:
         """Hash first, one file: ``HEAD /v1/blobs/DIGEST`` (200: the service holds it)."""
@@ -164,7 +166,8 @@ class Uploads(Transport):
             answer = parse_json(read_capped(resp, MAX_ANSWER_BYTES, "the blob upload's answer",
                                             deadline=time.monotonic() + 2 * self.timeout),
                                 "the blob upload's answer", ServerError)
-        if not isinstance(answer, dict) or answer.get("digest") != digest:
+        shapes.conform(answer, shapes.STORED, "the answer to a blob upload", ServerError, HINT_SERVER)
+        if answer["digest"] != digest:
             raise ServerError("the answer to a blob upload names another blob", hint=HINT_SERVER)
         return answer
 
