@@ -1,4 +1,4 @@
-"""farm package NAME:TAG -d DIR: an ORT model package of the model's published builds (issue 30).
+"""farm package NAME:TAG -d DIR: an ORT model package of the model's published builds.
 
 Here (the index and store of this machine: the package is made where onnxruntime >= 1.32 is) or
 through the service (``--server``: ``POST /v1/packages``, then the record and every file fetched
