@@ -1,4 +1,4 @@
-"""ctxfarm's product package: front doors (cli/, api/, client.py), the build pipeline (pipeline/)
+"""ctxfarm's product package: front doors (cli/, api/, client/), the build pipeline (pipeline/)
 and the core every layer uses (core/); they are different layers (the contracts in pyproject.toml).
 Import-light: importing ``farm`` loads nothing; no module under farm/ imports onnxruntime or infra/."""
 

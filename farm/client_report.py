@@ -8,8 +8,9 @@ like ``farm.client``. An app that loads the artifact itself calls ``report``::
 
 ``farm install --report`` and ``farm report`` use the same call. The report is checked here
 before it is sent (the service checks it again: it trusts no device), the answer is read up to
-``MAX_ANSWER_BYTES`` and bound to the question (the artifact it names). The token is a ``report``
-token (``farm token create NAME --scope report``): it can report and do nothing else.
+``MAX_ANSWER_BYTES``, held to its shape (``farm.client.shapes.REPORT_ANSWER``) and bound to
+the question (the artifact it names). The token is a ``report`` token (``farm token create
+NAME --scope report``): it can report and do nothing else.
 """
 
 from __future__ import annotations
@@ -123,14 +124,15 @@ def make_report(*, artifact: str, soc: str, runtime_version: str, outcome: str, 
 
 def send(server: str, token: str | None, body: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
     """POST the report; returns the service's answer (``report`` id, ``runtime``, ``soc``), checked."""
-    from farm.client import Client
+    from farm.client import Client, shapes
 
     if not token:
         raise UsageError("a report needs a report token", hint="farm token create NAME --scope report; then "
                                                                "--report-token or FARM_REPORT_TOKEN")
     answer = Client(server, token, timeout=timeout).json("POST", "/v1/reports", body)
-    if not isinstance(answer, dict) or not isinstance(answer.get("report"), int) \
-            or answer.get("artifact") != body["artifact"] or not isinstance(answer.get("runtime"), str):
+    shapes.conform(answer, shapes.REPORT_ANSWER, "the service's answer to a report", ServerError,
+                   "the service sent an answer this client refuses: tell the service's operators")
+    if answer["artifact"] != body["artifact"]:
         raise ServerError("the service's answer to a report is not one: "
                           f"{json.dumps(answer, default=str)[:200]}")
     return {k: answer[k] for k in ("report", "artifact", "runtime", "soc", "outcome") if k in answer}

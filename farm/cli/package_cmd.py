@@ -80,17 +80,17 @@ def remote_package(server: str, token: str | None, ref: str, dest: str | None, s
     worker is making it, until ``timeout``); then, with ``dest``, the record fetched by the
     digest the answer names (at most its size read, checked against the digest), every file by
     its digest (each verified), swapped into place."""
-    from farm.cli.remote import answer_of
-    from farm.client import Client, install_package_files
+    from farm.client import HINT_SERVER, Client, install_package_files, shapes
+    from farm.core.errors import ServerError
 
     client = Client(server, token)
     answer = _made(client, ref, timeout)
-    with answer_of("package"):
-        digest, size = str(answer["digest"]), int(answer["record_size"])
+    # Every field read is of its type first (a digest, a whole record size, a list of signatures).
+    shapes.conform(answer, shapes.PACKAGE_ANSWER, "the package answer", ServerError, HINT_SERVER)
     if dest:
-        placed = install_package_files(client, digest, size, Path(dest), trusted=settings.trusted_keys,
-                                       signatures=answer.get("signatures") or [], required=settings.require_signature,
-                                       allow_unsigned=settings.allow_unsigned)
+        placed = install_package_files(client, answer["digest"], answer["record_size"], Path(dest),
+                                       trusted=settings.trusted_keys, signatures=answer.get("signatures", []),
+                                       required=settings.require_signature, allow_unsigned=settings.allow_unsigned)
         answer["path"] = str(placed.ctx_model.parent)
     return answer
 

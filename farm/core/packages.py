@@ -346,14 +346,16 @@ def check_record(doc: Any) -> dict[str, Any]:
     seen: set[str] = set()
     try:
         for f in files:
-            if not isinstance(f, dict) or not is_digest(str(f.get("digest"))) or not isinstance(f.get("size"), int) \
-                    or f["size"] < 0:
+            if not isinstance(f, dict) or not is_digest(str(f.get("digest"))) or type(f.get("size")) is not int \
+                    or f["size"] < 0 or not isinstance(f.get("path"), str):
                 raise ManifestError("a package file entry is malformed")
-            safe_relative(str(f.get("path") or ""))
+            safe_relative(f["path"])
             if f["path"] in seen:
                 raise ManifestError(f"the package lists {f['path'][:80]!r} twice")
             seen.add(f["path"])
         for d in dirs:
+            if not isinstance(d, str):
+                raise ManifestError("a package directory is not a path")
             safe_relative(d)
     except UnsafePathError as exc:
         raise ManifestError(f"the package record holds an unsafe path: {exc}") from None

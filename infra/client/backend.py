@@ -19,10 +19,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# The client's import closure (farm.client and what it imports from farm.core), with its data.
+# The client's import closure (the farm.client package, every module of it, and what it imports
+# from farm.core), with its data.
 MODULES = [
     "farm/__init__.py",
-    "farm/client.py",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "farm" / "client").glob("*.py")),
     "farm/client_report.py",  # device reports: report() for apps that load artifacts themselves
     "farm/core/__init__.py",
     "farm/core/errors.py",

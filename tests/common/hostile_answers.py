@@ -367,3 +367,107 @@ CASES: list[Case] = [
          _signature([{"public_key": "AAAA", "signature": "AAAA"}]), ask={"trusted_keys": [TRUSTED]}),
     *RANGE_CASES,
 ]
+
+
+# ---- a wrong type in each field a device reads, of each answer kind ------------------------------
+# Every value of another JSON type than the field's: a device refuses each with the answer kind's
+# code (server-error for an answer, bad-manifest for a document fetched by its digest) before
+# any field is used, and places nothing.
+WRONG: dict[str, list[Any]] = {
+    "text": [5, ["x"], {"x": 1}, None, True],
+    "whole": ["10", 1.5, [1], {"x": 1}, None, True],
+    "list": ["x", 5, {"x": 1}, None],
+    "object": ["x", 5, ["x"], None],
+}
+_SIGNED = [{"public_key": "AAAA", "signature": "AAAA"}]
+_STAGES = {"stages": [{"file": "model_ctx.onnx", "role": "embeddings"}]}
+_GRAPHS = [{"ctxModel": "model_ctx.onnx", "name": "prefill"}]
+
+# (field path, its type, what the document holds there first when the field is inside an
+# optional part; the answer's digest and size fields are kept as set, not resealed).
+RESOLVE_FIELDS: list[tuple[str, str, tuple[str, Any] | None]] = [
+    ("artifact", "text", None), ("model", "text", None), ("backend", "text", None), ("target", "text", None),
+    ("toolchain", "text", None), ("manifest_size", "whole", None), ("signatures", "list", None),
+    ("signatures.0", "object", ("signatures", _SIGNED)),
+    ("signatures.0.public_key", "text", ("signatures", _SIGNED)),
+    ("signatures.0.signature", "text", ("signatures", _SIGNED)),
+]
+MANIFEST_FIELDS: list[tuple[str, str, tuple[str, Any] | None]] = [
+    ("model", "text", None), ("backend", "text", None), ("ctxModel", "text", None), ("target", "object", None),
+    ("target.name", "text", None), ("toolchain", "object", None), ("toolchain.version", "text", None),
+    ("files", "list", None), ("files.1", "object", None), ("files.1.name", "text", None),
+    ("files.1.digest", "text", None), ("files.1.size", "whole", None), ("options", "object", None),
+    ("options.hardware_compatibility_level", "text", None),
+    ("genai", "object", None), ("genai.stages", "list", ("genai", _STAGES)),
+    ("genai.stages.0", "object", ("genai", _STAGES)), ("genai.stages.0.file", "text", ("genai", _STAGES)),
+    ("genai.stages.0.role", "text", ("genai", _STAGES)),
+    ("graphs", "list", None), ("graphs.0", "object", ("graphs", _GRAPHS)),
+    ("graphs.0.ctxModel", "text", ("graphs", _GRAPHS)), ("graphs.0.name", "text", ("graphs", _GRAPHS)),
+]
+PACKAGE_ANSWER_FIELDS: list[tuple[str, str, tuple[str, Any] | None]] = [
+    ("digest", "text", None), ("record_size", "whole", None), ("signatures", "list", None),
+    ("signatures.0", "object", ("signatures", _SIGNED)),
+    ("signatures.0.public_key", "text", ("signatures", _SIGNED)),
+    ("signatures.0.signature", "text", ("signatures", _SIGNED)),
+]
+REPORT_ANSWER_FIELDS: list[tuple[str, str, tuple[str, Any] | None]] = [
+    ("report", "whole", None), ("artifact", "text", None), ("runtime", "text", None), ("soc", "text", None),
+    ("outcome", "text", None),
+]
+PACKAGE_RECORD_FIELDS: list[tuple[str, str, tuple[str, Any] | None]] = [
+    ("kind", "text", None), ("files", "list", None), ("files.1", "object", None), ("files.1.path", "text", None),
+    ("files.1.digest", "text", None), ("files.1.size", "whole", None), ("directories", "list", None),
+    ("directories.0", "text", None),
+]
+
+
+def put(doc: Any, path: str, value: Any) -> None:
+    """``doc`` at ``path`` (dotted keys, list indexes as numbers) set to ``value``."""
+    *keys, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    for k in keys:
+        doc = doc[k]
+    doc[last] = value
+
+
+@dataclass(frozen=True)
+class TypeCase:
+    """One wrong value at one field of one answer kind (``resolve``, ``manifest``,
+    ``package-answer``, ``package-record``, ``report-answer``) and the code a device answers."""
+
+    kind: str
+    path: str
+    value: Any
+    code: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}: {self.path} = {json.dumps(self.value)}"
+
+    def mutate(self, s: Any) -> None:
+        """Change a ``Scenario`` (resolve, manifest), a ``PackageScenario`` (the package kinds) or
+        an object with an ``answer`` (the report answer)."""
+        doc = {"resolve": "answer", "manifest": "manifest", "package-answer": "answer",
+               "package-record": "record", "report-answer": "answer"}[self.kind]
+        fields = {"resolve": RESOLVE_FIELDS, "manifest": MANIFEST_FIELDS, "package-answer": PACKAGE_ANSWER_FIELDS,
+                  "package-record": PACKAGE_RECORD_FIELDS, "report-answer": REPORT_ANSWER_FIELDS}[self.kind]
+        first = next(f[2] for f in fields if f[0] == self.path)
+        if self.kind in ("resolve", "package-answer"):
+            s.seal()  # the digest and size of the document it names, then the answer changed as is
+            s.keep_answer_digest = True
+        target = getattr(s, doc)
+        if first is not None:
+            target[first[0]] = json.loads(json.dumps(first[1]))
+        put(target, self.path, self.value)
+
+
+def _type_cases(kind: str, fields: list[tuple[str, str, tuple[str, Any] | None]], code: str) -> list[TypeCase]:
+    return [TypeCase(kind, path, value, code) for path, of, _ in fields for value in WRONG[of]]
+
+
+TYPE_CASES: list[TypeCase] = [*_type_cases("resolve", RESOLVE_FIELDS, "server-error"),
+                              *_type_cases("manifest", MANIFEST_FIELDS, "bad-manifest")]
+PACKAGE_TYPE_CASES: list[TypeCase] = [*_type_cases("package-answer", PACKAGE_ANSWER_FIELDS, "server-error"),
+                                      *_type_cases("package-record", PACKAGE_RECORD_FIELDS, "bad-manifest")]
+# POST /v1/reports (farm.client_report.send): the answer is ``REPORTED`` with one field changed.
+REPORTED = {"report": 7, "artifact": "sha256:" + "cd" * 32, "runtime": "qnn:2.51.0", "soc": "SM8650", "outcome": "loads"}
+REPORT_TYPE_CASES: list[TypeCase] = _type_cases("report-answer", REPORT_ANSWER_FIELDS, "server-error")

@@ -1,6 +1,7 @@
 """A hostile ctxfarm service for device-client tests: a stdlib ``http.server`` on 127.0.0.1 that
 answers ``/v1/resolve`` and ``/v1/blobs/<digest>`` from a ``Scenario`` a test (or a case of the
-corpus in ``tests/common/hostile_answers.py``) has crafted. It is consistent where a real attacker
+corpus in ``tests/common/hostile_answers.py``) has crafted, or ``/v1/packages`` and the blobs of
+an ORT model package from a ``PackageScenario``. It is consistent where a real attacker
 would be: a manifest it changed gets its new digest and size in the answer unless a case says
 otherwise, so each case tests the one check it is about."""
 
@@ -99,6 +100,70 @@ class Scenario:
     def digest_of(self, name: str) -> str:
         return sha(self.files[name])
 
+    def answer_at(self, path: str, host: str | None) -> Any:
+        """The JSON answer at ``path`` (``NOTHING`` where this scenario has none)."""
+        if path != "/v1/resolve":
+            return NOTHING
+        answer = self.answer
+        if isinstance(answer, dict) and isinstance(answer.get("artifact"), str) and "manifest_url" not in answer:
+            # What a real service adds: URLs the client must not need to trust.
+            base = f"http://{host}"
+            answer = {**answer, "manifest_url": f"{base}/v1/blobs/{answer['artifact']}",
+                      "files": [{**f, "url": f"{base}/v1/blobs/{f.get('digest')}"}
+                                for f in self.manifest.get("files", []) if isinstance(f, dict)]
+                      if isinstance(self.manifest, dict) and isinstance(self.manifest.get("files"), list)
+                      else []}
+        return answer
+
+
+NOTHING = object()
+PACKAGE_KIND = "ctxfarm.ort-model-package.v1"
+
+
+@dataclass
+class PackageScenario:
+    """An ORT model package as ``GET /v1/packages?ref=`` and the blobs serve it: ``record`` (the
+    package record, fetched by its digest) and ``answer`` are plain data a case mutates, sealed
+    as ``Scenario``'s are (the answer names the record's new digest and size unless
+    ``keep_answer_digest``)."""
+
+    files: dict[str, bytes] = field(default_factory=lambda: {
+        "manifest.json": b'{"name": "pk", "components": {}}', "c0/cpu/model.onnx": CTX,
+        "c0/v0/model_ctx_qnn.bin": BIN})
+    record: dict[str, Any] = field(default_factory=dict)
+    answer: dict[str, Any] = field(default_factory=dict)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    routes: dict[str, Raw | Slow | Callable[[BaseHTTPRequestHandler], Raw]] = field(default_factory=dict)
+    keep_answer_digest: bool = False
+    seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        listed = [{"path": n, "digest": sha(d), "size": len(d)} for n, d in sorted(self.files.items())]
+        if not self.record:
+            self.record = {"kind": PACKAGE_KIND, "mediaType": "application/vnd.ctxfarm.ort-model-package.v1+json",
+                           "layoutVersion": 1, "ref": "pk:v1", "model": MODEL, "inputs": "0" * 64, "artifacts": [],
+                           "components": [], "directories": ["c0/cpu", "c0/v0"], "files": listed, "evidence": {}}
+        for d in self.files.values():
+            self.blobs[sha(d)] = d
+        if not self.answer:
+            data = canonical(self.record)
+            self.answer = {"digest": sha(data), "ref": "pk:v1", "model": MODEL, "cached": True,
+                           "record_size": len(data), "size": sum(len(d) for d in self.files.values()),
+                           "artifacts": [], "components": [], "directories": ["c0/cpu", "c0/v0"], "files": listed,
+                           "evidence": {}, "signatures": []}
+
+    def seal(self) -> None:
+        data = canonical(self.record)
+        if not isinstance(self.answer, dict):
+            return
+        if not self.keep_answer_digest:
+            self.answer["digest"], self.answer["record_size"] = sha(data), len(data)
+        if isinstance(self.answer.get("digest"), str):
+            self.blobs[self.answer["digest"]] = data
+
+    def answer_at(self, path: str, host: str | None) -> Any:
+        return self.answer if path == "/v1/packages" else NOTHING
+
 
 def ranged(request: BaseHTTPRequestHandler, data: bytes) -> Raw:
     """What an honest server answers a GET of ``data``: 206 with the range asked
@@ -111,7 +176,7 @@ def ranged(request: BaseHTTPRequestHandler, data: bytes) -> Raw:
     return Raw(200, [], data)
 
 
-def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
+def _handler(scenario: Scenario | PackageScenario) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -124,22 +189,19 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
             route = scenario.routes.get(path)
             if route is not None:
                 self._send(route(self) if callable(route) else route)
-            elif path == "/v1/resolve":
-                answer = scenario.answer
-                if isinstance(answer, dict) and isinstance(answer.get("artifact"), str) and "manifest_url" not in answer:
-                    # What a real service adds: URLs the client must not need to trust.
-                    base = f"http://{self.headers.get('Host')}"
-                    answer = {**answer, "manifest_url": f"{base}/v1/blobs/{answer['artifact']}",
-                              "files": [{**f, "url": f"{base}/v1/blobs/{f.get('digest')}"}
-                                        for f in scenario.manifest.get("files", []) if isinstance(f, dict)]
-                              if isinstance(scenario.manifest, dict) and isinstance(scenario.manifest.get("files"), list)
-                              else []}
+            elif (answer := scenario.answer_at(path, self.headers.get("Host"))) is not NOTHING:
                 self._send(Raw(200, [("Content-Type", "application/json")], json.dumps(answer).encode()))
             elif path.startswith("/v1/blobs/") and path[len("/v1/blobs/"):] in scenario.blobs:
                 self._blob(scenario.blobs[path[len("/v1/blobs/"):]])
             else:
                 self._send(Raw(404, [("Content-Type", "application/json")],
                                b'{"error": {"code": "not-found", "message": "no such thing"}}'))
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            """As a GET of the same path (a case routes it), the request body read and dropped."""
+            length = self.headers.get("Content-Length") or "0"
+            self.rfile.read(int(length) if length.isdigit() else 0)
+            self.do_GET()
 
         def _blob(self, data: bytes) -> None:
             self._send(ranged(self, data))
@@ -183,7 +245,7 @@ def _handler(scenario: Scenario) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def hostile_service(scenario: Scenario) -> Iterator[str]:
+def hostile_service(scenario: Scenario | PackageScenario) -> Iterator[str]:
     """Serve ``scenario`` on a free loopback port; yields the base URL."""
     scenario.seal()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(scenario))

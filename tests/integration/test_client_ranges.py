@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-import farm.client
+import farm.client.downloads
 from farm.client import install
 from farm.core.errors import FarmError
 from farm.core.settings import Settings
@@ -145,8 +145,8 @@ def _served(service: str) -> float:
 
 
 def _ranged(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(farm.client, "RANGE_PART", PART)
-    monkeypatch.setattr(farm.client, "RANGED_FROM", 2 * PART)
+    monkeypatch.setattr(farm.client.downloads, "RANGE_PART", PART)  # read where a download is planned
+    monkeypatch.setattr(farm.client.downloads, "RANGED_FROM", 2 * PART)
 
 
 def test_ranged_install_and_a_reinstall_that_moves_nothing(live: dict[str, Any], tmp_path: Path,

@@ -48,10 +48,10 @@ def _argv(url: str, ask: dict[str, Any]) -> list[str]:
 
 def _ranged(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scenario's 10 KiB .bin fetched as a large file is: in 4 KiB ranges, 4 at once."""
-    import farm.client
+    import farm.client.downloads
 
-    monkeypatch.setattr(farm.client, "RANGE_PART", 4096)
-    monkeypatch.setattr(farm.client, "RANGED_FROM", 4096)
+    monkeypatch.setattr(farm.client.downloads, "RANGE_PART", 4096)  # read where a download is planned
+    monkeypatch.setattr(farm.client.downloads, "RANGED_FROM", 4096)
 
 
 @pytest.mark.timeout(60)
