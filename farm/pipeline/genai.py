@@ -417,6 +417,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     toolchain: dict[str, Any] = {}
     seconds = 0.0
     ep = cpu = 0
+    cpu_ops: set[str] = set()  # what the parts left on the CPU: the package's placement says it too
     taken = {n for n, _, _ in pkg.carried}
     layout_names = genai.package_layout(export)  # the one naming of the folder (farm.core.genai)
 
@@ -436,6 +437,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
         seconds += float(manifest.get("compileSeconds") or 0.0)
         ep += art.nodes_ep
         cpu += art.nodes_cpu
+        cpu_ops.update(str(o) for o in (manifest.get("placement") or {}).get("cpu_op_types") or [])
         part = export.parts[i]
         graphs = {g.get("name"): g for g in manifest.get("graphs") or [] if isinstance(g, dict)}
         by_name = {f["name"]: f for f in manifest["files"]}
@@ -470,7 +472,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     stages = [{"name": st.name, "role": roles[st.name], "file": names[st.name],
                **({"part": st.part} if st.part is not None else {})} for st in export.stages]
     return Layout(files, stages, part_rows, blobs, toolchain, epcontext,
-                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": []}, seconds, ep, cpu)
+                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}, seconds, ep, cpu)
 
 
 def rename_contexts(data: bytes, renamed: dict[str, str]) -> bytes:
@@ -609,7 +611,8 @@ def _publish(reg: Any, lease: Any, spec: Any, layout: Layout, twin: dict[str, An
     with reg.db.session() as s:
         insert_artifact(s, lease.build_id, manifest_digest=digest, manifest_size=len(data), ctx_model=CONFIG_NAME,
                         files=layout.files, ep_sdk_version=None, compile_seconds=layout.compile_seconds,
-                        nodes_ep=layout.nodes_ep, nodes_cpu=layout.nodes_cpu, description=description)
+                        nodes_ep=layout.nodes_ep, nodes_cpu=layout.nodes_cpu, description=description,
+                        cpu_op_types=layout.placement["cpu_op_types"])
         states.succeed(s, lease, log=None)
 
 
