@@ -211,7 +211,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     try:
         versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
                     for t in req.targets}
-        check_support([(t, versions[t.backend]) for t in req.targets], group=True)
+        check_support([(t, versions[t.backend]) for t in req.targets], group=True, llm=True)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         planned = []
         with reg.db.session() as s:
@@ -708,7 +708,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         served = served if served is not None else served_toolchains(settings, reg)
         request.check_served(served)
         matrix = request.matrix(served)
-        check_support(matrix, group=True)
+        check_support(matrix, group=True, llm=True)
         pkg = inspect_package(settings, export_dir, display=request.name)
         if dispatch:
             app = app or shared_app(settings)
