@@ -644,28 +644,6 @@ def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> 
         s.merge(GenaiPart(package_build_id=package_build_id, part=i, part_build_id=int(b)))
 
 
-def build_roles(s: Any, build_ids: Sequence[int]) -> dict[int, str]:
-    """What each of these builds is in a genai package's release: ``package``, or the part it
-    builds (``part0``, ``part1``, ...); builds of no package are left out. Status tables show
-    it: a release's builds otherwise differ only by their ids."""
-    from sqlalchemy import or_, select
-
-    from registry.models import GenaiPart
-
-    ids = [int(b) for b in build_ids]
-    if not ids:
-        return {}
-    out: dict[int, str] = {}
-    for pkg, part, part_build in s.execute(select(GenaiPart.package_build_id, GenaiPart.part, GenaiPart.part_build_id)
-                                           .where(or_(GenaiPart.package_build_id.in_(ids),
-                                                      GenaiPart.part_build_id.in_(ids)))):
-        if pkg in ids:
-            out[int(pkg)] = "package"
-        if part_build in ids:
-            out.setdefault(int(part_build), f"part{int(part)}")
-    return out
-
-
 def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
     """(package build id, queue) of queued package builds using this part build whose parts are
     all final now: the fan-in's messages to send."""

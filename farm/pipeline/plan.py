@@ -529,9 +529,9 @@ def _status(session: Any, release_id: int, builds: list[Any], blobs: Any) -> Rel
             view = release_gate_view(session, view, art, float(min_psnr))
         st.builds.append(view)
     if rel is not None and (rel.matrix or {}).get("genai"):
-        from farm.pipeline.genai import build_roles
+        from registry.index import genai_roles
 
-        roles = build_roles(session, [v["build"] for v in st.builds])
+        roles = genai_roles(session, [v["build"] for v in st.builds])
         for view in st.builds:
             view["part"] = roles.get(view["build"])
     return st
