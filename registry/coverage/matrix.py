@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from farm.core.keys import parse_version
 from registry.coverage.cells import partial_offloads, socs, unverifiable
+from registry.coverage.llm import Parts, llm_parts, twins
 from registry.lite import rows_of
 from registry.models import Artifact, Build, Model
 
@@ -49,6 +50,10 @@ class Cell:
     # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries).
     unverified: str | None = None
     devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
+    # An LLM (genai package): its twin's figure (``16/16``), and its parts' cells of the same
+    # target and toolchain ({"part", "model", "state"}), counted under it (registry.coverage.llm).
+    twin: str | None = None
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     def label(self) -> str:
         if self.state == "failed":
@@ -67,6 +72,7 @@ class Coverage:
     tags: dict[str, list[str]] = field(default_factory=dict)  # digest -> NAME:TAGs
     names: dict[str, str] = field(default_factory=dict)  # digest -> the name it was first recorded under
     runtimes: dict[str, list[str]] = field(default_factory=dict)  # backend -> probed runtime versions
+    parts: dict[str, list[str]] = field(default_factory=dict)  # an LLM's digest -> its parts' digests, in order
 
     def newest(self, backend: str) -> str | None:
         versions = self.toolchains.get(backend)
@@ -102,11 +108,13 @@ class Coverage:
         return {
             "toolchains": self.toolchains,
             "runtimes": self.runtimes,
-            "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d)} for d in self.models],
+            "models": [{"digest": d, "tags": self.tags.get(d, []), "name": self.names.get(d),
+                        "parts": self.parts.get(d, [])} for d in self.models],
             "cells": [{"model": m, "tags": self.tags.get(m, []), "target": t, "toolchain": tc, "state": c.state,
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
                        "via": sorted(set(c.via)), "partial_offload": c.partial_offload,
                        "cpu_op_types": sorted(set(c.cpu_op_types)), "unverified": c.unverified, "devices": c.devices,
+                       "twin": c.twin, "parts": c.parts,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -132,6 +140,10 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
     digests: list[str] | None = None
     if models:
         digests = sorted({d for ref in models for d in resolve_model_refs(session, ref)})
+    # An LLM's parts are read with it, and folded under it at the end.
+    parts = llm_parts(rows_of(session), digests)
+    if digests is not None:
+        digests = sorted({*digests, *parts.of})
     loaded = exists().where(CompatVerdict.artifact_id == Artifact.id, CompatVerdict.verdict == "loads",
                             CompatVerdict.source == "probe")
     q = (
@@ -187,11 +199,27 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
         if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
             cell.unverified = why
     _device_confirmations(session, cells, backend, digests)
+    for (m, be, target, tc), label in twins(rows_of(session), sorted(seen), backend).items():
+        if (package_cell := cells.get((m, f"{be}:{target}", tc))) is not None:
+            package_cell.twin = label
+    _fold_parts(cells, parts)
+    seen -= set(parts.of)
     tags = tags_by_digest(session, sorted(seen))
     names = {d: n for d, n in session.execute(select(Model.digest, Model.first_name).where(Model.digest.in_(seen)))}
     order = sorted(seen, key=lambda d: (not tags[d], tags[d][0] if tags[d] else d))
     return Coverage({b: sorted(v, key=parse_version) for b, v in toolchains.items()}, cells, order, tags, names,
-                    runtimes)
+                    runtimes, {p: d for p, d in parts.under().items() if p in seen})
+
+
+def _fold_parts(cells: dict[tuple[str, str, str], Cell], parts: Parts) -> None:
+    """Each cell of an LLM's part goes under its package's cell of the same target and
+    toolchain (``Cell.parts``); a part is no model of its own."""
+    for key in [k for k in cells if k[0] in parts.of]:
+        cell = cells.pop(key)
+        package, i = parts.of[key[0]]
+        if (package_cell := cells.get((package, key[1], key[2]))) is not None:
+            package_cell.parts.append({"part": i, "model": key[0], "state": cell.label()})
+            package_cell.parts.sort(key=lambda p: p["part"])
 
 
 def _device_confirmations(session: Session, cells: dict[tuple[str, str, str], Cell], backend: str | None,

@@ -11,8 +11,9 @@ from typing import Any
 
 from farm.core.keys import parse_version
 from registry.coverage.cells import as_aware, partial_offloads, socs, tags_of, unverifiable
+from registry.coverage.llm import PART_DIGESTS, twins
 from registry.coverage.summary import Scope, scope_conditions
-from registry.lite import Rows, as_json, in_params, rows_of
+from registry.lite import Rows, in_params, rows_of
 
 CELL_STATES = ("built", "building", "broken", "failed", "missing")
 PAGE_MAX = 200
@@ -108,8 +109,9 @@ def models_page(session: Any, sc: Scope | None = None, *, target: str | None = N
         params["k_name"], params["k_digest"] = decode_cursor(cursor)
         # A row comparison: the index (first_name, digest) starts at the cursor (an OR filtered from the first row).
         after = " AND (m.first_name, m.digest) > (:k_name, :k_digest)"
+    # An LLM's parts are counted under their package (registry.coverage.llm), not as models.
     found = rows.rows(f"SELECT m.digest, m.first_name FROM models m WHERE {exists}{after}"
-                      " ORDER BY m.first_name, m.digest LIMIT :limit", params)
+                      f" AND m.digest NOT IN ({PART_DIGESTS}) ORDER BY m.first_name, m.digest LIMIT :limit", params)
     more = len(found) > limit
     found = found[:limit]
     digests = [d for d, _ in found]
@@ -164,23 +166,6 @@ def _device_evidence(rows: Rows, placeholders: str, params: dict[str, Any], filt
                 low = round(float(psnr), 3)
                 have = measured["accuracy_min_psnr_db"]
                 measured["accuracy_min_psnr_db"] = low if have is None else min(have, low)
-
-
-def _twin_evidence(rows: Rows, placeholders: str, params: dict[str, Any],
-                   index: dict[tuple[str, str, str, str], dict[str, Any]]) -> None:
-    """The twin on each cell of a genai package (its artifact's ctx model is its
-    genai_config.json): ``twin``, the greedy tokens its twin matched of those compared
-    (``16/16``), or the twin's status when it gave no figure."""
-    for m, b, t, tc, desc in rows.rows(
-            "SELECT a.model_digest, a.backend, a.target, a.toolchain, a.description FROM artifacts a"
-            f" WHERE a.model_digest IN ({placeholders}) AND a.status = 'active'"
-            " AND a.ctx_model = 'genai_config.json'", params):
-        tw = (as_json(desc) or {}).get("twin") if desc is not None else None
-        cell = index.get((m, b, t, tc))
-        if cell is None or not isinstance(tw, dict):
-            continue
-        cell["twin"] = (f"{tw.get('tokens_matched')}/{tw.get('tokens_compared')}" if tw.get("status") == "ok"
-                        else str(tw.get("status"))[:40])
 
 
 def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: str | None, toolchain: str | None,
@@ -269,7 +254,9 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             f" WHERE model_digest IN ({placeholders}) AND status = 'active' AND backend = 'qnn'", params)).items():
         if (unverified_cell := index.get((m, b, soc, tc))) is not None and unverified_cell["state"] == "built":
             unverified_cell["unverified"] = why
-    _twin_evidence(rows, placeholders, params, index)
+    for key, label in twins(rows, digests).items():  # a genai package's cells: its twin's figure
+        if (package_cell := index.get(key)) is not None:
+            package_cell["twin"] = label
     tags = tags_of(rows, digests)
     out = []
     for digest, name in found:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.core.keys import parse_version
+from registry.coverage.llm import PART_DIGESTS
 from registry.coverage_sql import COUNTERS
 from registry.lite import Rows, in_params, rows_of
 
@@ -140,7 +141,6 @@ def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None =
     one aggregate over its cells."""
     rows = rows_of(session)
     sc = sc or Scope()
-    counters = [c for c in COUNTERS if c != "wanted"]
     if sc.whole or (sc.tag is not None and sc.prefix is None and sc.digests is None):
         # The farm, or a tag (channel): counters kept as builds finish and tags move.
         if compact_over is not None and _deltas_over(rows, compact_over):
@@ -152,20 +152,13 @@ def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None =
             where += " AND backend = :s_backend"
         found = rows.rows(f"SELECT backend, target, toolchain, {', '.join(f'sum({c})' for c in COUNTERS)}"
                           f" FROM coverage_deltas{where} GROUP BY backend, target, toolchain", params)
+        # The counters count every model digest; an LLM's parts count under their package, not
+        # as models: their cells' share is taken off (a few rows: genai_parts is small).
+        parts = _cells_rows(rows, sc, f" AND c.model_digest IN ({PART_DIGESTS})")
+        found = [*found, *((be, tg, tc, *(-int(v or 0) for v in values)) for be, tg, tc, *values in parts)]
         source = "counters"
     else:
-        params = {}
-        cond = scope_conditions(sc, "c", params)
-        from registry.coverage_sql import _contribution
-
-        found = [(*r, 0) for r in rows.rows(
-            f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM coverage_cells c"
-            f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target, c.toolchain", params)]
-        params = {}
-        cond = scope_conditions(sc, "c", params)
-        found += [(be, tg, "", *([0] * len(counters)), n) for be, tg, n in rows.rows(
-            f"SELECT c.backend, c.target, count(DISTINCT c.model_digest) FROM coverage_cells c"
-            f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target", params)]
+        found = _cells_rows(rows, sc, f" AND c.model_digest NOT IN ({PART_DIGESTS})")
         source = "cells"
     cells: dict[tuple[str, str, str], SummaryRow] = {}
     wanted: dict[tuple[str, str], int] = defaultdict(int)
@@ -176,6 +169,7 @@ def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None =
             row = cells.setdefault((be, tg, tc), SummaryRow(be, tg, tc))
             for k, v in counts.items():
                 setattr(row, k, getattr(row, k) + v)
+    cells = {k: r for k, r in cells.items() if r.cells > 0}
     toolchains: dict[str, set[str]] = defaultdict(set)
     for be, _tg, tc in cells:
         toolchains[be].add(tc)
@@ -190,6 +184,24 @@ def summary(session: Any, sc: Scope | None = None, *, compact_over: int | None =
     ordered = sorted(cells.values(), key=lambda r: (r.backend, r.target, parse_version(r.toolchain)))
     return Summary(sc, [r for r in ordered if r.wanted > 0 or r.cells > 0],
                    {b: sorted(v, key=parse_version) for b, v in sorted(toolchains.items())}, source)
+
+
+def _cells_rows(rows: Rows, sc: Scope, extra: str) -> list[Any]:
+    """The scope's cells (and ``extra``'s condition on ``c``) aggregated as the counters are:
+    (backend, target, toolchain, counters..., 0) per SDK, then (backend, target, "", 0...,
+    models) per SoC."""
+    from registry.coverage_sql import _contribution
+
+    params: dict[str, Any] = {}
+    cond = scope_conditions(sc, "c", params) + extra
+    found: list[Any] = [(*r, 0) for r in rows.rows(
+        f"SELECT c.backend, c.target, c.toolchain, {_contribution('c')} FROM coverage_cells c"
+        f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target, c.toolchain", params)]
+    zeros = [0] * (len(COUNTERS) - 1)
+    found += [(be, tg, "", *zeros, n) for be, tg, n in rows.rows(
+        f"SELECT c.backend, c.target, count(DISTINCT c.model_digest) FROM coverage_cells c"
+        f" WHERE 1 = 1{cond} GROUP BY c.backend, c.target", params)]
+    return found
 
 
 def _deltas_over(rows: Rows, n: int) -> bool:
