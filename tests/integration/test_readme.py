@@ -6,7 +6,8 @@ FARM_HOME (the embedded default: SQLite and a local blob directory) and the serv
 starts, as a user would paste them. The only words changed are the placeholders the README names:
 the service's address (``http://farm:8080``, port 8080: a free port here) and the tokens
 (``cfk_...``: the one of the block's scope, printed by the README's own ``farm token create``).
-A real QNN compile of light_squeezenet runs behind the pipeline journey."""
+A real QNN compile of light_squeezenet runs behind the pipeline journey. Docs pages' blocks are
+marked and run the same way by tests/integration/test_doc_pages.py."""
 
 from __future__ import annotations
 
