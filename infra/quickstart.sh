@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv; fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn]' > .venv/pip.log 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[qnn,service]' > .venv/pip.log 2>&1 \
   || { cat .venv/pip.log; exit 1; }
 FARM=.venv/bin/farm
 # Byte-compiled once here: Python writes .pyc files itself on a first import, except under

@@ -80,9 +80,11 @@ def make_engine(url: str) -> Engine:
     try:
         return create_engine(url, pool_pre_ping=True)
     except ModuleNotFoundError as exc:
+        from farm.core.extras import install_hint
+
         raise ConfigError(
             f"database driver missing for {url.split(':', 1)[0]}: {exc.name}",
-            hint="pip install 'ctxfarm[postgres]'",
+            hint=install_hint("postgres"),
         ) from None
 
 

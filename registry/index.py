@@ -6,6 +6,7 @@ reads it. Build state transitions (guarded, leased) live in ``farm.pipeline.stat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -467,3 +468,23 @@ def release_builds(session: Session, release_id: int) -> list[Build]:
 
     return list(session.scalars(select(Build).join(ReleaseBuild, ReleaseBuild.build_id == Build.id)
                                 .where(ReleaseBuild.release_id == release_id).order_by(Build.target, Build.toolchain)))
+
+
+def genai_roles(session: Session, build_ids: Sequence[int]) -> dict[int, str]:
+    """What each of these builds is in a genai package's release: ``package``, or the part it
+    builds (``part0``, ``part1``, ...); builds of no package are left out. Status tables show
+    it: a release's builds otherwise differ only by their ids."""
+    from registry.models import GenaiPart
+
+    ids = [int(b) for b in build_ids]
+    if not ids:
+        return {}
+    out: dict[int, str] = {}
+    links = select(GenaiPart.package_build_id, GenaiPart.part, GenaiPart.part_build_id).where(
+        or_(GenaiPart.package_build_id.in_(ids), GenaiPart.part_build_id.in_(ids)))
+    for pkg, part, part_build in session.execute(links):
+        if pkg in ids:
+            out[int(pkg)] = "package"
+        if part_build in ids:
+            out.setdefault(int(part_build), f"part{int(part)}")
+    return out

@@ -253,12 +253,13 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
 
 def _miss(label: str, device: Device, total: int, bad: list[tuple[Artifact, Verdict]]) -> None:
     """Raise the explained miss: ``total`` artifacts of the model for the backend, none loads;
-    ``bad``, nearest first."""
+    ``bad``, nearest first. The hint says what is needed, never a command: a device reads it
+    (through the service or its own `farm fetch`), and only the farm's operators can build."""
     nearest = [{"artifact": a.digest, "target": a.target, "toolchain": a.toolchain, "reason": v.reason}
                for a, v in bad[:NEAREST]]
     if not total:
         msg = f"no {device.backend} artifact of {label} exists"
-        hint = f"build one: farm build MODEL --target {device.target.ref}"
+        hint = f"needed: a build of it for {device.target.ref}"
     else:
         msg = (f"none of the {total} {device.backend} artifact(s) of {label} loads on "
                f"{device.target.ref} with runtime {device.runtime}")
@@ -288,12 +289,12 @@ def _what_is_needed(bad: list[tuple[Artifact, Verdict]], device: Device) -> str:
     if withheld and len(withheld) == len(same):
         # Not a version problem: a newer runtime would not help the device that has one already.
         return (f"needed: a build that loads on {device.target.name} with QNN {device.runtime} (devices reported these "
-                "failing: `farm reports quarantined` says why; `farm reports lift` if they were wrong)")
+                "failing: the farm's quarantined reports say why, and its operators lift them if they were wrong)")
     too_new = [a for a in same if parse_version(a.toolchain) > parse_version(device.runtime)]
     if too_new and device.backend == "qnn":
         oldest = min(too_new, key=lambda a: parse_version(a.toolchain))
         return (f"needed: a build for {device.target.name} with QNN <= {device.runtime} "
-                f"(e.g. farm build --target {device.target.ref} on a QNN {device.runtime} worker), "
+                f"(built on a QNN {device.runtime} worker), "
                 f"or a device runtime >= {oldest.toolchain}")
     if same and device.backend == "qnn":
         return f"needed: a build for {device.target.name} with QNN <= {device.runtime}"

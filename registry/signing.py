@@ -22,7 +22,9 @@ def _crypto():  # type: ignore[no-untyped-def]
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ModuleNotFoundError:
-        raise MissingExtraError("signing needs the cryptography package", hint="pip install 'ctxfarm[sign]'") from None
+        from farm.core.extras import install_hint
+
+        raise MissingExtraError("signing needs the cryptography package", hint=install_hint("sign")) from None
     return serialization, ed25519
 
 

@@ -45,6 +45,10 @@ LEGEND = (
     ("loads / fails", "what probes measured under a runtime version: QNN 2.51.0 loads"),
     ("+cpu (ops)", "partial offload: a built artifact leaves these ops on the device's CPU (built without "
                    "--require-full-offload)"),
+    ("twin N/M", "an LLM (genai package): its twin, the parts compiled without sharing and run on the simulator, "
+                 "chose what the CPU EP chose at N of M greedy generation steps (the shared package itself loads only on a "
+                 "device); "
+                 "its parts are counted under it, not as models"),
 )
 RUNTIME_NAMES = {"qnn": "QNN", "trt": "TensorRT"}
 

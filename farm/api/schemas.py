@@ -73,6 +73,8 @@ class BuildOut(BaseModel):
     # The artifact's placement: nodes left on the CPU (> 0: a partial offload) and their op types.
     nodes_cpu: int | None = None
     cpu_op_types: list[str] | None = None
+    # In a genai package's release: "package", or the part the build compiles ("part0", ...).
+    part: str | None = None
 
 
 class BuildDetailOut(BuildOut):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.cli import human_size, table
+from farm.cli.offload import warn_outcomes
 from farm.cli.progress import BuildProgress
 from farm.core.settings import Settings
 from farm.core.text import strip_ansi
@@ -187,7 +188,7 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 where = f"{label} {o.target}" if several else o.target
                 print(f"error[{o.error_code}] {where}: {strip_ansi(o.error_message or '')}{cached}",
                       file=sys.stderr)
-    _warn_partial(reports, labels if several else None)
+    warn_outcomes(reports, labels if several else None)
     print(f"{sum(len(r.outcomes) for r in reports)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if all(r.ok for r in reports) else 1
 
@@ -292,23 +293,9 @@ def run_group(group: Any, args: argparse.Namespace, settings: Settings) -> int:
     for o in report.outcomes:
         if o.state == "failed":
             print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}", file=sys.stderr)
-    _warn_partial([report], None)
+    warn_outcomes([report])
     print(f"{len(report.outcomes)} build(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if report.ok else 1
-
-
-def _warn_partial(reports: list[Any], labels: list[str] | None) -> None:
-    """``warning[partial-offload] TARGET: ...`` (stderr) for each built or cached build that left
-    nodes on the CPU: the table's placement column says it, this says what it means."""
-    from farm.cli.offload import build_warning
-
-    for i, report in enumerate(reports):
-        for o in report.outcomes:
-            if o.state in ("built", "cached"):
-                where = f"{labels[i]} {o.target}" if labels else o.target
-                message = build_warning(where, o.nodes_cpu, o.cpu_op_types)
-                if message is not None:
-                    print(message, file=sys.stderr)
 
 
 def model_labels(models: list[str]) -> list[str]:

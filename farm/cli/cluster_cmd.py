@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.cli import table
-from farm.cli.progress import ReleaseProgress
+from farm.cli.progress import ReleaseProgress, part_of
 from farm.cli.remote import add_server_arguments, answer_of
 from farm.core.settings import Settings
 from farm.core.text import strip_ansi
@@ -446,7 +446,7 @@ def build_json(b: dict[str, Any]) -> dict[str, Any]:
             "error_message": None if b.get("error_message") is None else strip_ansi(b["error_message"]),
             "artifact": b.get("artifact"),
             "compile_seconds": None if b.get("compile_seconds") is None else float(b["compile_seconds"]),
-            "worker": b.get("worker"), **_placement(b)}
+            "worker": b.get("worker"), **_placement(b), "part": part_of(b)}
 
 
 def _placement(b: dict[str, Any]) -> dict[str, Any]:
@@ -487,12 +487,14 @@ def _show_release(doc: dict[str, Any], as_json: bool, *, header: bool = True,
         return
     if header:
         print(f"release {doc['release']} ({doc['model']}): {_counts_text(doc['builds'])}")
-    rows = [{"build": b["build"], "target": b["target"], "toolchain": b["toolchain"],
+    rows = [{"build": b["build"], "part": b.get("part") or "", "target": b["target"], "toolchain": b["toolchain"],
              "state": _state_text(b, answered),
              "attempts": b["attempts"], "artifact": (b["artifact"] or "")[7:19],
              "compile_s": f"{b['compile_seconds']:.2f}" if b["compile_seconds"] is not None else ""}
             for b in doc["builds"]]
-    table(rows, ["build", "target", "toolchain", "state", "attempts", "artifact", "compile_s"])
+    # A genai package's release: which build is the package and which compiles each part.
+    part = ["part"] if any(b.get("part") for b in doc["builds"]) else []
+    table(rows, ["build", *part, "target", "toolchain", "state", "attempts", "artifact", "compile_s"])
     for b in doc["builds"]:
         if b["state"] == "failed":
             print(f"error[{b['error_code']}] {b['target']} {b['toolchain']}: {b['error_message']}", file=sys.stderr)

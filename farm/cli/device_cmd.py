@@ -320,8 +320,10 @@ def load_lines(load: dict[str, Any]) -> list[str]:
 
 def folder_lines(report: dict[str, Any]) -> list[str]:
     """A folder's load check: each context model's outcome, each CPU stage's presence."""
+    loaded = sum(1 for c in report["contexts"] if c["outcome"] == "loads")
+    stages = len(report["contexts"]) - loaded
     lines = [f"checked {report['folder']} ({report['kind']}) for {report['target']}: "
-             f"{len(report['contexts'])} context model(s) loaded"]
+             f"{loaded} context model(s) loaded" + (f", {stages} cpu stage(s) present" if stages else "")]
     for c in report["contexts"]:
         lines.append(f"  {c['file']}: {c['outcome']}")
     return lines

@@ -3,6 +3,9 @@
 stages): every file the folder must hold is checked, every context model is checked as
 ``farm load-check FILE`` checks one, and the folder gets ONE outcome:
 
+- a folder with no context model at all (an exporter's folder that was never built):
+  ``not-a-context``, exit 1, with the hint to build it first;
+- a file missing (a stage the config names, the tokenizer): ``not-found`` naming every one;
 - every context loaded: exit 0;
 - a context failed a check (missing file, wrong SoC, newer SDK, crashed): that error, exit 1;
 - everything checkable passed but this runtime cannot load the contexts (weight-shared or
@@ -22,6 +25,9 @@ from farm.core.errors import LoadUnverifiedError, NotAContextError, NotFoundErro
 from farm.core.names import UnsafePathError, inside
 
 CONFIG = "genai_config.json"
+CPU_STAGE = "cpu stage (present; runs on the CPU EP)"
+# One of these is the tokenizer onnxruntime-genai opens (farm.core.genai checks the same when it builds).
+TOKENIZERS = ("tokenizer.json", "tokenizer.model")
 GROUP_CTX = re.compile(r"g\d{1,2}_ctx\.onnx")
 
 
@@ -56,6 +62,28 @@ def config_files(folder: Path) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _present(folder: Path, kind: str, names: list[str]) -> list[tuple[str, Path]]:
+    """Each file the folder must hold, checked present; ``not-found`` naming EVERY missing one
+    (a genai package also needs its tokenizer, which genai_config.json does not name)."""
+    paths: list[tuple[str, Path]] = []
+    missing: list[str] = []
+    for name in names:
+        try:
+            path = inside(folder, name)
+        except UnsafePathError:
+            raise NotFoundError(f"{CONFIG} names {name[:120]!r}, a path outside {folder}") from None
+        if path.is_file():
+            paths.append((name, path))
+        else:
+            missing.append(name)
+    if kind == "genai package" and not any((folder / t).is_file() for t in TOKENIZERS):
+        missing.append(TOKENIZERS[0])  # og.Tokenizer(model) loads it from the folder
+    if missing:
+        raise NotFoundError(f"{folder} lacks {len(missing)} file(s) the {kind} needs: {', '.join(missing)}",
+                            hint="fetch it again: farm fetch verifies every file's digest")
+    return paths
+
+
 def check_folder(folder: Path, target: Any, checked_load: Callable[[Path, Any], dict[str, Any]]) -> dict[str, Any]:
     """One outcome for the folder (see the module docstring); ``checked_load`` checks one
     context model (farm.cli.device_cmd.checked_load)."""
@@ -73,27 +101,28 @@ def check_folder(folder: Path, target: Any, checked_load: Callable[[Path, Any], 
             raise NotFoundError(f"{folder} holds no context model (no model_ctx.onnx, g<i>_ctx.onnx or {CONFIG})",
                                 hint="give the DIR that farm install --dest DIR (or farm fetch --dest DIR) filled, "
                                      "or a *_ctx.onnx")
+    paths = _present(folder, kind, names)
     contexts: list[dict[str, Any]] = []
     unverified: list[str] = []
-    for name in names:
-        try:
-            path = inside(folder, name)
-        except UnsafePathError:
-            raise NotFoundError(f"{CONFIG} names {name[:120]!r}, a path outside {folder}") from None
-        if not path.is_file():
-            raise NotFoundError(f"{folder} lacks {name}, which {CONFIG if kind == 'genai package' else 'the group'} "
-                                "names", hint="fetch it again: farm fetch verifies every file's digest")
+    for name, path in paths:
         try:
             loaded = checked_load(path, target)
             contexts.append({"file": name, "outcome": "loads",
                              "load_seconds": loaded.get("load_seconds"), "notes": loaded.get("notes") or []})
         except NotAContextError:
-            contexts.append({"file": name, "outcome": "cpu stage (present; runs on the CPU EP)"})
+            contexts.append({"file": name, "outcome": CPU_STAGE})
         except LoadUnverifiedError as exc:
             why = str(exc.details.get("unverified") or exc.message)
             unverified.append(why)
-            contexts.append({"file": name, "outcome": f"checked (files, SoC, SDK), not loaded: {why}",
+            contexts.append({"file": name, "outcome": f"checked (files, SoC and SDK), not loaded: {why}",
                              "context": exc.details.get("context")})
+    if not any(c["outcome"] != CPU_STAGE for c in contexts):
+        # An exporter's folder (or any folder of plain models): nothing in it was compiled.
+        raise NotAContextError(
+            f"{folder} ({kind}) holds no context model: its {len(contexts)} model(s) are plain ONNX graphs "
+            "(no EPContext node), so it is not a built folder; nothing was loaded",
+            hint="build it first (farm build --genai DIR -t qnn:SOC, or --graph for a group), install the answer "
+                 "(farm fetch --dest DIR / farm install --dest DIR) and load-check that folder")
     report = {"ok": not unverified, "folder": str(folder), "kind": kind, "target": target.ref,
               "contexts": contexts}
     if unverified:

@@ -89,6 +89,10 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
     for o in pkg.outcomes:
         if o.state == "failed":
             print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}", file=sys.stderr)
+    from farm.cli.offload import warn_outcomes
+
+    # The package's placement sums its parts' (an op the EP left on the CPU in any part is named).
+    warn_outcomes([pkg], ["package"])
     print(f"{len(report.parts)} part(s), {len(pkg.outcomes)} package(s) in {elapsed:.3f} s", file=sys.stderr)
     return 0 if report.ok else 1
 

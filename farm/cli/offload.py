@@ -54,6 +54,22 @@ def warnings_of(builds: list[dict[str, Any]], ok_states: tuple[str, ...]) -> lis
     return out
 
 
+def warn_outcomes(reports: list[Any], labels: list[str] | None = None, out: Any = None) -> None:
+    """``warning[partial-offload] TARGET: ...`` (stderr) for each built or cached outcome of these
+    build reports (plain models, graph groups, genai packages alike) that left nodes on the CPU:
+    a table's placement column says it, this says what it means. ``labels``: a model's label
+    before the target, one per report."""
+    import sys
+
+    for i, report in enumerate(reports):
+        for o in report.outcomes:
+            if o.state in ("built", "cached"):
+                where = f"{labels[i]} {o.target}" if labels else o.target
+                message = build_warning(where, o.nodes_cpu, o.cpu_op_types)
+                if message is not None:
+                    print(message, file=out or sys.stderr)
+
+
 def print_warnings(warnings: list[dict[str, Any]], out: Any = None) -> None:
     """``warning[partial-offload] TARGET: ...`` lines (stderr by default)."""
     import sys

@@ -194,7 +194,32 @@ def _print_missing_pages(page_of: Any, args: argparse.Namespace) -> int:
               ["model", "tags", "target", "toolchain", "state"])
     else:
         print("nothing missing for the newest toolchains: " + ", ".join(f"{b} {v}" for b, v in sorted(newest.items())))
+        _print_older_failures(page_of, newest)
     return 1 if rows else 0
+
+
+def _print_older_failures(page_of: Any, newest: dict[str, str], shown: int = 20) -> None:
+    """After "nothing missing": the cells that failed on an older SDK (an LLM that failed on two
+    SDKs is not "nothing" to its owner), at most ``shown`` of them, and how many."""
+    from farm.core.untrusted import clean_text
+
+    failed: list[str] = []
+    cursor = None
+    while True:
+        page = page_of("failed", cursor)
+        for m in page.get("models") or []:
+            who = ", ".join(m.get("tags") or []) or str(m.get("digest"))[:19]
+            for c in m.get("cells") or []:
+                if c.get("state") == "failed" and c.get("toolchain") != newest.get(str(c.get("target")).split(":")[0]):
+                    codes = ",".join(c.get("codes") or [])
+                    failed.append(f"{who} {c.get('target')} {c.get('toolchain')}" + (f" ({codes})" if codes else ""))
+        cursor = page.get("next")
+        if not cursor:
+            break
+    if failed:
+        more = f" and {len(failed) - shown} more" if len(failed) > shown else ""
+        print(f"failed on older SDKs ({len(failed)} cell(s); farm coverage shows them): "
+              + "; ".join(clean_text(f, 300) for f in failed[:shown]) + more)
 
 
 def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
@@ -222,8 +247,17 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
             label += " unverified"
         if c.get("via"):  # built as a multi-SoC binary, as the page and the JSON say
             label += " via " + ",".join(v.partition(":")[2] for v in c["via"])
-        row[f"{c['target'].split(':', 1)[0]} {c['toolchain']}"] = label
+        if c.get("twin"):  # an LLM: the greedy tokens its twin matched
+            label += f" twin {c['twin']}"
+        column = f"{c['target'].split(':', 1)[0]} {c['toolchain']}"
+        row[column] = label
+        # An LLM's parts: rows under it (they are no models of their own).
+        for p in c.get("parts") or []:
+            part_row = rows.setdefault((c["model"], f"{c['target']} part{p['part']}"),
+                                       {"model": f"  part{p['part']}", "tags": "", "target": c["target"]})
+            part_row[column] = p["state"]
     for (_m, target), row in rows.items():
+        target = target.split(" ", 1)[0]
         for b, v in columns:
             if target.startswith(b + ":"):
                 row.setdefault(f"{b} {v}", "missing")
@@ -238,7 +272,17 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     if any(c.get("unverified") for c in cov["cells"]):
         print("unverified: built only as weight-shared graph groups or multi-SoC binaries, which the x86_64 simulator "
               "can't load (--json says why per cell); via: the multi-SoC build it counts")
+    _llm_legend(cov)
     return 0
+
+
+def _llm_legend(cov: dict[str, Any], *, parts: bool = True) -> None:
+    """What an LLM's row says: its twin's figure, and its parts under it."""
+    if any(c.get("twin") for c in cov["cells"]):
+        print("twin N/M: an LLM's twin (its parts compiled without sharing, run on the simulator) generated N of M "
+              "greedy tokens as the CPU EP did; the shared package itself loads only on a device")
+    if parts and any(c.get("parts") for c in cov["cells"]):
+        print("partN: an LLM's part (a weight-shared group build), counted under the LLM, not as a model")
 
 
 def _print_verdicts(cov: dict[str, Any], names: dict[str, str]) -> int:
@@ -260,15 +304,22 @@ def _print_verdicts(cov: dict[str, Any], names: dict[str, str]) -> int:
         for v in c["verdicts"]:
             mark = v["verdict"] if v["verdict"] != "mixed" else f"mixed {v['loads']}/{v['loads'] + v['fails']}"
             row[f"{v['runtime_backend']} {v['runtime']}"] = mark
+        # Built, but nothing here can load it (weight-shared, multi-SoC; an LLM carries its twin):
+        # not "-" (not probed yet), since no probe ever will.
+        never = ("unverified" + (f" twin {c['twin']}" if c.get("twin") else "")
+                 if c["state"] == "built" and c.get("unverified") else "-")
         for b, v in columns:
             if b == backend:
-                row.setdefault(f"{b} {v}", "-")
+                row.setdefault(f"{b} {v}", never)
         rows.append(row)
     headers = [f"{b} {v}" for b, v in columns]
     _table_with_headers(rows, ["model", "tags", "target", "built_with", *headers],
                         {h: f"{names.get(h.split()[0], h.split()[0])} {h.split()[1]}" for h in headers}
                         | {"built_with": "built with"})
     print("loads / fails: a probe loaded the artifact under that runtime, or failed to; -: not probed")
+    if any(c["state"] == "built" and c.get("unverified") for c in cov["cells"]):
+        print("unverified: no probe here can load it (weight-shared groups, LLMs, multi-SoC binaries): devices confirm it")
+    _llm_legend(cov, parts=False)
     return 0
 
 

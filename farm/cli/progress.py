@@ -199,5 +199,16 @@ def _builds(st: Any) -> list[dict[str, Any]]:
     return list(st.builds if hasattr(st, "builds") else st["builds"])
 
 
+def part_of(b: dict[str, Any]) -> str | None:
+    """``package`` or ``part<i>``: what a build is in a genai package's release (from the index
+    or a service: checked); None for any other build."""
+    import re
+
+    part = b.get("part")
+    return part if isinstance(part, str) and re.fullmatch(r"package|part\d{1,3}", part) else None
+
+
 def _key(b: dict[str, Any]) -> str:
-    return f"build {b['build']} {b['target']} {b['toolchain']}"
+    """``build 7 qnn:SM8650 2.51.0``; in a genai package's release ``build 7 part0 qnn:...``."""
+    part = part_of(b)
+    return f"build {b['build']}{f' {part}' if part else ''} {b['target']} {b['toolchain']}"

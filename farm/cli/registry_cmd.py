@@ -175,9 +175,35 @@ def _show(info: dict[str, Any], as_json: bool) -> int:
         print("verdicts  none yet (no probe has loaded this artifact)")
     _show_evidence(info)
     print("files")
-    for f in info["files"]:
-        print(f"  {f['role']:9s} {f['name']:40s} {human_size(f['size']):>10s}  {f['digest']}")
+    genai = manifest.get("genai")
+    labels = [_file_label(f, genai) for f in info["files"]]
+    width = max([9, *(len(label) for label in labels)])
+    for f, label in zip(info["files"], labels, strict=True):
+        print(f"  {label:{width}s} {f['name']:40s} {human_size(f['size']):>10s}  {f['digest']}")
     return 0
+
+
+def _file_label(f: dict[str, Any], genai: Any) -> str:
+    """A file's role; in a genai package what it is in the folder (the index stores its payload
+    as ``context`` files beside the ``ctx-model`` config, as any artifact's): the config, each
+    stage by its role, each part's shared binary, the tokenizer files and what else the export
+    carried as it was."""
+    if not isinstance(genai, dict) or f["role"] not in ("ctx-model", "context"):
+        return str(f["role"])
+    from farm.core.genai import TOKENIZER_FILES
+    from farm.core.untrusted import clean_text
+
+    name = f["name"]
+    if name == genai.get("config"):
+        return "config"
+    for st in genai.get("stages") or []:
+        if isinstance(st, dict) and st.get("file") == name:
+            return clean_text(st.get("role"), 24)
+    for p in genai.get("parts") or []:
+        if isinstance(p, dict) and name in (p.get("binaries") or []):
+            part = p.get("part")
+            return f"part{part}.binary" if isinstance(part, int) and not isinstance(part, bool) else "binary"
+    return "tokenizer" if name in TOKENIZER_FILES else "carried"
 
 
 RUNTIME_NAMES = {"qnn": "QNN", "trt": "TensorRT"}

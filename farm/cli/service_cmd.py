@@ -76,8 +76,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn
     except ModuleNotFoundError:
         from farm.core.errors import MissingExtraError
+        from farm.core.extras import install_hint
 
-        raise MissingExtraError("farm serve needs the service extra", hint="pip install 'ctxfarm[service]'") from None
+        raise MissingExtraError("farm serve needs the service extra", hint=install_hint("service")) from None
     workers = serve_processes(args.workers, settings)
     if workers == 1:
         from farm.api.app import create_app, serving

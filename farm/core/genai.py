@@ -77,7 +77,7 @@ _OPTION_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 TWIN_PROMPT = "The farm builds context binaries"
 TWIN_TOKENS = 16
 HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_config.json (decoder-pipeline), "
-        "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/genai.md)")
+        "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/shipping-llm.md)")
 
 
 # ---- the description ------------------------------------------------------------------------------

@@ -296,10 +296,12 @@ MULTI_SOC_MIN_QNN = (2, 48)
 SHARING_MIN_HTP = 73
 
 
-def check_build_support(target: Any, toolchain: str, *, group: bool) -> None:
+def check_build_support(target: Any, toolchain: str, *, group: bool, llm: bool = False) -> None:
     """Refuse, before anything is written, what the QNN toolchain can't build: weight sharing
     (a group) below HTP v73 or for another backend; a multi-SoC target on QNN < 2.48, for
-    another backend, or combined with sharing (the QNN EP documents the two as exclusive)."""
+    another backend, or combined with sharing (the QNN EP documents the two as exclusive).
+    ``llm``: the groups are an LLM's parts (farm build --genai): the refusal speaks of them,
+    not of --graph, which the user did not give."""
     from farm.core.errors import MultiSocUnsupportedError, SharingUnsupportedError
     from farm.core.keys import parse_version
 
@@ -313,20 +315,24 @@ def check_build_support(target: Any, toolchain: str, *, group: bool) -> None:
                 hint="build it with QNN 2.48 or newer (--qnn 2.51.0), or one build per SoC "
                      f"({' '.join('-t qnn:' + s for s in target.socs)})")
         if group:
+            what = "an LLM's parts (weight-shared groups)" if llm else "a weight-shared graph group"
             raise SharingUnsupportedError(
-                f"{target.ref}: a weight-shared graph group can't also be a multi-SoC build "
+                f"{target.ref}: {what} can't also be a multi-SoC build "
                 "(the QNN EP documents shared contexts and multi-SoC binaries as exclusive)",
-                hint=f"build the group once per SoC: {' '.join('-t qnn:' + s for s in target.socs)}")
+                hint=f"build it once per SoC: {' '.join('-t qnn:' + s for s in target.socs)}")
     if group:
         if target.backend != "qnn":
-            raise SharingUnsupportedError(f"{target.ref}: weight-shared graph groups are QNN only")
+            raise SharingUnsupportedError(f"{target.ref}: " + ("an LLM's parts are weight-shared QNN groups: QNN only"
+                                                               if llm else "weight-shared graph groups are QNN only"))
         arch = target.htp_arch_number
         if arch is None or arch < SHARING_MIN_HTP:
+            v73 = "SM8550, SC8380XP, SM8650, SM8750, SM8850"
             raise SharingUnsupportedError(
-                f"{target.ref} is HTP {target.htp_arch or 'unknown'}: shared weights need HTP v73 or newer "
-                "(the QNN link step fails with 'does not support shared weights')",
-                hint="build the graphs one by one for this SoC (no --graph), or pick a v73+ target: "
-                     "SM8550, SC8380XP, SM8650, SM8750, SM8850")
+                f"{target.ref} is HTP {target.htp_arch or 'unknown'}: "
+                + ("an LLM's parts build as weight-shared groups, and " if llm else "")
+                + "shared weights need HTP v73 or newer (the QNN link step fails with 'does not support shared weights')",
+                hint=(f"an LLM package needs a v73+ target: {v73}" if llm else
+                      f"build the graphs one by one for this SoC (no --graph), or pick a v73+ target: {v73}"))
 
 
 def group_listing(members: list[tuple[str, str, list[dict[str, Any]]]]) -> tuple[bytes, str, list[dict[str, Any]]]:

@@ -216,7 +216,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     try:
         versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
                     for t in req.targets}
-        check_support([(t, versions[t.backend]) for t in req.targets], group=True)
+        check_support([(t, versions[t.backend]) for t in req.targets], group=True, llm=True)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         planned = []
         with reg.db.session() as s:
@@ -422,6 +422,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     toolchain: dict[str, Any] = {}
     seconds = 0.0
     ep = cpu = 0
+    cpu_ops: set[str] = set()  # what the parts left on the CPU: the package's placement says it too
     taken = {n for n, _, _ in pkg.carried}
     layout_names = genai.package_layout(export)  # the one naming of the folder (farm.core.genai)
 
@@ -441,6 +442,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
         seconds += float(manifest.get("compileSeconds") or 0.0)
         ep += art.nodes_ep
         cpu += art.nodes_cpu
+        cpu_ops.update(str(o) for o in (manifest.get("placement") or {}).get("cpu_op_types") or [])
         part = export.parts[i]
         graphs = {g.get("name"): g for g in manifest.get("graphs") or [] if isinstance(g, dict)}
         by_name = {f["name"]: f for f in manifest["files"]}
@@ -475,7 +477,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     stages = [{"name": st.name, "role": roles[st.name], "file": names[st.name],
                **({"part": st.part} if st.part is not None else {})} for st in export.stages]
     return Layout(files, stages, part_rows, blobs, toolchain, epcontext,
-                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": []}, seconds, ep, cpu)
+                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}, seconds, ep, cpu)
 
 
 def rename_contexts(data: bytes, renamed: dict[str, str]) -> bytes:
@@ -614,7 +616,8 @@ def _publish(reg: Any, lease: Any, spec: Any, layout: Layout, twin: dict[str, An
     with reg.db.session() as s:
         insert_artifact(s, lease.build_id, manifest_digest=digest, manifest_size=len(data), ctx_model=CONFIG_NAME,
                         files=layout.files, ep_sdk_version=None, compile_seconds=layout.compile_seconds,
-                        nodes_ep=layout.nodes_ep, nodes_cpu=layout.nodes_cpu, description=description)
+                        nodes_ep=layout.nodes_ep, nodes_cpu=layout.nodes_cpu, description=description,
+                        cpu_op_types=layout.placement["cpu_op_types"])
         states.succeed(s, lease, log=None)
 
 
@@ -719,7 +722,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                            fleet if fleet is not None else fleet_of(settings, reg) if dispatch else fleet_here(served))
         request.check_served(served)
         matrix = [(t, v) for t, v in request.matrix(served) if v in fan.versions.get(t.backend, ())]
-        check_support(matrix, group=True)
+        check_support(matrix, group=True, llm=True)
         warning = fan.warning()
         if warning and warn is not None:
             warn(warning)

@@ -132,13 +132,13 @@ def check_tag_free(reg: Registry, digest: str, name: str | None, tag: str | None
             set_tag(s, name, tag, digest)  # raises tag-conflict, having written nothing
 
 
-def check_support(matrix: Sequence[tuple[Target, str]], *, group: bool) -> None:
+def check_support(matrix: Sequence[tuple[Target, str]], *, group: bool, llm: bool = False) -> None:
     """Weight sharing and multi-SoC refusals (``farm.core.groups.check_build_support``) for
-    every (target, toolchain) asked for, before anything is written."""
+    every (target, toolchain) asked for, before anything is written (``llm``: an LLM's parts)."""
     from farm.core.groups import check_build_support
 
     for t, version in matrix:
-        check_build_support(t, version, group=group)
+        check_build_support(t, version, group=group, llm=llm)
 
 
 def _spec(model_digest: str, t: Target, version: str, opts: dict[str, Any]) -> states.BuildSpec:
@@ -528,6 +528,12 @@ def _status(session: Any, release_id: int, builds: list[Any], blobs: Any) -> Rel
 
             view = release_gate_view(session, view, art, float(min_psnr))
         st.builds.append(view)
+    if rel is not None and (rel.matrix or {}).get("genai"):
+        from registry.index import genai_roles
+
+        roles = genai_roles(session, [v["build"] for v in st.builds])
+        for view in st.builds:
+            view["part"] = roles.get(view["build"])
     return st
 
 

@@ -47,7 +47,9 @@ def make_app(settings: Settings) -> Any:
     try:
         from celery import Celery
     except ModuleNotFoundError:
-        raise MissingExtraError("celery is not installed", hint="pip install 'ctxfarm[cluster]'") from None
+        from farm.core.extras import install_hint
+
+        raise MissingExtraError("celery is not installed", hint=install_hint("cluster")) from None
     app = Celery("ctxfarm", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         task_acks_late=True,

@@ -63,7 +63,9 @@ class S3BlobStore:
                 import boto3
                 from botocore.config import Config
             except ModuleNotFoundError:
-                raise ConfigError("boto3 is needed for an s3:// store", hint="pip install 'ctxfarm[s3]'") from None
+                from farm.core.extras import install_hint
+
+                raise ConfigError("boto3 is needed for an s3:// store", hint=install_hint("s3")) from None
             config = Config(
                 # boto3 >= 1.36 sends CRC checksums by default; several S3-compatible stores
                 # reject them. Our own sha256 is the integrity check.
@@ -330,8 +332,10 @@ class _Unpacked:
         try:
             import zstandard
         except ModuleNotFoundError:
+            from farm.core.extras import install_hint
+
             raise ConfigError(f"blob {digest} is stored zstd-compressed and zstandard is not installed",
-                              hint="pip install 'ctxfarm[s3]'") from None
+                              hint=install_hint("s3")) from None
         self._error = zstandard.ZstdError
         self._reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)  # type: ignore[arg-type]
         self._left = size

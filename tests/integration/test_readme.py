@@ -6,7 +6,8 @@ FARM_HOME (the embedded default: SQLite and a local blob directory) and the serv
 starts, as a user would paste them. The only words changed are the placeholders the README names:
 the service's address (``http://farm:8080``, port 8080: a free port here) and the tokens
 (``cfk_...``: the one of the block's scope, printed by the README's own ``farm token create``).
-A real QNN compile of light_squeezenet runs behind the pipeline journey."""
+A real QNN compile of light_squeezenet runs behind the pipeline journey. Docs pages' blocks are
+marked and run the same way by tests/integration/test_doc_pages.py."""
 
 from __future__ import annotations
 
@@ -201,7 +202,7 @@ def test_the_ci_script_of_the_docs_releases_as_written(journeys: Journeys) -> No
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     """The README's first command, `./infra/quickstart.sh`, in a fresh FARM_HOME: it builds, answers the
     second build from the index, fetches as a device and loads the fetched context. As written, it
-    also runs `pip install -e '.[qnn]'` into this checkout's .venv (a no-op change to an installed
+    also runs `pip install -e '.[qnn,service]'` into this checkout's .venv (a no-op change to an installed
     checkout; the suite runs its tests one at a time)."""
     pytest.importorskip("onnxruntime_qnn", reason="the quick start compiles with the [qnn] extra")
     first = README_COMMANDS[0]

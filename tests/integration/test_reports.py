@@ -178,7 +178,7 @@ def test_reports_scopes_hostile_bodies_and_resolve(live: dict[str, Any]) -> None
     status, answer = resolve(svc)
     assert status == 404 and answer["error"]["code"] == "no-match"
     assert "failed on 4 device(s) (2 report tokens)" in answer["error"]["hint"]
-    assert "runtime >=" not in answer["error"]["hint"] and "farm reports quarantined" in answer["error"]["hint"]
+    assert "runtime >=" not in answer["error"]["hint"] and "quarantined reports" in answer["error"]["hint"]
     assert resolve(svc, "2.52.0")[0] == 200
     # Ops see why, and lift it.
     assert call(svc, "GET", "/v1/reports/quarantined", t["read"])[0] == 403

@@ -36,9 +36,11 @@ def runtime() -> str:
             continue
     if not version or parse_version(version)[:2] < MIN_ORT:
         have = f"onnxruntime {version}" if version else "no onnxruntime"
+        from farm.core.extras import install_hint
+
         raise MissingExtraError(
             f"ORT model packages need onnxruntime >= 1.32 (its ModelPackage API); this environment has {have}",
-            hint="run farm package where onnxruntime 1.32 is: pip install 'ctxfarm[qnn]' (onnxruntime 1.32.0), or in "
+            hint=f"run farm package where onnxruntime 1.32 is: {install_hint('qnn')} (onnxruntime 1.32.0), or in "
                  "a QNN 2.49.40 / 2.51.0 worker environment with the cluster's FARM_DATABASE_URL and FARM_STORE_URL; "
                  "a cluster's service (FARM_BROKER_URL) has such a worker make it: farm package --server URL")
     return version

@@ -44,14 +44,18 @@ def detect_toolchain() -> Toolchain:
     importlib.metadata, whose import alone costs every ``farm build`` about 20 ms."""
     qnn = _build_info("onnxruntime_qnn", "build_and_package_info.py")
     if qnn.get("package_name") != "onnxruntime-qnn" or not qnn.get("__version__"):
+        from farm.core.extras import install_hint
+
         raise MissingExtraError(
             "onnxruntime-qnn is not installed in this environment: no QNN toolchain to compile with",
-            hint="pip install 'ctxfarm[qnn]'  (onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
+            hint=f"{install_hint('qnn')}  (onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 = QNN 2.51.0)",
         )
     ort = _build_info("onnxruntime", "capi/build_and_package_info.py")
     # onnxruntime-qnn needs the CPU onnxruntime: onnxruntime-gpu is the same module, another package.
     if ort.get("package_name") != "onnxruntime" or not ort.get("__version__"):
-        raise MissingExtraError("onnxruntime is not installed", hint="pip install 'ctxfarm[qnn]'")
+        from farm.core.extras import install_hint
+
+        raise MissingExtraError("onnxruntime is not installed", hint=install_hint("qnn"))
     sdk = qnn.get("qnn_version", "")
     if not sdk:
         raise ToolchainError(f"cannot read the QNN SDK version from onnxruntime-qnn {qnn['__version__']}")

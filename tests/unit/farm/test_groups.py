@@ -139,3 +139,15 @@ def test_brackets_inside_names_and_paths_do_not_count_as_nesting(tmp_path: Path)
 
     assert _depth('{"graphs": [{"name": "a[[[[", "path": "p{{{{.onnx"}]}') == 3
     assert _depth("[[graphs]]\nname = 'x[[[['\npath = \"p\\\"[[[\"\n") == 2
+
+
+def test_an_llm_refused_for_a_soc_without_sharing_is_not_told_about_graph() -> None:
+    """`farm build --genai` for SM8350 (HTP v68): the refusal speaks of the LLM's parts; the
+    --graph the user never gave (and building graph by graph) only for a graph group."""
+    for ref in ("qnn:SM8350", "trt:sm_89"):
+        with pytest.raises(SharingUnsupportedError) as llm:
+            check_build_support(parse_target(ref), "2.51.0", group=True, llm=True)
+        assert "LLM" in llm.value.message and "--graph" not in f"{llm.value.message} {llm.value.hint}"
+    with pytest.raises(SharingUnsupportedError) as group:
+        check_build_support(parse_target("qnn:SM8350"), "2.51.0", group=True)
+    assert "--graph" in group.value.hint

@@ -83,10 +83,15 @@ def test_folder_check_gives_one_outcome_for_the_folder(tmp_path: Path) -> None:
                                                   "c": {"filename": "context_0_ctx.onnx"}}]}}}
     d = _folder(tmp_path, config)
     (d / "embeddings.onnx").write_bytes(b"x")
-    # A stage file the config names is missing: not-found naming it.
-    with pytest.raises(NotFoundError, match="context_0_ctx.onnx"):
+    # A stage file the config names is missing, and the tokenizer (no config names it): not-found naming both.
+    with pytest.raises(NotFoundError, match="lacks 2 file.s. the genai package needs: context_0_ctx.onnx, tokenizer.json"):
         check_folder(d, _Target(), lambda p, t: {})
     (d / "context_0_ctx.onnx").write_bytes(b"x")
+    (d / "tokenizer.json").write_text("{}")
+    # Nothing in it is a context model (an export that was never built): refused, not "loaded".
+    with pytest.raises(NotAContextError, match="holds no context model") as plain:
+        check_folder(d, _Target(), lambda p, t: (_ for _ in ()).throw(NotAContextError("plain")))
+    assert "build it first" in (plain.value.hint or "")
 
     def weight_shared(path: Path, target: Any) -> dict[str, Any]:
         if path.name == "embeddings.onnx":

@@ -139,7 +139,9 @@ def test_miss_without_artifacts(db, model):
     exc = info.value
     assert exc.code == "no-match" and exc.exit_code == 3
     assert "resnet:latest" in exc.message
-    assert "farm build" in exc.hint and "qnn:SM8650" in exc.hint
+    # A device reads the hint (through the service, or its own farm fetch): what is needed, no
+    # operator's command it could not run.
+    assert "needed: a build of it for qnn:SM8650" in exc.hint and "farm " not in exc.hint
     assert exc.details == {"nearest": []}
 
 
@@ -155,6 +157,7 @@ def test_miss_names_nearest_candidate_and_what_is_needed(db, model):
     assert exc.hint.startswith(f"nearest: {near_id} SM8650 QNN 2.51.0")
     assert "QNN <= 2.49.40" in exc.hint  # a build the runtime can load...
     assert "runtime >= 2.51.0" in exc.hint  # ...or a runtime that can load the build
+    assert "farm " not in exc.hint
     assert exc.details["nearest"][0]["artifact"] == near_digest
     assert [n["target"] for n in exc.details["nearest"]] == ["SM8650", "SM8550"]
 
