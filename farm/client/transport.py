@@ -26,10 +26,15 @@ CHUNK = 1024 * 1024
 MAX_ANSWER_BYTES = 4 << 20  # a resolve answer is a few KiB
 MAX_ERROR_BYTES = 64 << 10
 MAX_REDIRECTS = 5
-# Errors a service may relay to a client as themselves: its own failures (5xx: a bug, its
-# configuration, an interruption) are the service's problem, shown as server-error.
+# Errors a service may relay to a client as themselves: a 4xx with a documented code, and the 5xx
+# that answer for the request rather than for the service's health (a 503 no-worker keeps the
+# service's hint: which SDKs it has). Its own failures (a bug, its configuration, its store, an
+# interruption) are the service's problem, shown as server-error.
 _RELAYED_BELOW = 500
+_RELAYED_5XX = frozenset({"no-worker", "toolchain-error", "worker-lost", "timeout"})
 _NOT_RELAYED = frozenset({"internal-error", "farm-error", "interrupted", "lease-lost", "bad-config", "missing-extra"})
+# An answer with no error body (a HEAD's, a proxy's) still says what went wrong by its status.
+_BY_STATUS = {401: "unauthorized", 403: "forbidden", 404: "not-found", 413: "too-large", 429: "rate-limited"}
 # What a device can do about an answer it refused: it can't repair the service.
 HINT_SERVER = "nothing was installed; the service sent an answer this client refuses: tell the service's operators"
 HINT_RESUME = "run the install again: it resumes where this one stopped"
@@ -240,10 +245,13 @@ def error_of(exc: urllib.error.HTTPError) -> FarmError:
             err = None
     status = int(exc.code) if isinstance(exc.code, int) else 0
     if not isinstance(err, dict) or not isinstance(err.get("code"), str):
-        return ServerError(f"HTTP {status} from the service: {clean_text(str(exc.reason), 200)}")
+        reason = clean_text(str(exc.reason), 200)
+        if status in _BY_STATUS:
+            return error_for_code(_BY_STATUS[status], f"HTTP {status} from the service: {reason}")
+        return ServerError(f"HTTP {status} from the service: {reason}")
     code, message = clean_text(err["code"], 60), clean_text(err.get("message"), 1000)
     hint = clean_text(err.get("hint"), 1000) or None
-    if status >= _RELAYED_BELOW or code in _NOT_RELAYED:
+    if code in _NOT_RELAYED or (status >= _RELAYED_BELOW and code not in _RELAYED_5XX):
         return ServerError(f"the service failed (HTTP {status}, {code}): {message}",
                            hint="nothing was changed here; try again later, or tell the service's operators")
     if code == "no-match" and hint:
