@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import LoadUnverifiedError, NotAContextError, NotFoundError
-from farm.core.names import UnsafePathError, inside
+from farm.core.names import UnsafePathError, UnusablePathError, inside
 
 CONFIG = "genai_config.json"
 GROUP_CTX = re.compile(r"g\d{1,2}_ctx\.onnx")
@@ -78,6 +78,8 @@ def check_folder(folder: Path, target: Any, checked_load: Callable[[Path, Any], 
     for name in names:
         try:
             path = inside(folder, name)
+        except UnusablePathError as exc:
+            raise NotFoundError(f"{CONFIG} names {name[:120]!r}, which can't be read: {exc.reason}") from None
         except UnsafePathError:
             raise NotFoundError(f"{CONFIG} names {name[:120]!r}, a path outside {folder}") from None
         if not path.is_file():

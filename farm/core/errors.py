@@ -375,6 +375,7 @@ BUILD_FAILURE_CODES = (
     "interrupted",
     "cancelled",
     "genai-folder-invalid",
+    "internal-error",  # an exception no stage handled (a bug): the build ends instead of staying queued
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
 DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit",
