@@ -91,19 +91,33 @@ class EmbeddedRunner:
         message = f"{type(exc).__name__} in the embedded runner: {first}"
         if isinstance(exc, FarmError):
             message = f"{exc.code}: {exc.message}"[:1500]
+        self._abandon(build_id, code, message)
+        try:
+            self._fan_in(build_id)
+        except Exception as again:
+            # No package of this part would ever be sent: end them too.
+            log.error("build %s: fan-in after %s failed", build_id, type(exc).__name__, exc_info=True)
+            try:
+                from farm.pipeline.genai import packages_of
+
+                with self.reg.db.session() as s:
+                    packages = packages_of(s, build_id)
+            except Exception:
+                log.error("build %s: its packages can't be read", build_id, exc_info=True)
+                return
+            for pkg in packages:
+                self._abandon(pkg, "internal-error", f"the fan-in after part build {build_id} raised "
+                                                     f"{type(again).__name__}: {str(again)[:300]}")
+
+    def _abandon(self, build_id: int, code: str, message: str) -> None:
         try:
             with self.reg.db.session() as s:
                 ended = states.abandon(s, build_id, states.owner_base(), code, message)
-            if ended:
-                ex = next(iter(self.executors.values()), None)
-                if ex is not None:
-                    ex.events.publish(build_id, states.BuildState.FAILED.value)
+            ex = next(iter(self.executors.values()), None)
+            if ended and ex is not None:
+                ex.events.publish(build_id, states.BuildState.FAILED.value)
         except Exception:
-            log.error("build %s: could not end it after %s", build_id, type(exc).__name__, exc_info=True)
-        try:
-            self._fan_in(build_id)
-        except Exception:
-            log.error("build %s: fan-in after %s failed", build_id, type(exc).__name__, exc_info=True)
+            log.error("build %s: could not end it (%s)", build_id, code, exc_info=True)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)  # cancelled ones hold no check back

@@ -287,6 +287,8 @@ def _read_json(root: Path, name: str, limit: int) -> Any:
         return jsonspec.loads(raw)
     except OSError as exc:  # changed since it was checked
         raise _bad(f"{name} can't be read: {exc.strerror or type(exc).__name__}") from None
+    except jsonspec.SpecError as exc:
+        raise _bad(f"{name}: {exc.path or '(the document)'}: {exc.problem}") from None
     except (UnicodeError, ValueError, RecursionError) as exc:
         why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise _bad(f"{name} is not valid JSON ({why})") from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +38,6 @@ def shown(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (a number must be finite)")
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
@@ -52,29 +48,37 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(raw: bytes) -> Any:
-    """Strict JSON from UTF-8 bytes: ValueError (UnicodeError, json's) for anything else, NaN,
-    Infinity, a repeated key, or nesting deeper than ``MAX_DEPTH``."""
-    doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
-    _depth(doc)
-    return doc
-
-
-def _depth(doc: Any) -> None:
-    stack = [(doc, 1)]
+    """Strict JSON from UTF-8 bytes: ValueError (UnicodeError, json's) for what is not JSON or
+    gives a key twice in one object; ``SpecError`` naming the JSON path of a NaN/Infinity
+    literal (Python's json takes them; JSON has no such number) or of nesting deeper than
+    ``MAX_DEPTH``."""
+    doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(doc, ())]
     while stack:
-        v, d = stack.pop()
-        if d > MAX_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        v, path = stack.pop()
+        if len(path) >= MAX_DEPTH:
+            raise SpecError(json_path(path), f"nested deeper than {MAX_DEPTH} levels")
         if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
+            stack.extend((x, (*path, k)) for k, x in v.items())
         elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
+            stack.extend((x, (*path, i)) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(json_path(path), f"{shown(v)} is not a JSON number (NaN and infinities are not JSON)")
+    return doc
 
 
 def _key_path(path: str, key: str) -> str:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         return f"{path}.{key}" if path else key
     return f"{path}[{shown(key)}]"
+
+
+def json_path(parts: Sequence[str | int]) -> str:
+    """The JSON path a ``SpecError`` names for these keys and list indices."""
+    out = ""
+    for p in parts:
+        out = f"{out}[{p}]" if isinstance(p, int) else _key_path(out, p)
+    return out
 
 
 # ---- the vocabulary of a spec ----------------------------------------------------------------------
@@ -217,20 +221,6 @@ class Anything(Spec):
 
     def check(self, value: Any, path: str) -> None:
         return None
-
-
-@dataclass(frozen=True)
-class Where(Spec):
-    """``spec``, then ``test(value)``: None, or the problem to report (a rule across keys)."""
-
-    spec: Spec
-    test: Callable[[Any], str | None]
-
-    def check(self, value: Any, path: str) -> None:
-        self.spec.check(value, path)
-        problem = self.test(value)
-        if problem:
-            raise SpecError(path, problem)
 
 
 def check(doc: Any, spec: Spec) -> None:

@@ -649,16 +649,24 @@ def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> 
         s.merge(GenaiPart(package_build_id=package_build_id, part=i, part_build_id=int(b)))
 
 
+def packages_of(s: Any, part_build_id: int) -> list[int]:
+    """The package builds that use this part build."""
+    from sqlalchemy import select
+
+    from registry.models import GenaiPart
+
+    return [int(p) for p in s.scalars(select(GenaiPart.package_build_id)
+                                      .where(GenaiPart.part_build_id == part_build_id))]
+
+
 def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
     """(package build id, queue) of queued package builds using this part build whose parts are
     all final now: the fan-in's messages to send."""
-    from sqlalchemy import select
-
     from farm.pipeline import states
-    from registry.models import Build, GenaiPart
+    from registry.models import Build
 
     out = []
-    for pkg_id in s.scalars(select(GenaiPart.package_build_id).where(GenaiPart.part_build_id == part_build_id)):
+    for pkg_id in packages_of(s, part_build_id):
         b = s.get(Build, pkg_id)
         if b is None or b.state != states.BuildState.QUEUED or not b.queue:
             continue
