@@ -294,7 +294,7 @@ class BadGenaiError(UsageError):
     summary = "an LLM export folder that can't be mapped (unknown layout, missing or bad file, mismatched parts)"
     default_hint = ("give the folder an exporter left: Olive's QNN recipe (embeddings.onnx, context_<i>.onnx, "
                     "iterator_<i>.onnx, lm_head.onnx) or AI Hub's (prompt/token graphs per part), with its "
-                    "genai_config.json and tokenizer files (docs/genai.md)")
+                    "genai_config.json and tokenizer files (docs/shipping-llm.md)")
 
 
 class GenaiFolderError(FarmError):

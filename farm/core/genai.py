@@ -81,7 +81,7 @@ _OPTION_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 TWIN_PROMPT = "The farm builds context binaries"
 TWIN_TOKENS = 16
 HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_config.json (decoder-pipeline), "
-        "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/genai.md)")
+        "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/shipping-llm.md)")
 
 
 # ---- the description ------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def read_config(root: Path) -> dict[str, Any]:
         genai_schema.check_config(doc)
     except jsonspec.SpecError as exc:
         raise _bad(f"{CONFIG_FILE}: {exc.path}: {exc.problem}",
-                   hint="each key of genai_config.json holds what onnxruntime-genai reads there (docs/genai.md: "
+                   hint="each key of genai_config.json holds what onnxruntime-genai reads there (docs/shipping-llm.md: "
                         "what the farm checks)") from None
     return doc
 
