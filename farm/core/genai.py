@@ -279,7 +279,7 @@ def read_config(root: Path) -> dict[str, Any]:
 
 def _read_json(root: Path, name: str, limit: int) -> Any:
     """A JSON file of the folder, bounded and parsed strictly (``farm.core.jsonspec.loads``: no
-    NaN/Infinity, no key twice, no deep nesting)."""
+    NaN/Infinity, no key twice)."""
     p = _regular(root, name, name, limit=limit)
     try:
         with open(p, "rb") as f:
@@ -376,7 +376,11 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     stage file that is missing, not ONNX or badly named (a directory, ``..``, absolute), external
     data that escapes or is missing, an unknown or mixed layout, parts missing a prefill or a
     decode graph or numbered with gaps, a part whose prefill and decode differ in I/O names,
-    parts that share KV layers, a window that differs between parts, no tokenizer.json."""
+    parts that share KV layers, a window that differs between parts, no tokenizer.json; a value
+    of genai_config.json of the wrong JSON type or out of range (``farm.core.genai_schema``,
+    named by its JSON path), a tokenizer JSON file that is not one, KV or window shapes out of
+    range; a file (or the folder) that is a symlink loop, a dangling symlink, a FIFO or device,
+    unreadable (``farm.core.names.input_file``)."""
     given = Path(path)
     try:
         root = input_folder(given)

@@ -5,7 +5,7 @@ by its JSON path (``model.decoder.pipeline[0].context_0.filename``) with what it
 
 ``loads`` parses strictly: the NaN/Infinity/-Infinity literals Python's json accepts (no JSON
 has them) and a key given twice in one object (parsers disagree on which one counts) are
-refused, as is a document nested deeper than ``MAX_DEPTH``. Nothing here knows about genai:
+refused. Nothing here knows about genai:
 ``farm.core.genai_schema`` holds its spec.
 """
 
@@ -17,8 +17,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-MAX_DEPTH = 64
 
 
 class SpecError(ValueError):
@@ -48,22 +46,26 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(raw: bytes) -> Any:
-    """Strict JSON from UTF-8 bytes: ValueError (UnicodeError, json's) for what is not JSON or
-    gives a key twice in one object; ``SpecError`` naming the JSON path of a NaN/Infinity
-    literal (Python's json takes them; JSON has no such number) or of nesting deeper than
-    ``MAX_DEPTH``."""
-    doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(doc, ())]
-    while stack:
-        v, path = stack.pop()
-        if len(path) >= MAX_DEPTH:
-            raise SpecError(json_path(path), f"nested deeper than {MAX_DEPTH} levels")
-        if isinstance(v, dict):
-            stack.extend((x, (*path, k)) for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((x, (*path, i)) for i, x in enumerate(v))
-        elif isinstance(v, float) and not math.isfinite(v):
-            raise SpecError(json_path(path), f"{shown(v)} is not a JSON number (NaN and infinities are not JSON)")
+    """Strict JSON from UTF-8 bytes: ValueError (UnicodeError, json's; RecursionError for absurd
+    nesting) for what is not JSON or gives a key twice in one object; ``SpecError`` naming the
+    JSON path of a NaN/Infinity literal (Python's json takes them; JSON has no such number)."""
+    seen: list[str] = []
+
+    def constant(name: str) -> float:
+        seen.append(name)
+        return float(name.replace("Infinity", "inf"))
+
+    doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=constant)
+    if seen:  # walked only then: a large tokenizer.json is parsed at C speed and not walked again
+        stack: list[tuple[Any, tuple[str | int, ...]]] = [(doc, ())]
+        while stack:
+            v, path = stack.pop()
+            if isinstance(v, dict):
+                stack.extend((x, (*path, k)) for k, x in v.items())
+            elif isinstance(v, list):
+                stack.extend((x, (*path, i)) for i, x in enumerate(v))
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise SpecError(json_path(path), f"{shown(v)} is not a JSON number (NaN and infinities are not JSON)")
     return doc
 
 
