@@ -330,8 +330,14 @@ def read_graph(root: Path, name: str) -> Graph:
             _regular(root, rel, f"{name}: external data", limit=1 << 62)
             data.append(rel)
     epc = any(n.op_type == "EPContext" for n in model.graph.node)
-    return Graph(name, tuple(one(v) for v in model.graph.input if v.name not in inits),
-                 tuple(one(v) for v in model.graph.output), tuple(data), epc)
+    graph = Graph(name, tuple(one(v) for v in model.graph.input if v.name not in inits),
+                  tuple(one(v) for v in model.graph.output), tuple(data), epc)
+    for key, names in (("inputs", graph.input_names), ("outputs", graph.output_names)):
+        try:  # they go into the generated config as its stage's inputs/outputs: the config's own spec
+            jsonspec.check(names, genai_schema.IO_NAMES)
+        except jsonspec.SpecError as exc:
+            raise _bad(f"{name}: graph {key}{exc.path}: {exc.problem}", hint=None) from None
+    return graph
 
 
 def _classify(file: str) -> tuple[str, str, int, dict[str, int]] | None:

@@ -116,7 +116,8 @@ def _dims(folder: Path, files: list[str], change: Any) -> None:
 
 
 @pytest.mark.parametrize("what,needle", [("head_size", "head size (1 to 4096)"), ("kv_heads", "heads (1 to 1024)"),
-                                         ("window", "has no static sequence length")])
+                                         ("window", "has no static sequence length"),
+                                         ("name", "graph outputs[0]: \"present\\nkey\" is not a string")])
 def test_graph_shapes_out_of_range(export: Path, tmp_path: Path, what: str, needle: str) -> None:
     """The shapes the farm reads from the graphs are bounded like the config's values."""
     e = genai.read_export(export)
@@ -134,6 +135,11 @@ def test_graph_shapes_out_of_range(export: Path, tmp_path: Path, what: str, need
                 dims[1].dim_value = 1 << 20
             elif what == "window" and v.name == p0.prefill.graph.inputs[0][0] and len(dims) > 1:
                 dims[1].dim_value = 1 << 30
+        if what == "name":  # a graph output renamed to hold a control character
+            old = m.graph.output[0].name
+            m.graph.output[0].name = "present\nkey"
+            for n in m.graph.node:
+                n.output[:] = ["present\nkey" if o == old else o for o in n.output]
 
     _dims(folder, [p0.prefill.graph.file] + ([p0.decode.graph.file] if what != "window" else []), change)
     err = _refusal(folder)
