@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import LoadUnverifiedError, NotAContextError, NotFoundError
-from farm.core.names import UnsafePathError, inside
+from farm.core.names import UnsafePathError, UnusablePathError, inside
 
 CONFIG = "genai_config.json"
 CPU_STAGE = "cpu stage (present; runs on the CPU EP)"
@@ -70,6 +70,8 @@ def _present(folder: Path, kind: str, names: list[str]) -> list[tuple[str, Path]
     for name in names:
         try:
             path = inside(folder, name)
+        except UnusablePathError as exc:
+            raise NotFoundError(f"{CONFIG} names {name[:120]!r}, which can't be read: {exc.reason}") from None
         except UnsafePathError:
             raise NotFoundError(f"{CONFIG} names {name[:120]!r}, a path outside {folder}") from None
         if path.is_file():

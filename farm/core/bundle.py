@@ -13,7 +13,7 @@ from typing import Any
 
 from farm.core.errors import InvalidModelError
 from farm.core.keys import bundle_digest, sha256_bytes, sha256_file
-from farm.core.names import UnsafePathError, canonical_relative, inside
+from farm.core.names import UnsafePathError, UnusablePathError, canonical_relative, input_file, inside
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,10 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelBundle:
     import onnx
 
     p = Path(path)
+    model_file(p)
     try:
-        if not p.exists():
-            raise InvalidModelError(f"{p}: no such file")
-        if not p.is_file():
-            raise InvalidModelError(f"{p}: not a regular file")
         data = p.read_bytes()
-    except OSError as exc:
+    except OSError as exc:  # changed since it was checked
         raise InvalidModelError(f"{p}: cannot read the model ({exc.strerror or exc})") from None
     if not data:
         raise InvalidModelError(f"{p}: empty file, not an ONNX model")
@@ -171,6 +168,19 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelBundle:
     )
 
 
+def model_file(p: Path) -> os.stat_result:
+    """The stat of the .onnx a user named, or ``invalid-model`` saying why it can't be read as
+    one: no such file, a dangling symlink, a symlink loop, a folder, FIFO or device, permission
+    denied, a name the OS refuses (``farm.core.names.input_file``)."""
+    try:
+        return input_file(p)
+    except UnusablePathError as exc:
+        if exc.missing:
+            raise InvalidModelError(f"{p}: no such file") from None
+        raise InvalidModelError(f"{p}: can't be read as a model: {exc.reason}",
+                                hint="give the path of a readable regular .onnx file (symlinks are followed)") from None
+
+
 def _tensors(model):  # type: ignore[no-untyped-def]
     from onnx.external_data_helper import _get_all_tensors
 
@@ -215,16 +225,20 @@ def _resolve_inside(root: Path, rel: str, model_path: Path) -> Path:
     """A data file must stay inside the model's directory, symlinks resolved, and be a file."""
     try:
         target = inside(root, rel)
+    except UnusablePathError as exc:
+        raise InvalidModelError(f"{model_path}: external data file {rel!r} can't be read: {exc.reason}",
+                                hint=_HINT) from None
     except UnsafePathError:
         raise InvalidModelError(
             f"{model_path}: external data {rel!r} points outside the model directory", hint=_HINT
         ) from None
     try:
-        if not target.is_file():
-            what = "missing" if not target.exists() else "not a regular file"
-            raise InvalidModelError(f"{model_path}: external data file {rel!r} is {what}", hint=_HINT)
-    except OSError as exc:
-        raise InvalidModelError(f"{model_path}: external data file {rel!r}: {exc.strerror}", hint=_HINT) from None
+        input_file(target)
+    except UnusablePathError as exc:
+        if exc.missing:
+            raise InvalidModelError(f"{model_path}: external data file {rel!r} is missing", hint=_HINT) from None
+        raise InvalidModelError(f"{model_path}: external data file {rel!r} can't be read: {exc.reason}",
+                                hint=_HINT) from None
     return target
 
 

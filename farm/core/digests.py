@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.core.bundle import ONNX_NAME, inspect_model
+from farm.core.bundle import ONNX_NAME, inspect_model, model_file
 from farm.core.keys import bundle_digest, sha256_file
 from farm.core.names import UnsafePathError, inside
 
@@ -44,6 +44,7 @@ def local_bundle(path: Path, memo_path: Path | None) -> LocalBundle:
     service's alone, which inspects every bundle it is sent whatever the client did (the same
     invalid-model, after a small upload). That spares each ``farm submit --server`` of a new
     small model the onnx import and the checker (~0.25 s of CPU)."""
+    model_file(path)  # invalid-model for a loop, a FIFO (its read would block), a dangling symlink...
     memo = _load(memo_path)
     hashed = [0]
 

@@ -378,6 +378,7 @@ BUILD_FAILURE_CODES = (
     "cancelled",
     "genai-folder-invalid",
     "capability-missing",
+    "internal-error",  # an exception no stage handled (a bug): the build ends instead of staying queued
 )
 # Same inputs, same failure: answered from the index until --retry-failed.
 DETERMINISTIC_FAILURES = frozenset({"invalid-model", "unsupported-ops", "bad-options", "resource-limit",

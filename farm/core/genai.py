@@ -37,29 +37,33 @@ import copy
 import json
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.core import genai_schema, jsonspec
 from farm.core.errors import BadGenaiError
-from farm.core.names import UnsafePathError, canonical_relative, inside
+from farm.core.names import UnsafePathError, UnusablePathError, canonical_relative, input_file, input_folder, inside
 
 CONFIG_FILE = "genai_config.json"
 MAX_CONFIG_BYTES = 1 << 20          # a real genai_config.json is a few KiB
 MAX_GRAPH_BYTES = 2 * 1024 ** 3     # protobuf's own limit: weights beyond it are external data
+MAX_TOKENIZER_BYTES = 128 << 20     # the largest tokenizer.json we know (Gemma's) is ~33 MiB
 MAX_ENTRIES = 4096                  # files in an export folder
 MAX_PARTS = 64
-MAX_STAGES = 2 * MAX_PARTS + 16
+MAX_STAGES = genai_schema.MAX_STAGES
+MAX_CONTEXT = genai_schema.MAX_CONTEXT  # tokens in a KV cache
+MAX_HEADS = 1024
+MAX_HEAD_SIZE = 4096
 # Names an export folder may use for the files the package carries: plain file names, no
 # directory, no leading dot. Everything else in the folder is ignored, never opened.
-FILE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+FILE_NAME_RE = genai_schema.FILE_NAME_RE
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json")
 LAYOUTS = ("olive", "aihub")
-STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+STAGE_NAME_RE = genai_schema.STAGE_NAME_RE
 OLIVE_RE = re.compile(r"(context|iterator)(?:_(\d{1,3}))?\.onnx")
 AIHUB_RE = re.compile(r"(prompt|token)_ar(\d{1,5})_cl(\d{1,6})_(\d{1,3})_of_(\d{1,3})\.onnx")
 # KV-cache naming conventions, as (past key, past value, present key, present value) templates.
@@ -232,15 +236,16 @@ def _inside(root: Path, name: str, where: str) -> Path:
 
 
 def _regular(root: Path, name: str, where: str, *, limit: int) -> Path:
+    """``root/name``, a readable regular file inside the folder of at most ``limit`` bytes
+    (``farm.core.names.input_file``: a loop, a dangling symlink, a FIFO, permission denied...
+    are refused naming the file)."""
     p = _inside(root, name, where)
     try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise _bad(f"{where}: {name} is missing from the export folder") from None
-    except OSError as exc:
-        raise _bad(f"{where}: cannot read {name} ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _bad(f"{where}: {name} is not a regular file")
+        st = input_file(p)
+    except UnusablePathError as exc:
+        if exc.missing:
+            raise _bad(f"{where}: {name} is missing from the export folder") from None
+        raise _bad(f"{where}: {name} can't be read: {exc.reason}") from None
     if st.st_size > limit:
         raise _bad(f"{name}: {st.st_size} bytes, over the {limit}-byte limit for this file")
     return p
@@ -249,14 +254,7 @@ def _regular(root: Path, name: str, where: str, *, limit: int) -> Path:
 def read_config(root: Path) -> dict[str, Any]:
     """The exporter's genai_config.json, bounded and shape-checked: a decoder-pipeline whose
     ``model.decoder.pipeline`` is a list of one object of stages."""
-    p = _regular(root, CONFIG_FILE, CONFIG_FILE, limit=MAX_CONFIG_BYTES)
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        doc = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeError, ValueError, RecursionError) as exc:
-        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise _bad(f"{CONFIG_FILE} is not valid JSON ({why})") from None
+    doc = _read_json(root, CONFIG_FILE, MAX_CONFIG_BYTES)
     model = doc.get("model") if isinstance(doc, dict) else None
     decoder = model.get("decoder") if isinstance(model, dict) else None
     if not isinstance(model, dict) or not isinstance(decoder, dict):
@@ -270,7 +268,30 @@ def read_config(root: Path) -> dict[str, Any]:
             or not pipeline[0] or len(pipeline[0]) > MAX_STAGES):
         raise _bad(f"{CONFIG_FILE}: model.decoder.pipeline must be a list holding one object of "
                    f"1 to {MAX_STAGES} stages")
+    try:
+        genai_schema.check_config(doc)
+    except jsonspec.SpecError as exc:
+        raise _bad(f"{CONFIG_FILE}: {exc.path}: {exc.problem}",
+                   hint="each key of genai_config.json holds what onnxruntime-genai reads there (docs/shipping-llm.md: "
+                        "what the farm checks)") from None
     return doc
+
+
+def _read_json(root: Path, name: str, limit: int) -> Any:
+    """A JSON file of the folder, bounded and parsed strictly (``farm.core.jsonspec.loads``: no
+    NaN/Infinity, no key twice)."""
+    p = _regular(root, name, name, limit=limit)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(limit + 1)
+        return jsonspec.loads(raw)
+    except OSError as exc:  # changed since it was checked
+        raise _bad(f"{name} can't be read: {exc.strerror or type(exc).__name__}") from None
+    except jsonspec.SpecError as exc:
+        raise _bad(f"{name}: {exc.path or '(the document)'}: {exc.problem}") from None
+    except (UnicodeError, ValueError, RecursionError) as exc:
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise _bad(f"{name} is not valid JSON ({why})") from None
 
 
 def read_graph(root: Path, name: str) -> Graph:
@@ -309,8 +330,14 @@ def read_graph(root: Path, name: str) -> Graph:
             _regular(root, rel, f"{name}: external data", limit=1 << 62)
             data.append(rel)
     epc = any(n.op_type == "EPContext" for n in model.graph.node)
-    return Graph(name, tuple(one(v) for v in model.graph.input if v.name not in inits),
-                 tuple(one(v) for v in model.graph.output), tuple(data), epc)
+    graph = Graph(name, tuple(one(v) for v in model.graph.input if v.name not in inits),
+                  tuple(one(v) for v in model.graph.output), tuple(data), epc)
+    for key, names in (("inputs", graph.input_names), ("outputs", graph.output_names)):
+        try:  # they go into the generated config as its stage's inputs/outputs: the config's own spec
+            jsonspec.check(names, genai_schema.IO_NAMES)
+        except jsonspec.SpecError as exc:
+            raise _bad(f"{name}: graph {key}{exc.path}: {exc.problem}", hint=None) from None
+    return graph
 
 
 def _classify(file: str) -> tuple[str, str, int, dict[str, int]] | None:
@@ -355,12 +382,18 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     stage file that is missing, not ONNX or badly named (a directory, ``..``, absolute), external
     data that escapes or is missing, an unknown or mixed layout, parts missing a prefill or a
     decode graph or numbered with gaps, a part whose prefill and decode differ in I/O names,
-    parts that share KV layers, a window that differs between parts, no tokenizer.json."""
-    root = Path(path)
-    if not root.exists():
-        raise _bad(f"{root}: no such folder (an export is a folder with {CONFIG_FILE})")
-    if not root.is_dir():
-        raise _bad(f"{root}: not a folder (an export is a folder with {CONFIG_FILE})")
+    parts that share KV layers, a window that differs between parts, no tokenizer.json; a value
+    of genai_config.json of the wrong JSON type or out of range (``farm.core.genai_schema``,
+    named by its JSON path), a tokenizer JSON file that is not one, KV or window shapes out of
+    range; a file (or the folder) that is a symlink loop, a dangling symlink, a FIFO or device,
+    unreadable (``farm.core.names.input_file``)."""
+    given = Path(path)
+    try:
+        root = input_folder(given)
+    except UnusablePathError as exc:
+        if exc.missing:
+            raise _bad(f"{given}: no such folder (an export is a folder with {CONFIG_FILE})") from None
+        raise _bad(f"{given}: not a folder to read ({exc.reason}); an export is a folder with {CONFIG_FILE}") from None
     try:
         with os.scandir(root) as it:
             names = []
@@ -369,10 +402,9 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
                     raise _bad(f"{root}: more than {MAX_ENTRIES} entries, not an export folder")
                 names.append(e.name)
     except OSError as exc:
-        raise _bad(f"{root}: cannot list the folder ({exc.strerror or exc})") from None
+        raise _bad(f"{given}: cannot list the folder ({exc.strerror or exc})") from None
     if CONFIG_FILE not in names:
-        raise _bad(f"{root}: {CONFIG_FILE} is missing (the exporter's config: Olive and AI Hub both write one)")
-    root = root.resolve()
+        raise _bad(f"{given}: {CONFIG_FILE} is missing (the exporter's config: Olive and AI Hub both write one)")
     config = read_config(root)
     spec_stages = config["model"]["decoder"]["pipeline"][0]
 
@@ -474,10 +506,12 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
         # [batch, kv_heads, length, head_size]: heads and head size fixed; the length fixed too
         # (a cache of C positions) or symbolic (Olive leaves past_sequence_length: genai then
         # sizes the cache from the config's context_length).
-        if (not pshape or len(pshape) != 4 or not all(isinstance(pshape[d], int) and pshape[d] > 0 for d in (1, 3))
-                or not (isinstance(pshape[2], int) and pshape[2] > 0 or isinstance(pshape[2], str))):
+        if (not pshape or len(pshape) != 4 or not _within(pshape[1], 1, MAX_HEADS)
+                or not _within(pshape[3], 1, MAX_HEAD_SIZE)
+                or not (_within(pshape[2], 1, MAX_CONTEXT) or isinstance(pshape[2], str))):
             raise _bad(f"{pre.graph.file}: {pk} is not a [batch, kv_heads, length, head_size] tensor with fixed "
-                       f"heads and head size ({_shown(pshape)})")
+                       f"heads (1 to {MAX_HEADS}) and head size (1 to {MAX_HEAD_SIZE}), a length from 1 to "
+                       f"{MAX_CONTEXT} or symbolic ({_shown(pshape)})")
         if dshape != pshape:
             raise _bad(f"{dec.graph.file}: {pk} is {_shown(dshape)}, {pre.graph.file} has {_shown(pshape)}")
         if kv_shape is None:
@@ -499,11 +533,11 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     pk, pv, ck, cv = KV_TEMPLATES[kv_template]
     length = kv_shape[2]
     if not isinstance(length, int):
-        length = config["model"].get("context_length")
-        if not isinstance(length, int) or isinstance(length, bool) or not 0 < length <= 1 << 24:
+        length = config["model"].get("context_length")  # checked by genai_schema: null or 1..MAX_CONTEXT
+        if length is None:
             raise _bad(f"{parts[0].prefill.graph.file}: the KV cache length is symbolic ({_shown(kv_shape[2])}) and "
                        f"{CONFIG_FILE} has no model.context_length to size it")
-    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, int(length), int(kv_shape[1]), int(kv_shape[3]))
+    kvc = KvCache(pk, pv, ck, cv, len(layer_owner), window, length, kv_shape[1], kv_shape[3])
     if kvc.length < window:
         raise _bad(f"{parts[0].prefill.graph.file}: KV length {kvc.length} is shorter than the window {window}")
 
@@ -521,8 +555,24 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     if "tokenizer.json" not in tokenizer and "tokenizer.model" not in tokenizer:
         raise _bad(f"{root}: tokenizer.json is missing (onnxruntime-genai loads the tokenizer from the folder)")
     for t in tokenizer:
-        _regular(root, t, t, limit=MAX_GRAPH_BYTES)
-    return GenaiExport(root, layout, config, tuple(stages), tuple(parts), cpu, tokenizer, kvc)
+        if t in genai_schema.TOKENIZER_JSON:
+            try:
+                jsonspec.check(_read_json(root, t, MAX_TOKENIZER_BYTES), genai_schema.TOKENIZER_JSON[t])
+            except jsonspec.SpecError as exc:
+                raise _bad(f"{t}: {exc.path or '(the document)'}: {exc.problem}",
+                           hint="the tokenizer files as the model's tokenizer saved them "
+                                "(tokenizer.save_pretrained)") from None
+        else:
+            _regular(root, t, t, limit=MAX_TOKENIZER_BYTES)
+    export = GenaiExport(root, layout, config, tuple(stages), tuple(parts), cpu, tokenizer, kvc)
+    # The config the package will ship, made once now: a value it can't use fails here, before
+    # anything is queued, not in the assembly after every part compiled.
+    genai_config(export, package_layout(export))
+    return export
+
+
+def _within(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _runtime_qnn(session_options: Any) -> dict[str, str]:
@@ -546,7 +596,7 @@ def _seq_len(graph: Graph, what: str) -> int:
         if name in SEQ_INPUTS or any(re.fullmatch(re.escape(t).replace("%d", r"\d+"), name)
                                      for tpl in KV_TEMPLATES for t in tpl[:2]):
             continue
-        if len(shape) >= 2 and isinstance(shape[1], int) and shape[1] > 0:
+        if len(shape) >= 2 and _within(shape[1], 1, MAX_CONTEXT):
             return int(shape[1])
         raise _bad(f"{graph.file}: {what} input {name!r} has no static sequence length ({_shown(shape)})")
     raise _bad(f"{graph.file}: {what} has no hidden-state or token input")
@@ -629,9 +679,11 @@ def genai_config(export: GenaiExport, files: Mapping[str, str], *,
         dec["head_size"] = kv.head_size
     search = dict(doc["search"]) if isinstance(doc.get("search"), dict) else {}
     doc["search"] = search
-    want = max_length or search.get("max_length") or kv.length
-    search["max_length"] = min(int(want), kv.length) if isinstance(want, int) else kv.length
-    model["context_length"] = min(int(model.get("context_length") or kv.length), kv.length)
+    # Both checked by genai_schema (an integer from 1, or absent: nulls are gone); capped at the KV.
+    want: Any = max_length or search.get("max_length")
+    search["max_length"] = min(int(want), kv.length) if _within(want, 1, MAX_CONTEXT) else kv.length
+    ctx: Any = model.get("context_length")
+    model["context_length"] = min(int(ctx), kv.length) if _within(ctx, 1, MAX_CONTEXT) else kv.length
     stages: dict[str, Any] = {}
     for s in export.stages:
         if s.name not in files:
@@ -696,14 +748,14 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
 
     from farm.core.errors import GenaiFolderError
 
-    root = Path(path)
     try:
-        config = read_config(root) if root.is_dir() else None
+        root = input_folder(Path(path))
+    except UnusablePathError as exc:
+        raise GenaiFolderError(f"{path}: not a folder to read ({exc.reason})") from None
+    try:
+        config = read_config(root)
     except BadGenaiError as exc:
         raise GenaiFolderError(exc.message) from None
-    if config is None:
-        raise GenaiFolderError(f"{root}: not a folder")
-    root = root.resolve()
     out: list[FolderStage] = []
     for name, spec in config["model"]["decoder"]["pipeline"][0].items():
         where = f"{CONFIG_FILE}: stage {_shown(name)}"

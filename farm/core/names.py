@@ -8,11 +8,21 @@ components separated by ``.``, ``_``, ``__`` or ``-``, with optional ``/`` names
 A relative path from a manifest or from a model's external-data location is accepted only in
 canonical POSIX form (see ``safe_relative``), and a path written under a root is checked to stay
 there after resolution (``inside``).
+
+A path given to the farm to read (a model, an export folder and its files) is resolved and
+stat'ed here too (``resolve``, ``input_file``, ``input_folder``): every way the filesystem can
+refuse it (a symlink loop, a dangling symlink, permission denied, a name the OS refuses, a FIFO
+or device where a file belongs) is an ``UnusablePathError`` saying which, never an exception a
+front door does not know. The callers turn it into their input code (``invalid-model``,
+``bad-genai``) naming the file.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 from farm.core.errors import BadNameError
@@ -79,12 +89,103 @@ def canonical_relative(rel: str) -> PurePosixPath:
     return safe_relative(rel)
 
 
+class UnusablePathError(UnsafePathError):
+    """A path the filesystem refuses as what it was asked for: ``reason`` says how in a few
+    words (a symlink loop, a dangling symlink, permission denied, a name the OS refuses, a FIFO
+    instead of a file...); ``missing``: nothing at all is there (a caller words that its own way)."""
+
+    def __init__(self, path: Path | str, reason: str, *, missing: bool = False):
+        super().__init__(f"{_shown(path)}: {reason}")
+        self.reason, self.missing = reason, missing
+
+
+# What the OS said, in words a user acts on (strerror is terse: "Too many levels of symbolic links").
+_WHY = {errno.ELOOP: "a symlink loop", errno.ENAMETOOLONG: "a name longer than the OS allows",
+        errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+        errno.ENOTDIR: "a component of the path is not a folder", errno.ENOENT: "missing"}
+
+
+def why(exc: BaseException) -> str:
+    """An ``OSError``, ``RuntimeError`` (Python 3.11's symlink loop) or ``ValueError`` (a NUL, an
+    unencodable name) from resolving or opening a path, as a few words."""
+    if isinstance(exc, OSError):
+        return _WHY.get(exc.errno or 0) or (exc.strerror or type(exc).__name__).lower()
+    if isinstance(exc, RuntimeError) and "loop" in str(exc).lower():
+        return "a symlink loop"
+    return f"a name the OS refuses ({str(exc)[:80] or type(exc).__name__})"
+
+
+def _shown(path: Path | str) -> str:
+    s = str(path)
+    return repr(s if len(s) <= 120 else f"{s[:60]}...{s[-40:]}")
+
+
+def resolve(path: Path) -> Path:
+    """``path.resolve()``; what the OS refuses on the way is an ``UnusablePathError``."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise UnusablePathError(path, f"cannot be resolved: {why(exc)}") from None
+
+
+def input_file(path: Path) -> os.stat_result:
+    """The stat of a file the farm is given to read, after proving it one: it exists (a
+    dangling symlink and a loop are told apart), it is a regular file (not a folder, FIFO,
+    device or socket: a FIFO would block the read, a device never end), and it opens for
+    reading. Raises ``UnusablePathError`` saying which."""
+    st = _stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnusablePathError(path, f"{_kind(st.st_mode)}, not a regular file")
+    try:  # stat needs no read permission: opening proves it (a regular file: nothing blocks)
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_NOCTTY", 0)))
+    except OSError as exc:
+        raise UnusablePathError(path, why(exc)) from None
+    return st
+
+
+def input_folder(path: Path) -> Path:
+    """A folder the farm is given to read, resolved (symlinks followed) after proving it one.
+    Raises ``UnusablePathError`` saying why not (missing, a loop, a file...)."""
+    st = _stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnusablePathError(path, f"{_kind(st.st_mode)}, not a folder")
+    return resolve(path)
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError | NotADirectoryError):
+            if _is_link(path):
+                raise UnusablePathError(path, "a dangling symlink") from None
+            raise UnusablePathError(path, "missing", missing=True) from None
+        raise UnusablePathError(path, why(exc)) from None
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a special file"
+
+
 def inside(root: Path, rel: str) -> Path:
     """``root/rel`` for a safe relative ``rel``, checked to stay under ``root`` after symlinks
-    are resolved. Raises UnsafePathError."""
+    are resolved. Raises UnsafePathError (``UnusablePathError`` when the OS can't resolve it: a
+    symlink loop, a name it refuses)."""
     pure = safe_relative(rel)
-    base = root.resolve()
-    target = (base / pure).resolve()
+    base = resolve(root)
+    target = resolve(base / pure)
     if target != base and base not in target.parents:
         raise UnsafePathError(f"{rel!r} leaves its directory")
     return base / pure

@@ -31,6 +31,7 @@ one blob.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -52,6 +53,7 @@ PACKAGE_KIND = "ctxfarm.genai-package.v1"
 CONFIG_NAME = "genai_config.json"
 PREFILL, DECODE = "prefill", "decode"
 MEDIA = {".json": "application/json", ".onnx": "application/octet-stream"}
+log = logging.getLogger(__name__)
 
 
 def part_dir(index: int) -> str:
@@ -368,9 +370,15 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
     except FarmError as exc:
         if exc.code != "lease-lost":
             _fail(reg, lease, exc.code, exc.message)
+    except Exception as exc:
+        # A bug: the package ends failed with internal-error (not a deterministic verdict: the
+        # next submission assembles it again), never queued for a run nothing would start.
+        log.error("build %s: assembling the package raised", build_id, exc_info=True)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        _fail(reg, lease, "internal-error", f"assembling the package raised {type(exc).__name__}: {first}")
     except BaseException:
-        # A bug or an interruption is no verdict on the package: the row goes back to queued at
-        # once (the next run assembles it), not held until its lease runs out.
+        # An interruption is no verdict on the package: the row goes back to queued at once (the
+        # next run assembles it), not held until its lease runs out.
         with reg.db.session() as s:
             states.release(s, lease, "interrupted while assembling the package")
         raise
@@ -649,16 +657,24 @@ def link_parts(s: Any, package_build_id: int, part_build_ids: Sequence[int]) -> 
         s.merge(GenaiPart(package_build_id=package_build_id, part=i, part_build_id=int(b)))
 
 
+def packages_of(s: Any, part_build_id: int) -> list[int]:
+    """The package builds that use this part build."""
+    from sqlalchemy import select
+
+    from registry.models import GenaiPart
+
+    return [int(p) for p in s.scalars(select(GenaiPart.package_build_id)
+                                      .where(GenaiPart.part_build_id == part_build_id))]
+
+
 def ready_packages(s: Any, part_build_id: int) -> list[tuple[int, str]]:
     """(package build id, queue) of queued package builds using this part build whose parts are
     all final now: the fan-in's messages to send."""
-    from sqlalchemy import select
-
     from farm.pipeline import states
-    from registry.models import Build, GenaiPart
+    from registry.models import Build
 
     out = []
-    for pkg_id in s.scalars(select(GenaiPart.package_build_id).where(GenaiPart.part_build_id == part_build_id)):
+    for pkg_id in packages_of(s, part_build_id):
         b = s.get(Build, pkg_id)
         if b is None or b.state != states.BuildState.QUEUED or not b.queue:
             continue

@@ -11,6 +11,8 @@
     running, lease expired ──claim──▶ running (attempt + 1)   or ──▶ failed/worker-lost at the cap
     queued | running ──cancel──▶ failed/cancelled (``farm cancel``: the running attempt's next lease
                                  renewal finds the row changed, and its compile child is killed)
+    queued | running (this process's lease) ──abandon──▶ failed/<code> (an exception escaped the
+                                 thread that ran it: no one else would ever finish it)
 
 A claim hands out a ``Lease`` (build id, a unique owner token, the attempt number). Every later
 transition of that attempt is an UPDATE whose WHERE repeats all three plus the expected state,
@@ -277,6 +279,24 @@ def cancel(session: Session, build_id: int, reason: str) -> str:
         if n == 1:
             return "cancelled"
     return "busy"
+
+
+def abandon(session: Session, build_id: int, owner: str, code: str, message: str) -> bool:
+    """queued, or running under a lease of ``owner`` (``owner_base()``: this process), -> failed
+    with ``code``: the build whose thread raised past every handler (the embedded runner's pool
+    future) ends with a code, so its release finishes and frees its token's quota. One guarded
+    UPDATE on what was read; a build another process holds, or one already final, is left as it
+    is (False)."""
+    row = session.get(Build, build_id, populate_existing=True)
+    if row is None or row.state in FINAL:
+        return False
+    if row.state == BuildState.RUNNING and not str(row.lease_owner or "").startswith(f"{owner}#"):
+        return False
+    return _changed(session, update(Build).where(
+        Build.id == row.id, Build.state == row.state, Build.attempts == row.attempts,
+        Build.lease_owner.is_(None) if row.lease_owner is None else Build.lease_owner == row.lease_owner)
+        .values(state=BuildState.FAILED.value, error_code=code, error_message=message[:4000], lease_owner=None,
+                lease_expires_at=None, finished_at=now())) == 1
 
 
 # ---- what the reconciler re-sends -----------------------------------------------------------------

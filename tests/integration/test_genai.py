@@ -224,3 +224,43 @@ def test_an_environment_without_onnxruntime_genai_refuses_before_anything_is_wri
     gone = subprocess.run([str(GENAI_PY), "-m", "farm.cli", "build", "--genai", str(tmp_path / "nope"), "-t",
                            "qnn:SM8650"], env=env, capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "no such folder" in gone.stderr
+
+
+def test_every_front_door_refuses_a_bad_value_or_a_path_oddity_before_queueing(
+        settings: Settings, farm_env: dict[str, str], tiny: Path, tmp_path: Path) -> None:
+    """A config value of the wrong JSON type whose KV length is fixed in the graphs (it used to
+    pass, compile, and fail the package as internal-error), and a symlink loop on one of the
+    export's files (it was internal-error: RuntimeError): bad-genai naming the file and the key,
+    exit 2, from `farm build --genai`, `farm submit --genai --server` and `farm submit --genai`
+    on a cluster alike, nothing written; a plain model path that loops or is a FIFO: invalid-model."""
+    import os
+
+    from tests.common.genai import edit_config
+    from tests.common.hostile_genai import make_odd
+
+    before = snapshot(settings)
+    bad = tmp_path / "bad-config"
+    shutil.copytree(tiny, bad)
+    edit_config(bad, lambda d: d["model"].update(context_length="64"))
+    loop = tmp_path / "loop"
+    shutil.copytree(tiny, loop)
+    make_odd(loop / "tokenizer_config.json", "symlink loop")
+    cluster = {**farm_env, "FARM_BROKER_URL": "redis://127.0.0.1:6379/15"}
+    doors = [(farm_env, ["build"]), (farm_env, ["submit", "--server", "http://127.0.0.1:9"]),
+             (cluster, ["submit", "--sdk", "2.51.0", "--allow-queue"])]
+    for folder, needle in ((bad, 'genai_config.json: model.context_length: "64" is not an integer'),
+                           (loop, "tokenizer_config.json: ")):
+        for env, args in doors:
+            got = farm(env, *args, "--genai", str(folder), "-t", "qnn:SM8650", "--json", check=False)
+            err = json.loads(got.stdout)["error"]
+            assert got.returncode == 2 and err["code"] == "bad-genai" and needle in err["message"], (args, got)
+            assert "Traceback" not in got.stderr
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink("loop.onnx", models / "loop.onnx")
+    os.mkfifo(models / "fifo.onnx")
+    for name, why in (("loop.onnx", "a symlink loop"), ("fifo.onnx", "a FIFO")):
+        got = farm(farm_env, "build", str(models / name), "-t", "qnn:SM8650", "--json", check=False, timeout=60)
+        err = json.loads(got.stdout)["error"]
+        assert err["code"] == "invalid-model" and why in err["message"] and err["hint"], got
+    assert snapshot(settings) == before

@@ -248,3 +248,79 @@ def test_the_embedded_service_builds_a_package_with_its_fan_in_under_the_token_q
                        headers=auth(submit))
         assert again.status_code == 200 and again.json()["done"] and again.json()["ok"], again.text
         assert hashed == [], hashed  # the export's files, each hashed once: as the service copied it
+
+
+# ---- no exception is lost in a thread ---------------------------------------------------------------
+
+# Each stage of the embedded runner's build and of the package's fan-in (module, attribute): made to
+# raise in turn, as a bug would. The pool future's exception is read by no one.
+RAISING_STAGES = [
+    ("farm.pipeline.execute", "Executor.execute"),          # a part's (any build's) executor
+    ("farm.pipeline.states", "claim"),                      # before the executor's own handlers
+    ("farm.pipeline.genai", "execute_package"),
+    ("farm.pipeline.genai", "package_from_snapshot"),
+    ("farm.pipeline.genai", "assemble"),
+    ("farm.pipeline.genai", "_layout"),
+    ("farm.pipeline.genai", "_materialize"),
+    ("farm.pipeline.genai", "check_folder"),
+    ("workers.backends", "check_genai_folder"),
+    ("farm.pipeline.genai", "run_twin"),
+    ("farm.pipeline.genai", "_publish"),
+    ("farm.pipeline.genai", "ready_packages"),              # the fan-in
+    ("farm.pipeline.accuracy", "after_publish"),
+]
+
+
+@pytest.mark.parametrize("module,attr", RAISING_STAGES, ids=[a for _, a in RAISING_STAGES])
+def test_a_stage_that_raises_ends_its_build_finishes_the_release_and_frees_the_quota(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, attr: str) -> None:
+    """Over POST /v1/genai on the embedded service (FARM_QUOTA_RELEASES=1): whatever stage
+    raises, every build ends (failed with a code, or succeeded), the release is done, and the
+    token can submit again."""
+    import importlib
+    import time
+
+    from registry.index import Registry
+    from registry.tokens import create_token
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_QUOTA_RELEASES": "1",
+                                  "FARM_MAX_ATTEMPTS": "1"})
+    reg = Registry.open(settings)
+    with reg.db.session() as s:
+        submit = create_token(s, "t", "submit")
+    reg.close()
+    export = make_export(tmp_path / "export")
+    files = [{"name": p.name, "digest": sha256_file(p)[0], "size": p.stat().st_size} for p in sorted(export.iterdir())]
+    owner: Any = importlib.import_module(module)
+    name = attr
+    if "." in attr:
+        cls, name = attr.split(".")
+        owner = getattr(owner, cls)
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{attr} raised (the test's bug)")
+
+    def release(c: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+        r = c.post("/v1/genai", json=body, headers=auth(submit))
+        assert r.status_code == 200, r.text
+        st = r.json()
+        deadline = time.monotonic() + 180
+        while not st["done"] and time.monotonic() < deadline:
+            st = c.get(f"/v1/releases/{st['release']}?wait=5", headers=auth(submit)).json()
+        return dict(st)
+
+    with TestClient(create_app(settings)) as c:
+        for f in files:
+            assert c.put(f"/v1/blobs/{f['digest']}", content=(export / f["name"]).read_bytes(),
+                         headers=auth(submit)).status_code == 200
+        monkeypatch.setattr(owner, name, boom)
+        st = release(c, {"files": files, "targets": ["qnn:SM8650"], "name": "llm/r", "tag": "t"})
+        assert st["done"], st
+        assert all(b["state"] in ("succeeded", "failed") for b in st["builds"]), st
+        failed = [b for b in st["builds"] if b["state"] == "failed"]
+        assert all(b["error_code"] and b["error_message"] for b in failed), failed
+        if attr != "after_publish":  # the builds themselves are sound; a check after them raised
+            assert failed and failed[-1]["error_code"] == "internal-error", st
+        # The quota is free: the token's next release is taken (and ends as well).
+        again = release(c, {"files": files, "targets": ["qnn:SM8650"]})
+        assert again["done"], again
