@@ -24,6 +24,8 @@ STATUS = {
     "no-published-builds": 404, "package-files-missing": 409, "package-verify-failed": 500,
     "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # issue 31
     "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # issue 32
+    "enrollment-invalid": 401, "device-revoked": 403, "report-signature-invalid": 403, "report-replayed": 409,
+    "tag-gated": 409, "promotion-unmet": 409,  # device lab
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the
