@@ -124,10 +124,14 @@ def enroll(session: Session, token: str, public_key: str, soc: str, facts: dict[
     api = ApiToken(name=TOKEN_NAME.format(name=row.name), scope="read", token_hash=_hash(bearer))
     session.add(api)
     session.flush()
-    spent = session.execute(
-        update(Device).where(Device.id == row.id, Device.enrolled_at.is_(None), Device.revoked_at.is_(None))
-        .values(enrolled_at=now, public_key=public_key, key_id=key_id(public_key), token_id=api.id, soc=soc,
-                simulator=soc == SIMULATOR, facts=facts).execution_options(synchronize_session=False))
+    try:
+        with session.begin_nested():
+            spent = session.execute(
+                update(Device).where(Device.id == row.id, Device.enrolled_at.is_(None), Device.revoked_at.is_(None))
+                .values(enrolled_at=now, public_key=public_key, key_id=key_id(public_key), token_id=api.id, soc=soc,
+                        simulator=soc == SIMULATOR, facts=facts).execution_options(synchronize_session=False))
+    except IntegrityError:  # one key, one device: a second device with it would count twice
+        raise UsageError("this public key is enrolled already", hint="each device makes its own key pair") from None
     if spent.rowcount != 1:  # type: ignore[attr-defined]
         raise EnrollmentInvalidError("the enrollment token is already used")
     session.refresh(row)

@@ -126,7 +126,7 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
         if took.rowcount != 1:  # type: ignore[attr-defined]
             continue
         model = session.get(Model, art.model_digest)
-        files = [{"name": f["name"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
+        files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files)
     return None
 

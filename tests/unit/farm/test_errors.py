@@ -72,6 +72,12 @@ STABLE_CODES = {
     "QuotaReleasesError": "quota-releases",
     "BadGenaiError": "bad-genai",
     "GenaiFolderError": "genai-folder-invalid",
+    "EnrollmentInvalidError": "enrollment-invalid",
+    "DeviceRevokedError": "device-revoked",
+    "ReportSignatureError": "report-signature-invalid",
+    "ReportReplayedError": "report-replayed",
+    "TagGatedError": "tag-gated",
+    "PromotionUnmetError": "promotion-unmet",
 }
 
 

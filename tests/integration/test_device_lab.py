@@ -1,0 +1,274 @@
+"""The device lab against a live `farm serve` (SQLite; the lease race on PostgreSQL), with a real QNN
+build of a small plain model behind it: two simulator agents enrolled with `ctxfarm-agent enroll`,
+`farm promote` making the jobs, each agent running one with `run --once` (install, simulator run,
+CPU reference) and posting a signed report; promotion on that evidence only with
+--allow-simulator, the gate, rollback; and the attacks on the report path, each refused with its
+code and nothing recorded."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
+from tests.common.accuracy_models import matmul_model
+from tests.common.service import serve, token
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": f"sqlite:///{tmp_path / 'index.db'}",
+                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"}
+    settings = Settings.from_env(env_vars)
+    model = matmul_model(tmp_path / "mm.onnx")
+    (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
+    assert o.artifact, o
+    admin = token(settings, "ops", "admin")
+    # A bogus FARM_TOKEN in every child's environment: the agent must never read it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars | {"FARM_TOKEN": "cfk_bogus"}
+    port = _port()
+    proc = serve(env, port, tmp_path / "serve.log")
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "admin": admin, "artifact": o.artifact, "settings": settings,
+               "env": env, "tmp": tmp_path}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def call(lab: dict[str, Any], method: str, path: str, tok: str | None, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(lab["url"] + path, data=data, method=method,
+                                 headers={**({"Authorization": f"Bearer {tok}"} if tok else {}),
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def farm(lab: dict[str, Any], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm.cli", *argv], env=lab["env"], capture_output=True, text=True,
+                          timeout=120)
+
+
+def agent(lab: dict[str, Any], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workers.agent.main", *argv], env=lab["env"], capture_output=True,
+                          text=True, timeout=300)
+
+
+def enroll_token(lab: dict[str, Any], name: str) -> str:
+    got = farm(lab, "device", "enroll", name, "--expires", "10m")
+    assert got.returncode == 0, got.stderr
+    assert "shown once" in got.stderr
+    return got.stdout.strip().splitlines()[-1]
+
+
+def test_two_simulator_agents_verify_and_promote(lab: dict[str, Any]) -> None:
+    homes = {}
+    for name in ("sim-a", "sim-b"):
+        tok = enroll_token(lab, name)
+        home = lab["tmp"] / f"agent-{name}"
+        got = agent(lab, "enroll", "--server", lab["url"], "--token", tok, "--home", str(home))
+        assert got.returncode == 0, got.stderr
+        ident = json.loads(got.stdout)
+        assert ident["soc"] == "simulator" and ident["simulator"] is True and ident["facts"]["arch"] == "x86_64"
+        for f in ("device-key.pem", "identity.json"):
+            assert stat.S_IMODE((home / f).stat().st_mode) == 0o600
+        homes[name] = home
+        # The enrollment token is single use.
+        again = agent(lab, "enroll", "--server", lab["url"], "--token", tok, "--home", str(lab["tmp"] / "again"))
+        assert again.returncode != 0 and "error[enrollment-invalid]" in again.stderr, again.stderr
+    listed = json.loads(farm(lab, "device", "list", "--json").stdout)
+    assert {d["name"]: d["state"] for d in listed} == {"sim-a": "enrolled", "sim-b": "enrolled"}
+
+    ask = {"model": "mm:cand", "to": "stable", "require": "devices>=2 per soc,psnr>=30"}
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], ask)
+    assert status == 409 and body["error"]["code"] == "promotion-unmet", body
+    assert body["account"]["socs"]["SM8650"]["missing"] == 2 and body["account"]["socs"]["SM8650"]["jobs_open"] == 2
+
+    for name, home in homes.items():
+        got = agent(lab, "run", "--home", str(home), "--once", "--runs", "3")
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout.strip().splitlines()[-1]) == {"device": name, "reports": 1}, got.stderr
+
+    # Simulator reports are no device evidence without --allow-simulator.
+    got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30",
+               "--server", lab["url"], "--token", lab["admin"])
+    assert got.returncode == 3 and "error[promotion-unmet]" in got.stderr and "simulator" in got.stderr, got.stderr
+    got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30",
+               "--allow-simulator", "--server", lab["url"], "--token", lab["admin"], "--json")
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
+    cell = out["account"]["socs"]["SM8650"]
+    assert out["moved"] is False and out["changed"] is True and sorted(cell["devices"]) == ["sim-a", "sim-b"]
+
+    # Gated: a plain move refuses, the history says who moved it on which evidence.
+    got = farm(lab, "tag", "mm:stable", "mm:cand", "--force")
+    assert got.returncode == 0  # already there: no move
+    other = matmul_model(lab["tmp"] / "mm2.onnx", seed=1)
+    build(lab["settings"], other, ["qnn:SM8650"], name="mm", tag="next")
+    got = farm(lab, "tag", "mm:stable", "mm:next", "--force")
+    assert got.returncode != 0 and "error[tag-gated]" in got.stderr, got.stderr
+    hist = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)
+    (promo,) = hist["promotions"]
+    assert promo["by"] == "ops" and promo["allow_simulator"] is True and sorted(promo["devices"]["SM8650"]) == [
+        "sim-a", "sim-b"]
+
+    # Revoking a device strikes its report: the evidence no longer holds.
+    assert farm(lab, "device", "revoke", "sim-b").returncode == 0
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {**ask, "allow_simulator": True})
+    assert status == 409 and body["account"]["socs"]["SM8650"]["devices"] == ["sim-a"], body
+
+    got = farm(lab, "tag", "--ungate", "mm:stable")
+    assert got.returncode == 0 and "ungated" in got.stdout
+    assert farm(lab, "tag", "mm:stable", "mm:next", "--force").returncode == 0
+
+
+def _key() -> tuple[Any, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key, base64.b64encode(raw).decode()
+
+
+def _enroll(lab: dict[str, Any], name: str, soc: str = "simulator", arch: str = "x86_64") -> dict[str, Any]:
+    key, pub = _key()
+    status, body = call(lab, "POST", "/v1/devices/enroll", None,
+                        {"token": enroll_token(lab, name), "public_key": pub, "soc": soc, "facts": {"arch": arch}})
+    assert status == 201, body
+    return {**body, "key": key}
+
+
+def _report(lab: dict[str, Any], dev: dict[str, Any], job: dict[str, Any], *, key: Any = None,
+            **over: Any) -> tuple[int, Any]:
+    from registry.verification import canonical, message
+
+    body = {"job": job["job"], "nonce": job["nonce"], "device": dev["name"], "artifact": job["artifact"],
+            "soc": job["soc"], "outcome": "ok", "psnr_db": 70.0, "p50_ms": 1.5, **over}
+    text = canonical(body)
+    sig = base64.b64encode((key or dev["key"]).sign(message(text))).decode()
+    return call(lab, "POST", f"/v1/device-jobs/{job['job']}/report", dev["token"], {"body": text, "signature": sig})
+
+
+def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
+    a = _enroll(lab, "sim-a")
+    b = _enroll(lab, "sim-b")
+    phone = _enroll(lab, "phone", soc="SM8650", arch="arm64-v8a")
+    assert phone["soc"] == "SM8650" and phone["simulator"] is False
+    # An x86_64 host can't enroll as a device.
+    key, pub = _key()
+    status, body = call(lab, "POST", "/v1/devices/enroll", None, {"token": enroll_token(lab, "liar"), "public_key": pub,
+                                                                  "soc": "SM8650", "facts": {"arch": "x86_64"}})
+    assert status == 422 and body["error"]["code"] == "not-device-evidence"
+    status, _ = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
+                                                                   "require": "devices>=2 per soc"})
+    assert status == 409
+    # A job is taken by one agent: the second gets the other slot, a third nothing.
+    status, job_a = call(lab, "POST", "/v1/device-jobs/lease", a["token"], {})
+    assert status == 200
+    status, job_b = call(lab, "POST", "/v1/device-jobs/lease", b["token"], {})
+    assert status == 200 and job_b["job"] != job_a["job"]
+    assert call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})[0] == 204
+    # A plain read token is no device; nor is no token.
+    reader = token(lab["settings"], "reader", "read")
+    assert call(lab, "POST", "/v1/device-jobs/lease", reader, {})[1]["error"]["code"] == "forbidden"
+    assert call(lab, "POST", "/v1/device-jobs/lease", None, {})[0] == 401
+
+    forged, _ = _key()  # an unenrolled key
+    status, body = _report(lab, a, job_a, key=forged)
+    assert status == 403 and body["error"]["code"] == "report-signature-invalid"
+    status, body = _report(lab, b, job_a)  # b reporting on a's lease
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, body = _report(lab, a, job_a, nonce="0" * 32)  # a nonce that is not the lease's
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, first = _report(lab, a, job_a)
+    assert status == 201 and first["created"] is True
+    status, again = _report(lab, a, job_a)  # the same signed report: answered, not counted twice
+    assert status == 200 and again["id"] == first["id"] and again["created"] is False
+    status, body = _report(lab, a, job_a, p50_ms=0.1)  # another body on the same nonce
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, body = _report(lab, a, {**job_b})  # a's key, b's job
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+
+    # A device reports a SoC other than the one it enrolled.
+    status, _ = call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})
+    assert status == 204  # both SM8650 slots are leased or done
+    farm(lab, "device", "revoke", "sim-b")  # b's lease goes back to the queue
+    status, job_p = call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})
+    assert status == 200 and job_p["soc"] == "SM8650"
+    status, body = _report(lab, phone, job_p, soc="SM8750")
+    assert status == 422 and body["error"]["code"] == "report-soc-mismatch"
+    # The revoked device can do nothing more.
+    status, body = call(lab, "POST", "/v1/device-jobs/lease", b["token"], {})
+    assert body["error"]["code"] in ("unauthorized", "device-revoked")  # the token cache: within 5 s
+    status, _ = _report(lab, phone, job_p)
+    assert status == 201
+    status, body = call(lab, "GET", "/v1/devices", lab["admin"])
+    assert {d["name"]: d["state"] for d in body["devices"]}["sim-b"] == "revoked"
+
+
+def test_lease_race_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """Eight agents ask at once for one job: one gets it (guarded UPDATE; PostgreSQL, real rows)."""
+    from registry.devices import create_enrollment, enroll
+    from registry.index import Registry
+    from registry.verification import ensure_jobs, lease
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": pg_url,
+                                  "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"})
+    model = matmul_model(tmp_path / "mm.onnx")
+    (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
+    reg = Registry.open(settings)
+    try:
+        devices = []
+        with reg.db.session() as s:
+            from registry.index import find_artifact
+
+            art = find_artifact(s, o.artifact)
+            ensure_jobs(s, art.id, "SM8650", 1)
+            for i in range(8):
+                tok = create_enrollment(s, f"sim-{i}").token
+                devices.append(enroll(s, tok, _key()[1], "simulator", {"arch": "x86_64"})[0].id)
+        got: list[Any] = []
+        barrier = threading.Barrier(len(devices))
+
+        def take(device_id: int) -> None:
+            from registry.models import Device
+
+            with reg.db.session() as s:
+                dev = s.get(Device, device_id)
+                barrier.wait()
+                got.append(lease(s, dev))
+
+        threads = [threading.Thread(target=take, args=(d,)) for d in devices]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(got) == 8 and sum(g is not None for g in got) == 1
+    finally:
+        reg.close()
