@@ -109,33 +109,44 @@ def test_two_simulator_agents_verify_and_promote(lab: dict[str, Any]) -> None:
     assert status == 409 and body["error"]["code"] == "promotion-unmet", body
     assert body["account"]["socs"]["SM8650"]["missing"] == 2 and body["account"]["socs"]["SM8650"]["jobs_open"] == 2
 
-    for name, home in homes.items():
-        got = agent(lab, "run", "--home", str(home), "--once", "--runs", "3")
-        assert got.returncode == 0, got.stderr
-        assert json.loads(got.stdout.strip().splitlines()[-1]) == {"device": name, "reports": 1}, got.stderr
-
-    # Simulator reports are no device evidence without --allow-simulator.
-    got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30",
-               "--server", lab["url"], "--token", lab["admin"])
-    assert got.returncode == 3 and "error[promotion-unmet]" in got.stderr and "simulator" in got.stderr, got.stderr
-    got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30",
-               "--allow-simulator", "--server", lab["url"], "--token", lab["admin"], "--json")
-    assert got.returncode == 0, got.stderr
-    out = json.loads(got.stdout)
+    # The tag the promotion moves points at another model first (a build of other weights).
+    build(lab["settings"], matmul_model(lab["tmp"] / "mm2.onnx", seed=1), ["qnn:SM8650"], name="mm", tag="stable")
+    before = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)["digest"]
+    # Simulator reports are no device evidence without --allow-simulator; with it, a waiting promote
+    # moves the tag once the agents' reports are in.
+    argv = ["promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30", "--server", lab["url"],
+            "--token", lab["admin"]]
+    waiting = subprocess.Popen([sys.executable, "-m", "farm.cli", *argv, "--allow-simulator", "--wait", "--timeout",
+                                "240", "--json"], env=lab["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        for name, home in homes.items():
+            got = agent(lab, "run", "--home", str(home), "--once", "--runs", "3")
+            assert got.returncode == 0, got.stderr
+            assert json.loads(got.stdout.strip().splitlines()[-1]) == {"device": name, "reports": 1}, got.stderr
+            assert "ok, p50" in got.stderr
+        stdout, stderr = waiting.communicate(timeout=240)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, stderr
+    out = json.loads(stdout)
     cell = out["account"]["socs"]["SM8650"]
-    assert out["moved"] is False and out["changed"] is True and sorted(cell["devices"]) == ["sim-a", "sim-b"]
+    assert out["moved"] is True and out["previous"] == before and sorted(cell["devices"]) == ["sim-a", "sim-b"]
+    got = farm(lab, *argv, "--to", "beta")
+    assert got.returncode == 3 and "error[promotion-unmet]" in got.stderr and "simulator" in got.stderr, got.stderr
 
-    # Gated: a plain move refuses, the history says who moved it on which evidence.
-    got = farm(lab, "tag", "mm:stable", "mm:cand", "--force")
-    assert got.returncode == 0  # already there: no move
-    other = matmul_model(lab["tmp"] / "mm2.onnx", seed=1)
-    build(lab["settings"], other, ["qnn:SM8650"], name="mm", tag="next")
-    got = farm(lab, "tag", "mm:stable", "mm:next", "--force")
+    # Gated: a plain move refuses, the history says who moved it on which evidence; rollback.
+    got = farm(lab, "tag", "mm:stable", before, "--force")
     assert got.returncode != 0 and "error[tag-gated]" in got.stderr, got.stderr
     hist = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)
     (promo,) = hist["promotions"]
     assert promo["by"] == "ops" and promo["allow_simulator"] is True and sorted(promo["devices"]["SM8650"]) == [
         "sim-a", "sim-b"]
+    got = farm(lab, "promote", "--rollback", "mm:stable", "--server", lab["url"], "--token", lab["admin"])
+    assert got.returncode == 0 and "rolled back" in got.stdout, got.stderr
+    assert json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)["digest"] == before
+    got = farm(lab, "tag", "mm:stable", "mm:cand", "--force")
+    assert got.returncode != 0 and "error[tag-gated]" in got.stderr, got.stderr
 
     # Revoking a device strikes its report: the evidence no longer holds.
     assert farm(lab, "device", "revoke", "sim-b").returncode == 0
@@ -144,7 +155,7 @@ def test_two_simulator_agents_verify_and_promote(lab: dict[str, Any]) -> None:
 
     got = farm(lab, "tag", "--ungate", "mm:stable")
     assert got.returncode == 0 and "ungated" in got.stdout
-    assert farm(lab, "tag", "mm:stable", "mm:next", "--force").returncode == 0
+    assert farm(lab, "tag", "mm:stable", "mm:cand", "--force").returncode == 0
 
 
 def _key() -> tuple[Any, str]:
