@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from farm.core.errors import (
     NotFoundError,
@@ -100,19 +100,22 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
 
     now = datetime.now(UTC)
     wanted = [device.soc] if not device.simulator else socs
-    mine = select(VerificationJob.artifact_id, VerificationJob.soc).where(
-        VerificationJob.device_id == device.id).union(
-        select(DeviceVerification.artifact_id, DeviceVerification.soc).where(DeviceVerification.device_id == device.id))
-    done_cells = {(a, s) for a, s in session.execute(mine)}
+    # Never a second job of a cell (artifact, SoC) this device holds or reported: in the query, so
+    # a device that did many cells still finds the open ones.
+    held = aliased(VerificationJob)
+    held_cell = exists().where(held.device_id == device.id, held.artifact_id == VerificationJob.artifact_id,
+                               held.soc == VerificationJob.soc)
+    reported_cell = exists().where(DeviceVerification.device_id == device.id,
+                                   DeviceVerification.artifact_id == VerificationJob.artifact_id,
+                                   DeviceVerification.soc == VerificationJob.soc)
     open_ = or_(VerificationJob.state == "queued",
                 and_(VerificationJob.state == "leased", VerificationJob.lease_until < now))
     query = (select(VerificationJob, Artifact).join(Artifact, Artifact.id == VerificationJob.artifact_id)
-             .where(open_, Artifact.status == "active").order_by(VerificationJob.id).limit(200))
+             .where(open_, Artifact.status == "active", ~held_cell, ~reported_cell)
+             .order_by(VerificationJob.id).limit(50))
     if wanted:
         query = query.where(VerificationJob.soc.in_(wanted))
     for job, art in session.execute(query).all():
-        if (job.artifact_id, job.soc) in done_cells:
-            continue
         if runtime and parse_version(art.toolchain) > parse_version(runtime):
             continue
         nonce = secrets.token_hex(16)
