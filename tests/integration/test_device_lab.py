@@ -241,6 +241,16 @@ def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
     assert status == 201
     status, body = call(lab, "GET", "/v1/devices", lab["admin"])
     assert {d["name"]: d["state"] for d in body["devices"]}["sim-b"] == "revoked"
+    # Enrollment tokens over HTTP: admin only; the token works once.
+    assert call(lab, "POST", "/v1/devices", reader, {"name": "remote"})[0] == 403
+    status, made = call(lab, "POST", "/v1/devices", lab["admin"], {"name": "remote", "expires": "5m"})
+    assert status == 201 and made["token"].startswith("cfe_")
+    enrolling = {"token": made["token"], "public_key": _key()[1], "soc": "simulator", "facts": {"arch": "x86_64"}}
+    assert call(lab, "POST", "/v1/devices/enroll", None, enrolling)[0] == 201
+    status, body = call(lab, "POST", "/v1/devices/enroll", None, {**enrolling, "public_key": _key()[1]})
+    assert status == 401 and body["error"]["code"] == "enrollment-invalid"
+    status, body = call(lab, "DELETE", "/v1/devices/remote", lab["admin"])
+    assert status == 200 and body == {"revoked": "remote", "struck": 0}
 
 
 def test_lease_race_on_postgresql(pg_url: str, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from farm.core.errors import (
     TagGatedError,
     UsageError,
 )
-from registry.devices import create_enrollment, enroll, list_devices, revoke_device
+from registry.devices import create_enrollment, enroll, list_devices, parse_duration, revoke_device
 from registry.index import delete_tag, set_tag
 from registry.models import Device, VerificationJob
 from registry.promotion import promote, rollback, ungate
@@ -113,3 +113,10 @@ def test_promotion_gates_its_tag_and_rolls_back(db) -> None:
         assert set_tag(s, "mm", "stable", new, force=True).moved
         assert revoke_device(s, "a") == 1
         assert promote(s, "mm", "cand", "stable", "devices>=1 per soc", allow_simulator=True)["met"] is False
+
+
+def test_durations() -> None:
+    assert [parse_duration(d) for d in ("90", "90s", "30m", "12h", "7D", "30d")] == [90, 90, 1800, 43200, 604800, 2592000]
+    for bad in ("0", "31d", "-1h", "1w", "", "h", "1.5h"):
+        with pytest.raises(UsageError, match="--expires"):
+            parse_duration(bad)
