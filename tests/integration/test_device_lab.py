@@ -293,3 +293,24 @@ def test_lease_race_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         assert len(got) == 8 and sum(g is not None for g in got) == 1
     finally:
         reg.close()
+
+
+def test_a_running_agent_takes_a_job_made_while_it_waits(lab: dict[str, Any]) -> None:
+    """`ctxfarm-agent run` (no --once) long-polls: a job made after it started reaches it, and a
+    local `farm promote --wait` moves the tag once its report is in."""
+    home = lab["tmp"] / "agent"
+    got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, "sim-w"), "--home", str(home))
+    assert got.returncode == 0, got.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "workers.agent.main", "run", "--home", str(home), "--runs", "2"],
+                            env=lab["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ask = {"model": "mm:cand", "to": "stable", "require": "devices>=1 per soc", "allow_simulator": True}
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], ask)
+        assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 1
+        got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=1 per soc", "--allow-simulator",
+                   "--wait", "--timeout", "110", "--json")
+        assert got.returncode == 0, (got.stderr, proc.stderr.read() if proc.poll() is not None else "")
+        assert json.loads(got.stdout)["account"]["socs"]["SM8650"]["devices"] == ["sim-w"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
