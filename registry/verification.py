@@ -31,24 +31,15 @@ from farm.core.errors import (
     ReportSocMismatchError,
     UsageError,
 )
+from farm.core.signed_reports import canonical, message
 from registry.models import Artifact, Device, DeviceVerification, VerificationJob
 
-DOMAIN = b"ctxfarm-verification-v1\n"
 LEASE_S = 600  # an agent that took a job and went silent for this long loses it to the next one
 MAX_BODY = 16 * 1024
 OUTCOMES = ("ok", "fails", "crashed")
 NUMBERS = ("psnr_db", "load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb")
 TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
 BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
-
-
-def canonical(body: dict[str, Any]) -> str:
-    """The one text of a report body that is signed: sorted keys, no spaces, ASCII."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def message(body_text: str) -> bytes:
-    return DOMAIN + body_text.encode("utf-8")
 
 
 # ---- jobs -----------------------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def _enroll(lab: dict[str, Any], name: str, soc: str = "simulator", arch: str = 
 
 def _report(lab: dict[str, Any], dev: dict[str, Any], job: dict[str, Any], *, key: Any = None,
             **over: Any) -> tuple[int, Any]:
-    from registry.verification import canonical, message
+    from farm.core.signed_reports import canonical, message
 
     body = {"job": job["job"], "nonce": job["nonce"], "device": dev["name"], "artifact": job["artifact"],
             "soc": job["soc"], "outcome": "ok", "psnr_db": 70.0, "p50_ms": 1.5, **over}

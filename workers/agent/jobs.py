@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import FarmError, ServerError, UsageError
+from farm.core.signed_reports import canonical, message
 from workers.agent.identity import Identity
 
 LEASE_WAIT_S = 20.0  # a long poll: the service answers at once when a job is there
@@ -55,18 +56,6 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
         done += 1
         print(f"ctxfarm-agent: job {job['job']} ({job['soc']}): {body['outcome']}"
               + (f", p50 {body['p50_ms']:.2f} ms, psnr {body['psnr_db']}" if body["outcome"] == "ok" else ""), file=log)
-
-
-def canonical(body: dict[str, Any]) -> str:
-    from registry.verification import canonical as text
-
-    return text(body)
-
-
-def message(text: str) -> bytes:
-    from registry.verification import message as signed
-
-    return signed(text)
 
 
 def _runtime() -> str | None:
