@@ -73,11 +73,12 @@ class Lease:
     toolchain: str
     lease_until: datetime
     model_files: list[dict[str, Any]]
+    lease_s: int = LEASE_S
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "nonce": self.nonce, "artifact": self.artifact, "model": self.model_digest,
                 "soc": self.soc, "target": self.target, "toolchain": self.toolchain,
-                "lease_until": self.lease_until.isoformat(), "model_files": self.model_files}
+                "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files}
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
@@ -121,8 +122,25 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
             continue
         model = session.get(Model, art.model_digest)
         files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
-        return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files)
+        return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
+                     lease_s)
     return None
+
+
+def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
+    """Extend this device's lease of ``job_id`` (the nonce it was given); ``lease-lost`` when the
+    lease is not its own any more (it ran out and another agent took it, the job is done)."""
+    from farm.core.errors import LeaseLostError
+
+    until = datetime.now(UTC) + timedelta(seconds=lease_s)
+    kept = session.execute(
+        update(VerificationJob).where(VerificationJob.id == job_id, VerificationJob.state == "leased",
+                                      VerificationJob.device_id == device.id, VerificationJob.nonce == str(nonce)[:64])
+        .values(lease_until=until).execution_options(synchronize_session=False))
+    if kept.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLostError(f"job {job_id} is not leased to {device.name} with this nonce any more",
+                             hint="the agent stops renewing; its report would be refused (report-replayed)")
+    return until
 
 
 # ---- reports --------------------------------------------------------------------------------------

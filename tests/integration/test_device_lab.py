@@ -210,6 +210,12 @@ def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
     assert call(lab, "POST", "/v1/device-jobs/lease", reader, {})[1]["error"]["code"] == "forbidden"
     assert call(lab, "POST", "/v1/device-jobs/lease", None, {})[0] == 401
 
+    # The holder keeps its lease; nobody else can.
+    status, body = call(lab, "POST", f"/v1/device-jobs/{job_a['job']}/renew", a["token"], {"nonce": job_a["nonce"]})
+    assert status == 200 and body["lease_until"] >= job_a["lease_until"] and job_a["lease_s"] == 600
+    status, body = call(lab, "POST", f"/v1/device-jobs/{job_a['job']}/renew", b["token"], {"nonce": job_a["nonce"]})
+    assert status == 409 and body["error"]["code"] == "lease-lost"
+
     forged, _ = _key()  # an unenrolled key
     status, body = _report(lab, a, job_a, key=forged)
     assert status == 403 and body["error"]["code"] == "report-signature-invalid"

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import shutil
 import sys
+import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +44,11 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
                 return done
             continue
         job = _checked(job)
+        every = max(1.0, float(job.get("lease_s") or 600) / 3)
+        renew = partial(call, ident.server, f"/v1/device-jobs/{job['job']}/renew", ident.token, {"nonce": job["nonce"]})
         try:
-            body = verify(ident, home, job, runs=runs, runtime=runtime)
+            with Renewer(renew, every) as renewer:
+                body = verify(ident, home, job, runs=runs, runtime=runtime)
         except FarmError as exc:
             # Nothing is reported that was not measured: the job goes back when its lease runs out.
             print(f"ctxfarm-agent: job {job['job']} not run: error[{exc.code}]: {exc.message}", file=log)
@@ -50,12 +56,46 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
                 continue
             time.sleep(5)  # the same failure would come back at once
             continue
+        if renewer.lost is not None:
+            print(f"ctxfarm-agent: job {job['job']}: {renewer.lost.message}; not reporting", file=log)
+            continue
         text = canonical(body)
         signature = ident.sign(message(text))
         call(ident.server, f"/v1/device-jobs/{job['job']}/report", ident.token, {"body": text, "signature": signature})
         done += 1
         print(f"ctxfarm-agent: job {job['job']} ({job['soc']}): {body['outcome']}"
               + (f", p50 {body['p50_ms']:.2f} ms, psnr {body['psnr_db']}" if body["outcome"] == "ok" else ""), file=log)
+
+
+class Renewer:
+    """Renews a job's lease every ``every`` seconds on a thread of its own while the job runs (a
+    large model on a slow device outlasts a lease). ``lost``: the lease went to another agent."""
+
+    def __init__(self, renew: Callable[[], Any], every: float):
+        self.renew, self.every = renew, every
+        self.stop = threading.Event()
+        self.lost: FarmError | None = None
+        self.thread = threading.Thread(target=self._run, name="ctxfarm-agent-renew", daemon=True)
+
+    def _run(self) -> None:
+        from farm.core.errors import LeaseLostError
+
+        while not self.stop.wait(self.every):
+            try:
+                self.renew()
+            except LeaseLostError as exc:
+                self.lost = exc
+                return
+            except FarmError:
+                continue  # the service unreachable for a moment: the lease has two thirds left
+
+    def __enter__(self) -> Renewer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _runtime() -> str | None:

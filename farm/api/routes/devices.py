@@ -3,6 +3,7 @@
 - ``POST /v1/devices/enroll`` (no bearer token: the single-use enrollment token is the credential)
   takes the agent's public key and facts, answers its own bearer token (docs/device-lab.md).
 - ``POST /v1/device-jobs/lease`` (an enrolled device's token): one job, or 204 after ``wait_s``.
+- ``POST /v1/device-jobs/{id}/renew`` (the same token): keep the lease while the job runs.
 - ``POST /v1/device-jobs/{id}/report`` (the same token): the signed report (``registry.verification``).
 - ``GET /v1/devices``, ``POST /v1/devices``, ``DELETE /v1/devices/{name}`` (admin).
 - ``POST /v1/promotions`` (admin): ``farm promote`` (409 ``promotion-unmet`` with ``account``).
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from farm.api.deps import Caller, RegistryDep, admin, caller
+from farm.api.deps import Caller, RegistryDep, SettingsDep, admin, caller
 
 router = APIRouter(tags=["devices"])
 device_caller = caller("read")
@@ -49,6 +50,10 @@ class LeaseIn(_Strict):
     wait_s: float = Field(default=0.0, ge=0.0, le=LEASE_WAIT_MAX_S)
 
 
+class RenewIn(_Strict):
+    nonce: str = Field(max_length=64)
+
+
 class ReportIn(_Strict):
     body: str = Field(max_length=16 * 1024)
     signature: str = Field(max_length=128)
@@ -74,7 +79,7 @@ def enroll(body: EnrollIn, reg: RegistryDep) -> dict[str, Any]:
 
 
 @router.post("/v1/device-jobs/lease", responses={204: {"description": "no job for this device"}})
-async def lease(body: LeaseIn, reg: RegistryDep, who: Annotated[Caller, device_caller]) -> Any:
+async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Annotated[Caller, device_caller]) -> Any:
     """One verification job this device may run (its SoC; any SoC for a simulator, ``socs`` narrowing
     it), leased to it with a fresh nonce; 204 when none came within ``wait_s``."""
     from farm.core.catalog import load_catalog
@@ -85,7 +90,7 @@ async def lease(body: LeaseIn, reg: RegistryDep, who: Annotated[Caller, device_c
 
     def attempt() -> dict[str, Any] | None:
         with reg.db.session() as s:
-            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime)
+            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s)
             return got.to_dict() if got is not None else None
 
     deadline = time.monotonic() + body.wait_s
@@ -97,6 +102,18 @@ async def lease(body: LeaseIn, reg: RegistryDep, who: Annotated[Caller, device_c
         if left <= 0:
             return Response(status_code=204)
         await asyncio.sleep(min(LEASE_LOOK_S, left))
+
+
+@router.post("/v1/device-jobs/{job_id}/renew")
+def renew(job_id: int, body: RenewIn, reg: RegistryDep, settings: SettingsDep,
+          who: Annotated[Caller, device_caller]) -> dict[str, Any]:
+    """Keep the lease of a job this device is running (409 ``lease-lost`` when it is not its own)."""
+    from registry.devices import device_of_token
+    from registry.verification import renew as extend
+
+    with reg.db.session() as s:
+        until = extend(s, device_of_token(s, who.token_id), job_id, body.nonce, lease_s=settings.device_lease_s)
+    return {"job": job_id, "lease_until": until.isoformat()}
 
 
 @router.post("/v1/device-jobs/{job_id}/report", status_code=201)

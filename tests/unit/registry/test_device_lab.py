@@ -13,6 +13,7 @@ from sqlalchemy import update
 
 from farm.core.errors import (
     EnrollmentInvalidError,
+    LeaseLostError,
     NotDeviceEvidenceError,
     TagConflictError,
     TagGatedError,
@@ -22,7 +23,7 @@ from registry.devices import create_enrollment, enroll, list_devices, parse_dura
 from registry.index import delete_tag, set_tag
 from registry.models import Device, VerificationJob
 from registry.promotion import promote, rollback, ungate
-from registry.verification import ensure_jobs, lease
+from registry.verification import ensure_jobs, lease, renew
 from tests.common.index_rows import add_artifact, add_model
 
 KEY = base64.b64encode(bytes(range(32))).decode()
@@ -77,6 +78,11 @@ def test_leases_one_device_each_and_back_when_run_out(db) -> None:
                   .values(lease_until=datetime.now(UTC) - timedelta(seconds=1)))
         taken = lease(s, c)
         assert taken is not None and taken.job_id == first.job_id and taken.nonce != first.nonce
+        # Renewing: the holder with its nonce, nobody else.
+        assert renew(s, c, taken.job_id, taken.nonce, lease_s=60) > datetime.now(UTC) + timedelta(seconds=50)
+        for who, nonce in ((a, first.nonce), (a, taken.nonce), (c, first.nonce), (b, taken.nonce)):
+            with pytest.raises(LeaseLostError):
+                renew(s, who, taken.job_id, nonce)
 
 
 def test_promotion_gates_its_tag_and_rolls_back(db) -> None:
