@@ -589,8 +589,8 @@ class DeviceVerification(Base):
 
 class Promotion(Base):
     """``farm promote NAME:FROM --to TO``: the tag moved on this evidence (append-only; a rollback is
-    a promotion row too, ``kind`` rollback). While a tag's newest promotion gates it, plain
-    ``farm tag --force`` refuses to move it (``tag_gates``)."""
+    a promotion row too, ``kind`` rollback, and so is ``farm tag --ungate``, ``kind`` ungate). While
+    a tag's newest promotion gates it, plain ``farm tag --force`` refuses to move it (``tag_gates``)."""
 
     __tablename__ = "promotions"
 

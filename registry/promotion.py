@@ -92,9 +92,16 @@ def rollback(session: Session, name: str, tag: str, *, by: str | None = None) ->
             "changed": move.changed, "promotion": row.id, "rolled_back": last.id}
 
 
-def ungate(session: Session, name: str, tag: str) -> bool:
-    """Let plain ``farm tag`` move NAME:TAG again; False when it was not gated."""
-    return bool(session.execute(delete(TagGate).where(TagGate.name == name, TagGate.tag == tag)).rowcount)  # type: ignore[attr-defined]
+def ungate(session: Session, name: str, tag: str, *, by: str | None = None) -> bool:
+    """Let plain ``farm tag`` move NAME:TAG again (recorded in its promotions' history, ``kind``
+    ungate); False when it was not gated."""
+    lifted = session.execute(delete(TagGate).where(TagGate.name == name, TagGate.tag == tag)).rowcount  # type: ignore[attr-defined]
+    current = session.scalar(select(Tag.model_digest).where(Tag.name == name, Tag.tag == tag))
+    if lifted and current is not None:
+        session.add(Promotion(name=name, tag=tag, kind="ungate", model_digest=current, previous_digest=current,
+                              evidence={}, by=by))
+        session.flush()
+    return bool(lifted)
 
 
 def _gate(session: Session, name: str, tag: str, promotion_id: int) -> None:

@@ -60,7 +60,7 @@ def _device(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with reg.db.session() as s:
             if args.action == "enroll":
-                got = create_enrollment(s, args.name, expires_s=expires_s, by=_me())
+                got = create_enrollment(s, args.name, expires_s=expires_s, by=user())
             elif args.action == "revoke":
                 struck = revoke_device(s, args.name)
             else:
@@ -86,7 +86,7 @@ def _device(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _me() -> str:
+def user() -> str:
     import getpass
 
     try:
@@ -147,8 +147,8 @@ def _local(args: argparse.Namespace, settings: Settings, name: str, tag: str) ->
     try:
         with reg.db.session() as s:
             if args.rollback:
-                return rollback(s, name, tag, by=_me())
-            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=_me())
+                return rollback(s, name, tag, by=user())
+            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=user())
     finally:
         reg.close()
 

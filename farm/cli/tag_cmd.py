@@ -60,9 +60,10 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 out: dict[str, Any] = {"ref": f"{tag_name}:{tag}", "name": tag_name, "tag": tag, "deleted": True,
                                        "digest": digest}
             elif ungate:
+                from farm.cli.devlab_cmd import user
                 from registry.promotion import ungate as lift
 
-                out = {**tag_view(s, tag_name, tag), "ungated": lift(s, tag_name, tag)}
+                out = {**tag_view(s, tag_name, tag), "ungated": lift(s, tag_name, tag, by=user())}
             elif args.history:
                 from registry.promotion import history
 

@@ -155,6 +155,8 @@ def test_two_simulator_agents_verify_and_promote(lab: dict[str, Any]) -> None:
 
     got = farm(lab, "tag", "--ungate", "mm:stable")
     assert got.returncode == 0 and "ungated" in got.stdout
+    hist = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)
+    assert [p["kind"] for p in hist["promotions"]] == ["promote", "rollback", "ungate"]
     assert farm(lab, "tag", "mm:stable", "mm:cand", "--force").returncode == 0
 
 
