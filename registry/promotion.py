@@ -22,11 +22,29 @@ from registry.models import Artifact, Promotion, Tag, TagGate
 
 
 def targets_of(session: Session, digest: str) -> dict[str, int]:
-    """SoC -> the newest active single-SoC QNN artifact of the model."""
-    rows = session.execute(select(Artifact.target, Artifact.id).where(
-        Artifact.model_digest == digest, Artifact.backend == "qnn", Artifact.status == "active")
-        .order_by(Artifact.id)).all()
-    return {target: art_id for target, art_id in rows if "+" not in target}
+    """SoC -> the artifact the agents will verify there: for each SoC the model has a published
+    single-SoC QNN artifact for, what resolve serves a device of that SoC running the newest QNN
+    SDK the model was built with for it (an agent installs through resolve, and leaves a job whose
+    artifact resolve does not answer it)."""
+    from farm.core.catalog import load_catalog
+    from farm.core.errors import FarmError
+    from farm.core.keys import parse_version
+    from registry.resolve import Device, resolve
+
+    rows = session.execute(select(Artifact.target, Artifact.toolchain).where(
+        Artifact.model_digest == digest, Artifact.backend == "qnn", Artifact.status == "active")).all()
+    newest: dict[str, str] = {}
+    for target, toolchain in rows:
+        if "+" not in target and (target not in newest or parse_version(toolchain) > parse_version(newest[target])):
+            newest[target] = toolchain
+    out = {}
+    for soc, toolchain in sorted(newest.items()):
+        try:
+            chosen, _verdict = resolve(session, digest, Device("qnn", load_catalog().get(soc, backend="qnn"), toolchain))
+        except FarmError:  # nothing servable there (quarantined by device reports): nothing to verify
+            continue
+        out[soc] = chosen.id
+    return out
 
 
 def evaluate(session: Session, name: str, source: str, req: Requirement, allow_simulator: bool) -> dict[str, Any]:

@@ -126,3 +126,18 @@ def test_durations() -> None:
     for bad in ("0", "31d", "-1h", "1w", "", "h", "1.5h"):
         with pytest.raises(UsageError, match="--expires"):
             parse_duration(bad)
+
+
+def test_jobs_are_for_what_resolve_serves_each_soc(db) -> None:
+    from registry.promotion import targets_of
+
+    with db.session() as s:
+        model = add_model(s, "m", name="mm").digest
+        plain = add_artifact(s, model, target="SM8650", toolchain="2.51.0")
+        add_artifact(s, model, target="SM8650", toolchain="2.51.0", options={"graph_optimization": 3})
+        older_sdk = add_artifact(s, model, target="SM8750", toolchain="2.47.0")
+        add_artifact(s, model, target="SM8550", status="broken")
+        add_artifact(s, model, target="SM8650+SM8750", toolchain="2.51.0")
+        got = targets_of(s, model)
+        assert set(got) == {"SM8650", "SM8750"} and got["SM8750"] == older_sdk.id
+        assert got["SM8650"] == plain.id  # resolve's order: default options before the newest build
