@@ -171,8 +171,8 @@ def _key() -> tuple[Any, str]:
 
 def _enroll(lab: dict[str, Any], name: str, soc: str = "simulator", arch: str = "x86_64") -> dict[str, Any]:
     key, pub = _key()
-    status, body = call(lab, "POST", "/v1/devices/enroll", None,
-                        {"token": enroll_token(lab, name), "public_key": pub, "soc": soc, "facts": {"arch": arch}})
+    status, body = call(lab, "POST", "/v1/devices/enroll", enroll_token(lab, name),
+                        {"public_key": pub, "soc": soc, "facts": {"arch": arch}})
     assert status == 201, body
     return {**body, "key": key}
 
@@ -195,8 +195,8 @@ def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
     assert phone["soc"] == "SM8650" and phone["simulator"] is False
     # An x86_64 host can't enroll as a device.
     key, pub = _key()
-    status, body = call(lab, "POST", "/v1/devices/enroll", None, {"token": enroll_token(lab, "liar"), "public_key": pub,
-                                                                  "soc": "SM8650", "facts": {"arch": "x86_64"}})
+    status, body = call(lab, "POST", "/v1/devices/enroll", enroll_token(lab, "liar"),
+                        {"public_key": pub, "soc": "SM8650", "facts": {"arch": "x86_64"}})
     assert status == 422 and body["error"]["code"] == "not-device-evidence"
     status, _ = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
                                                                    "require": "devices>=2 per soc"})
@@ -253,10 +253,13 @@ def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
     assert call(lab, "POST", "/v1/devices", reader, {"name": "remote"})[0] == 403
     status, made = call(lab, "POST", "/v1/devices", lab["admin"], {"name": "remote", "expires": "5m"})
     assert status == 201 and made["token"].startswith("cfe_")
-    enrolling = {"token": made["token"], "public_key": _key()[1], "soc": "simulator", "facts": {"arch": "x86_64"}}
-    assert call(lab, "POST", "/v1/devices/enroll", None, enrolling)[0] == 201
-    status, body = call(lab, "POST", "/v1/devices/enroll", None, {**enrolling, "public_key": _key()[1]})
+    enrolling = {"public_key": _key()[1], "soc": "simulator", "facts": {"arch": "x86_64"}}
+    assert call(lab, "POST", "/v1/devices/enroll", None, enrolling)[0] == 401  # no token
+    assert call(lab, "POST", "/v1/devices/enroll", made["token"], enrolling)[0] == 201
+    status, body = call(lab, "POST", "/v1/devices/enroll", made["token"], {**enrolling, "public_key": _key()[1]})
     assert status == 401 and body["error"]["code"] == "enrollment-invalid"
+    status, body = call(lab, "POST", "/v1/devices/enroll", lab["admin"], {**enrolling, "public_key": _key()[1]})
+    assert status == 401 and body["error"]["code"] == "enrollment-invalid"  # an API token enrolls nothing
     status, body = call(lab, "DELETE", "/v1/devices/remote", lab["admin"])
     assert status == 200 and body == {"revoked": "remote", "struck": 0}
 

@@ -100,8 +100,7 @@ def enroll(server: str, token: str, home: Path, soc: str | None = None) -> dict[
     key = ed25519.Ed25519PrivateKey.generate()
     public = base64.b64encode(key.public_key().public_bytes(serialization.Encoding.Raw,
                                                             serialization.PublicFormat.Raw)).decode()
-    _status, answer = call(server, "/v1/devices/enroll", None,
-                           {"token": token, "public_key": public, "soc": soc, "facts": facts})
+    _status, answer = call(server, "/v1/devices/enroll", token, {"public_key": public, "soc": soc, "facts": facts})
     if not isinstance(answer, dict) or not all(isinstance(answer.get(k), str) for k in ("name", "token", "soc")):
         from farm.core.errors import ServerError
 

@@ -1,7 +1,7 @@
 """The device lab over HTTP: enrolled agents, their verification jobs, promotions.
 
-- ``POST /v1/devices/enroll`` (no bearer token: the single-use enrollment token is the credential)
-  takes the agent's public key and facts, answers its own bearer token (docs/device-lab.md).
+- ``POST /v1/devices/enroll`` (the single-use enrollment token as the bearer) takes the agent's
+  public key and facts, answers its own bearer token (docs/device-lab.md).
 - ``POST /v1/device-jobs/lease`` (an enrolled device's token): one job, or 204 after ``wait_s``.
 - ``POST /v1/device-jobs/{id}/renew`` (the same token): keep the lease while the job runs.
 - ``POST /v1/device-jobs/{id}/report`` (the same token): the signed report (``registry.verification``).
@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from farm.api.deps import Caller, RegistryDep, SettingsDep, admin, caller
+from farm.api.deps import Caller, RegistryDep, SettingsDep, admin, caller, enrollment_token
 
 router = APIRouter(tags=["devices"])
 device_caller = caller("read")
@@ -33,7 +33,6 @@ class _Strict(BaseModel):
 
 
 class EnrollIn(_Strict):
-    token: str = Field(max_length=128)
     public_key: str = Field(max_length=64)
     soc: str = Field(max_length=64)
     facts: dict[str, str | None] = Field(default_factory=dict)
@@ -68,12 +67,13 @@ class PromotionIn(_Strict):
 
 
 @router.post("/v1/devices/enroll", status_code=201)
-def enroll(body: EnrollIn, reg: RegistryDep) -> dict[str, Any]:
-    """Spend an enrollment token: the device's key and facts recorded, its bearer token answered once."""
+def enroll(body: EnrollIn, reg: RegistryDep, token: Annotated[str, enrollment_token()]) -> dict[str, Any]:
+    """Spend the enrollment token (the bearer: ``Authorization: Bearer cfe_...``): the device's key and
+    facts recorded, its own bearer token answered once."""
     from registry.devices import enroll as use
 
     with reg.db.session() as s:
-        device, bearer = use(s, body.token, body.public_key, body.soc, dict(body.facts))
+        device, bearer = use(s, token, body.public_key, body.soc, dict(body.facts))
         return {"name": device.name, "token": bearer, "soc": device.soc, "simulator": device.simulator,
                 "key_id": device.key_id}
 
