@@ -325,3 +325,27 @@ def test_a_running_agent_takes_a_job_made_while_it_waits(lab: dict[str, Any]) ->
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_running_agent_outlives_an_unreachable_service(lab: dict[str, Any]) -> None:
+    """`run` (no --once) asks an unreachable service again with a backoff instead of exiting;
+    `run --once` exits with server-error."""
+    home = lab["tmp"] / "agent"
+    got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, "sim-o"), "--home", str(home))
+    assert got.returncode == 0, got.stderr
+    nowhere = f"http://127.0.0.1:{_port()}"
+    once = agent(lab, "run", "--home", str(home), "--server", nowhere, "--once")
+    assert once.returncode == 1 and "error[server-error]" in once.stderr, once.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "workers.agent.main", "run", "--home", str(home), "--server",
+                             nowhere], env=lab["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend([proc.stderr.readline(), proc.stderr.readline()]),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=60)  # the first two tries: at once, then after 1 s
+        assert len(lines) == 2 and all("asking again in" in line for line in lines), lines
+        assert proc.poll() is None  # still running
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

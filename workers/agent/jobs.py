@@ -22,6 +22,8 @@ from farm.core.signed_reports import canonical, message
 from workers.agent.identity import Identity
 
 LEASE_WAIT_S = 20.0  # a long poll: the service answers at once when a job is there
+BACKOFF_MAX_S = 60.0  # a running agent asks an unreachable service again after 1, 2, 4 ... 60 s
+REPORT_TRIES = 5  # a signed report is posted again when the service did not answer (it is idempotent)
 RUNS = 10  # steady-state runs; the median is reported
 INPUTS = "seeded:0"  # what the runs are fed (workers.qnn.accuracy.seeded_inputs, seed 0)
 
@@ -36,9 +38,20 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
         raise UsageError(f"--simulate is for simulator agents; {ident.name} is a {ident.soc} device")
     runtime = _runtime()
     done = 0
+    backoff = 1.0
     while True:
         payload = {"socs": simulate or None, "runtime": runtime, "wait_s": 0.0 if once else LEASE_WAIT_S}
-        status, job = call(ident.server, "/v1/device-jobs/lease", ident.token, payload, timeout=LEASE_WAIT_S + 30)
+        try:
+            status, job = call(ident.server, "/v1/device-jobs/lease", ident.token, payload, timeout=LEASE_WAIT_S + 30)
+        except ServerError as exc:
+            if once:
+                raise
+            # A service restarting, a network down: an agent running as a service outlives it.
+            print(f"ctxfarm-agent: {exc.message}; asking again in {backoff:.0f} s", file=log, flush=True)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            continue
+        backoff = 1.0
         if status == 204 or job is None:
             if once:
                 return done
@@ -61,10 +74,31 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
             continue
         text = canonical(body)
         signature = ident.sign(message(text))
-        call(ident.server, f"/v1/device-jobs/{job['job']}/report", ident.token, {"body": text, "signature": signature})
+        post = partial(call, ident.server, f"/v1/device-jobs/{job['job']}/report", ident.token,
+                       {"body": text, "signature": signature})
+        if not _post_report(post, log):
+            continue
         done += 1
         print(f"ctxfarm-agent: job {job['job']} ({job['soc']}): {body['outcome']}"
               + (f", p50 {body['p50_ms']:.2f} ms, psnr {body['psnr_db']}" if body["outcome"] == "ok" else ""), file=log)
+
+
+def _post_report(post: Callable[[], Any], log: Any) -> bool:
+    """Post a signed report, again while the service does not answer (the same signed report is
+    answered with the same row: it counts once). A refusal is final. Whether it was recorded."""
+    for attempt in range(REPORT_TRIES):
+        try:
+            post()
+            return True
+        except ServerError as exc:
+            if attempt == REPORT_TRIES - 1:
+                print(f"ctxfarm-agent: the report was not sent: {exc.message}", file=log, flush=True)
+                return False
+            time.sleep(2.0**attempt)
+        except FarmError as exc:
+            print(f"ctxfarm-agent: the report was refused: error[{exc.code}]: {exc.message}", file=log, flush=True)
+            return False
+    return False
 
 
 class Renewer:
