@@ -37,7 +37,17 @@ def _port() -> int:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": f"sqlite:///{tmp_path / 'index.db'}",
+    yield from _lab(tmp_path, f"sqlite:///{tmp_path / 'index.db'}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def lab_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'index.db'}"
+    yield from _lab(tmp_path, url)
+
+
+def _lab(tmp_path: Path, db_url: str) -> Iterator[dict[str, Any]]:
+    env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": db_url,
                 "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"}
     settings = Settings.from_env(env_vars)
     model = matmul_model(tmp_path / "mm.onnx")
@@ -188,7 +198,8 @@ def _report(lab: dict[str, Any], dev: dict[str, Any], job: dict[str, Any], *, ke
     return call(lab, "POST", f"/v1/device-jobs/{job['job']}/report", dev["token"], {"body": text, "signature": sig})
 
 
-def test_report_attacks_are_refused(lab: dict[str, Any]) -> None:
+def test_report_attacks_are_refused(lab_any: dict[str, Any]) -> None:
+    lab = lab_any
     a = _enroll(lab, "sim-a")
     b = _enroll(lab, "sim-b")
     phone = _enroll(lab, "phone", soc="SM8650", arch="arm64-v8a")
