@@ -74,11 +74,13 @@ class Lease:
     lease_until: datetime
     model_files: list[dict[str, Any]]
     lease_s: int = LEASE_S
+    samples: dict[str, Any] | None = None  # the submitter's sample inputs (an .npz blob), if the model has them
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "nonce": self.nonce, "artifact": self.artifact, "model": self.model_digest,
                 "soc": self.soc, "target": self.target, "toolchain": self.toolchain,
-                "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files}
+                "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files,
+                "samples": self.samples}
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
@@ -88,7 +90,7 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
     reported on or holds. ``runtime``: the agent's QNN version; an artifact built with a newer SDK
     is not offered."""
     from farm.core.keys import parse_version
-    from registry.models import Model
+    from registry.models import Model, ModelSample
 
     now = datetime.now(UTC)
     wanted = [device.soc] if not device.simulator else socs
@@ -122,8 +124,10 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
             continue
         model = session.get(Model, art.model_digest)
         files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
+        sample = session.get(ModelSample, art.model_digest)
+        samples = {"digest": sample.digest, "size": sample.size} if sample is not None else None
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
-                     lease_s)
+                     lease_s, samples)
     return None
 
 
@@ -241,8 +245,8 @@ def view(row: DeviceVerification, device_name: str | None = None) -> dict[str, A
     from farm.core.times import iso
 
     return {"id": row.id, "job": row.job_id, "device": device_name, "soc": row.soc, "simulator": row.simulator,
-            "outcome": row.outcome, **{k: getattr(row, k) for k in NUMBERS}, "at": iso(row.created_at),
-            "struck": row.struck_why}
+            "outcome": row.outcome, **{k: getattr(row, k) for k in NUMBERS}, "inputs": (row.body or {}).get("inputs"),
+            "at": iso(row.created_at), "struck": row.struck_why}
 
 
 # ---- evidence -------------------------------------------------------------------------------------

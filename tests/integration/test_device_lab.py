@@ -318,8 +318,20 @@ def test_lease_race_on_postgresql(pg_url: str, tmp_path: Path) -> None:
 
 
 def test_a_running_agent_takes_a_job_made_while_it_waits(lab: dict[str, Any]) -> None:
-    """`ctxfarm-agent run` (no --once) long-polls: a job made after it started reaches it, and a
-    local `farm promote --wait` moves the tag once its report is in."""
+    """`ctxfarm-agent run` (no --once) long-polls: a job made after it started reaches it, runs on
+    the model's sample inputs (the submitter's .npz), and a local `farm promote --wait` moves the
+    tag once its report is in."""
+    import io
+
+    import numpy as np
+
+    digest = json.loads(farm(lab, "tag", "--history", "mm:cand", "--json").stdout)["digest"]
+    buf = io.BytesIO()
+    np.savez(buf, x=np.full((1, 64), 0.25, np.float32))
+    req = urllib.request.Request(f"{lab['url']}/v1/models/{digest}/samples", data=buf.getvalue(), method="POST",
+                                 headers={"Authorization": f"Bearer {token(lab['settings'], 'pipeline', 'submit')}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        samples = json.loads(r.read())["samples"]
     home = lab["tmp"] / "agent"
     got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, "sim-w"), "--home", str(home))
     assert got.returncode == 0, got.stderr
@@ -333,6 +345,16 @@ def test_a_running_agent_takes_a_job_made_while_it_waits(lab: dict[str, Any]) ->
                    "--wait", "--timeout", "110", "--json")
         assert got.returncode == 0, (got.stderr, proc.stderr.read() if proc.poll() is not None else "")
         assert json.loads(got.stdout)["account"]["socs"]["SM8650"]["devices"] == ["sim-w"]
+        from registry.index import Registry
+        from registry.models import DeviceVerification
+
+        reg = Registry.open(lab["settings"])
+        try:
+            with reg.db.session() as s:
+                (row,) = s.query(DeviceVerification).all()
+                assert row.body["inputs"] == samples and row.outcome == "ok" and row.psnr_db > 30, row.body
+        finally:
+            reg.close()
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -25,7 +25,8 @@ LEASE_WAIT_S = 20.0  # a long poll: the service answers at once when a job is th
 BACKOFF_MAX_S = 60.0  # a running agent asks an unreachable service again after 1, 2, 4 ... 60 s
 REPORT_TRIES = 5  # a signed report is posted again when the service did not answer (it is idempotent)
 RUNS = 10  # steady-state runs; the median is reported
-INPUTS = "seeded:0"  # what the runs are fed (workers.qnn.accuracy.seeded_inputs, seed 0)
+INPUTS = "seeded:0"  # what the runs are fed without samples (workers.qnn.accuracy.seeded_inputs, seed 0)
+MAX_SAMPLES = 64 * 1024 * 1024  # the service's own cap on a model's sample inputs (docs/evidence.md)
 
 
 def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: int = RUNS,
@@ -155,6 +156,9 @@ def _checked(job: Any) -> dict[str, Any]:
             check_file_name(f["path"])
             check_digest(f["digest"])
             check_size(f["size"])
+        if job.get("samples") is not None:
+            check_digest(job["samples"]["digest"], "samples")
+            check_size(job["samples"]["size"], "samples size", limit=MAX_SAMPLES)
     except (KeyError, TypeError) as exc:
         raise ServerError(f"the lease is not a verification job ({exc})") from None
     return job  # type: ignore[no-any-return]
@@ -184,11 +188,15 @@ def verify(ident: Identity, home: Path, job: dict[str, Any], *, runs: int, runti
         path.parent.mkdir(parents=True, exist_ok=True)
         download(ident.server, ident.token, f["digest"], f["size"], path)
         model = model or path
+    sample = None
+    if job.get("samples"):
+        sample = work / "samples.npz"  # a fixed name: the digest names the content, not the path
+        download(ident.server, ident.token, job["samples"]["digest"], job["samples"]["size"], sample)
     (work / "measure").mkdir()
-    got = measure_context(model, installed.ctx_model, target, work / "measure", runs=runs)
+    got = measure_context(model, installed.ctx_model, target, work / "measure", runs=runs, sample=sample)
     body: dict[str, Any] = {"job": job["job"], "nonce": job["nonce"], "device": ident.name, "artifact": job["artifact"],
                             "soc": job["soc"], "outcome": got.get("outcome", "crashed"), "runtime": runtime,
-                            "inputs": INPUTS}
+                            "inputs": job["samples"]["digest"] if sample is not None else INPUTS}
     for key in ("load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb", "psnr_db"):
         if isinstance(got.get(key), int | float):
             body[key] = round(float(got[key]), 3)

@@ -14,14 +14,16 @@ from farm.core.errors import CompileTimeoutError, FarmError, ResourceLimitError,
 
 
 def measure(model: Path | None, ctx_model: Path, target: Target, work_dir: Path, *, runs: int = 10,
-            timeout: float = 300.0, memory_mb: int = 0) -> dict[str, Any]:
+            timeout: float = 300.0, memory_mb: int = 0, sample: Path | None = None) -> dict[str, Any]:
     """``{"outcome": ok | fails | crashed, "error", "load_ms", "first_inference_ms", "p50_ms",
-    "runs", "peak_memory_mb", "psnr_db", "outputs"}``; ``model`` None: no comparison."""
+    "runs", "peak_memory_mb", "psnr_db", "outputs"}``; ``model`` None: no comparison. ``sample``:
+    the submitter's ``.npz`` of inputs (read without pickles), else the seeded inputs."""
     from workers.qnn.runner import provider_options
     from workers.runner import run_child
 
     request = {"model": str(model.resolve()) if model else None, "ctx_model": str(ctx_model.resolve()),
-               "provider_options": provider_options(target, {}), "runs": runs}
+               "provider_options": provider_options(target, {}), "runs": runs,
+               "sample": str(sample.resolve()) if sample else None}
     try:
         result, _wall, _log = run_child("workers.qnn.verify_child", "verify", request, work_dir, timeout=timeout,
                                         memory_mb=memory_mb)
