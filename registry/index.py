@@ -113,13 +113,19 @@ class TagMove:
         return f"{self.ref} already points at {self.digest}"
 
 
-def set_tag(session: Session, name: str, tag: str, digest: str, *, force: bool = False) -> TagMove:
+def set_tag(session: Session, name: str, tag: str, digest: str, *, force: bool = False,
+            promoting: bool = False) -> TagMove:
     """Point NAME:TAG at a model digest (history recorded when it changes). Moving an existing
     tag to another digest needs ``force``: devices resolve by tag, so a move changes what they
-    load. Raises TagConflictError otherwise, having written nothing."""
+    load. Raises TagConflictError otherwise, having written nothing. A tag ``farm promote`` moved
+    moves only by promote (``promoting``) until ``farm tag --ungate`` (TagGatedError)."""
     row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
     if row is not None and row.model_digest == digest:
         return TagMove(name, tag, digest, digest)
+    if row is not None and not promoting:
+        from registry.gates import check_not_gated
+
+        check_not_gated(session, name, tag)
     if row is not None and not force:
         raise TagConflictError(
             f"{name}:{tag} points at model {row.model_digest}; not moving it to {digest}",
@@ -143,6 +149,9 @@ def delete_tag(session: Session, name: str, tag: str) -> str:
     row = session.scalar(select(Tag).where(Tag.name == name, Tag.tag == tag))
     if row is None:
         raise NotFoundError(f"no tag {name}:{tag}", hint=_tags_hint(session, name))
+    from registry.gates import check_not_gated
+
+    check_not_gated(session, name, tag)
     digest = row.model_digest
     session.add(TagEvent(name=name, tag=tag, model_digest=digest, previous_digest=digest))
     session.delete(row)

@@ -506,3 +506,116 @@ class ModelPackageRow(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+DEVICE_JOB_STATES = ("queued", "leased", "done")
+VERIFY_OUTCOMES = ("ok", "fails", "crashed")
+
+
+class Device(Base):
+    """An enrolled device agent (``farm device enroll NAME``): the single-use enrollment token's hash
+    until it is used, then the agent's Ed25519 public key and what it said it is. The service
+    trusts nothing about a device beyond this row; revoking it strikes its verifications."""
+
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("name"), UniqueConstraint("enroll_hash"), UniqueConstraint("key_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    enroll_hash: Mapped[str] = mapped_column(String(64))
+    enroll_expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    enrolled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    public_key: Mapped[str | None] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(16))
+    # The agent's bearer token (scope read: it installs artifacts like any device), made at enrollment.
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    soc: Mapped[str | None] = mapped_column(String(64))  # a catalog SoC, or "simulator"
+    simulator: Mapped[bool] = mapped_column(default=False)
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # arch, os, runtime, ep versions
+    created_by: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class VerificationJob(Base):
+    """Run artifact X on a device of SoC Y and report: leased to one agent at a time (``lease_until``),
+    a fresh ``nonce`` per lease; the first accepted report makes it ``done`` for good."""
+
+    __tablename__ = "verification_jobs"
+    __table_args__ = (CheckConstraint(f"state IN {DEVICE_JOB_STATES!r}", name="state_known"),
+                      UniqueConstraint("artifact_id", "soc", "slot"), Index(None, "state", "soc"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)
+    soc: Mapped[str] = mapped_column(String(64))
+    slot: Mapped[int] = mapped_column(Integer, default=1)  # jobs 1..N of one cell: N distinct devices
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
+    nonce: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class DeviceVerification(Base):
+    """A verification report, signed by its device's enrolled key over its canonical body (job id
+    and the lease's nonce included): one per job (``UNIQUE job_id``), one per nonce."""
+
+    __tablename__ = "device_verifications"
+    __table_args__ = (UniqueConstraint("job_id"), UniqueConstraint("nonce"),
+                      CheckConstraint(f"outcome IN {VERIFY_OUTCOMES!r}", name="outcome_known"),
+                      Index(None, "artifact_id", "soc"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("verification_jobs.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), index=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"))
+    soc: Mapped[str] = mapped_column(String(64))
+    simulator: Mapped[bool] = mapped_column(default=False)
+    nonce: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(16))
+    psnr_db: Mapped[float | None] = mapped_column(Float)
+    load_ms: Mapped[float | None] = mapped_column(Float)
+    first_inference_ms: Mapped[float | None] = mapped_column(Float)
+    p50_ms: Mapped[float | None] = mapped_column(Float)
+    peak_memory_mb: Mapped[float | None] = mapped_column(Float)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    signature: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    struck_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    struck_why: Mapped[str | None] = mapped_column(String(64))
+
+
+class Promotion(Base):
+    """``farm promote NAME:FROM --to TO``: the tag moved on this evidence (append-only; a rollback is
+    a promotion row too, ``kind`` rollback, and so is ``farm tag --ungate``, ``kind`` ungate). While
+    a tag's newest promotion gates it, plain ``farm tag --force`` refuses to move it (``tag_gates``)."""
+
+    __tablename__ = "promotions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    tag: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16), default="promote")
+    source: Mapped[str | None] = mapped_column(String(128))  # the FROM tag
+    model_digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    previous_digest: Mapped[str | None] = mapped_column(String(DIGEST_LEN))
+    require: Mapped[str | None] = mapped_column(String(500))
+    allow_simulator: Mapped[bool] = mapped_column(default=False)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    by: Mapped[str | None] = mapped_column(String(255))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TagGate(Base):
+    """NAME:TAG moves only by promote or rollback until ``farm tag --ungate`` removes this row."""
+
+    __tablename__ = "tag_gates"
+    __table_args__ = (UniqueConstraint("name", "tag"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    tag: Mapped[str] = mapped_column(String(128))
+    promotion_id: Mapped[int] = mapped_column(ForeignKey("promotions.id"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -82,6 +82,14 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
     return check(model, ctx_model, target, work_dir, **kw)
 
 
+def measure_context(model: Path | None, ctx_model: Path, target: Target, work_dir: Path, **kw: Any) -> dict[str, Any]:
+    """A device verification: load, first inference, steady-state median, peak memory, outputs
+    against the CPU EP (``workers.qnn.verify.measure``; the device lab's agent)."""
+    from workers.qnn.verify import measure
+
+    return measure(model, ctx_model, target, work_dir, **kw)
+
+
 def check_genai_folder(folder: Path, work_dir: Path, **kw: Any) -> dict[str, Any]:
     """A built genai folder as a device opens it (``workers.qnn.genai.check_folder``: og.Config,
     files, EPContext paths, each part's binary holding exactly its two graphs)."""

@@ -99,6 +99,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     from farm.api.routes import genai
 
     app.include_router(genai.router)  # genai packages over HTTP
+    from farm.api.routes import devices
+
+    app.include_router(devices.router)  # the device lab: enrolled agents, verification jobs, promotions
     from farm.api.deps import guard_routes
 
     guard_routes(app)  # every route: the token before the body and the body within its cap

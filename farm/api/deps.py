@@ -123,6 +123,8 @@ class Caller:
 def _caller(request: Request, raw: str, needed: str) -> Caller:
     from registry.tokens import allows
 
+    if needed == "enrollment":  # the device lab's enrollment route checks its single-use token itself
+        return Caller(0, "enrollment")
     got = token_identity(request, raw)
     if got is None:
         raise E.UnauthorizedError("unknown or revoked token")
@@ -279,6 +281,21 @@ def page_reader(request: Request, creds: Annotated[HTTPAuthorizationCredentials 
 
 
 page_reader.page = True  # type: ignore[attr-defined]  # the one route that takes ?token= (once)
+def enrollment_token() -> Any:
+    """The bearer token of ``POST /v1/devices/enroll``: a device lab enrollment token (``cfe_``), not an
+    API token. Required before the body is read, as every route's token is; the route checks it
+    (``registry.devices.enroll``: single use, expiring)."""
+
+    def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+        raw = bearer_token(request, creds)
+        if not raw:
+            raise E.UnauthorizedError("no token", hint="the enrollment token: Authorization: Bearer cfe_...")
+        return raw
+
+    check.needed = "enrollment"  # type: ignore[attr-defined]
+    return Depends(check)
+
+
 read, submit, admin = scope("read"), scope("submit"), scope("admin")
 read_page = Depends(page_reader)
 submitter = caller("submit")  # a submit token, as a Caller: routes that own what they create

@@ -25,6 +25,8 @@ STATUS = {
     "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # device evidence
     "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # per-token quotas
     "package-unsupported": 409, "capability-missing": 409,
+    "enrollment-invalid": 401, "device-revoked": 403, "report-signature-invalid": 403, "report-replayed": 409,
+    "tag-gated": 409, "promotion-unmet": 409,  # device lab
 }
 
 # Absolute paths of this host never reach a client (they tell an attacker the layout): the

@@ -19,7 +19,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("source", nargs="?", metavar="ARTIFACT|DIGEST",
                        help="an artifact id (tags its model), a model digest or prefix, or another NAME:TAG")
         p.add_argument("--force", "-f", action="store_true", help="move the tag if it points at another model")
-        p.add_argument("--history", action="store_true", help="print every change of the tag, oldest first")
+        p.add_argument("--history", action="store_true",
+                       help="print every change of the tag, oldest first (and its promotions: who, when, which evidence)")
+        p.add_argument("--ungate", action="store_true",
+                       help="let plain farm tag --force move a tag farm promote moved (docs/device-lab.md)")
     p.add_argument("--json", action="store_true")
     from farm.cli.remote import add_server_arguments
 
@@ -31,11 +34,18 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     from farm.core.names import split_ref
 
     tag_name, tag = split_ref(args.ref)
-    if name == "tag" and not args.history and not args.source:
+    ungate = name == "tag" and args.ungate
+    if name == "tag" and not args.history and not args.source and not ungate:
         raise UsageError("what should the tag point at? farm tag NAME:TAG ARTIFACT|DIGEST",
                          hint="or farm tag --history NAME:TAG")
     if name == "tag" and args.history and args.source:
         raise UsageError("--history takes only NAME:TAG")
+    if ungate and (args.source or args.history):
+        raise UsageError("--ungate takes only NAME:TAG")
+    if args.server and ungate:
+        from farm.core.errors import LocalOnlyError
+
+        raise LocalOnlyError("farm tag --ungate has no remote form: it needs the index itself")
     if args.server:
         return _print(name, args, _remote(name, args, tag_name, tag))
     from farm.cli.remote import require_local_index
@@ -49,8 +59,15 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
                 digest = delete_tag(s, tag_name, tag)
                 out: dict[str, Any] = {"ref": f"{tag_name}:{tag}", "name": tag_name, "tag": tag, "deleted": True,
                                        "digest": digest}
+            elif ungate:
+                from farm.cli.devlab_cmd import user
+                from registry.promotion import ungate as lift
+
+                out = {**tag_view(s, tag_name, tag), "ungated": lift(s, tag_name, tag, by=user())}
             elif args.history:
-                out = tag_view(s, tag_name, tag)
+                from registry.promotion import history
+
+                out = {**tag_view(s, tag_name, tag), "promotions": history(s, tag_name, tag)}
             else:
                 digest, artifact = tag_source(s, args.source)
                 move = set_tag(s, tag_name, tag, digest, force=args.force)
@@ -93,6 +110,8 @@ def _print(name: str, args: argparse.Namespace, out: dict[str, Any]) -> int:
         return 0
     if name == "untag":
         print(f"untagged {out['ref']} (was {out['digest']})")
+    elif "ungated" in out:
+        print(f"{out['ref']}: " + ("ungated: farm tag --force moves it again" if out["ungated"] else "was not gated"))
     elif args.history:
         _print_history(out)
     elif out["moved"]:
@@ -111,3 +130,9 @@ def _print_history(view: dict[str, Any]) -> None:
     print(f"{view['ref']} -> {now}")
     table([{"when": e["at"], "action": e["action"], "digest": e["digest"], "previous": e["previous"] or ""}
            for e in view["history"]], ["when", "action", "digest", "previous"])
+    if view.get("promotions"):
+        print("promotions (farm promote):")
+        table([{"when": p["at"], "kind": p["kind"], "by": p["by"], "from": p["from"] or "", "require": p["require"] or "",
+                "simulator": "allowed" if p["allow_simulator"] else "",
+                "evidence": "; ".join(f"{soc}: {', '.join(d) or '-'}" for soc, d in p["devices"].items())}
+               for p in view["promotions"]], ["when", "kind", "by", "from", "require", "simulator", "evidence"])

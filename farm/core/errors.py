@@ -61,6 +61,12 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
     ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
     ├── ReportRuntimeMismatchError report-runtime-mismatch  a device report from a runtime the compatibility rule refuses
+    ├── EnrollmentInvalidError   enrollment-invalid  an enrollment token unknown, used, expired or revoked
+    ├── DeviceRevokedError       device-revoked     an enrolled device that was revoked (its reports are struck)
+    ├── ReportSignatureError     report-signature-invalid  a verification report its device's key did not sign
+    ├── ReportReplayedError      report-replayed    a verification report for a lease or nonce that is not the job's now
+    ├── TagGatedError            tag-gated          moving a tag that `farm promote` moved (`farm tag --ungate` first)
+    ├── PromotionUnmetError      promotion-unmet    `farm promote`: the evidence does not meet --require (exit 3)
     └── InternalError            internal-error     a bug: rerun with FARM_DEBUG=1 for the traceback
     (UsageError ─ TooLargeError  too-large          HTTP: an upload over FARM_MAX_UPLOAD_MB)
     (UsageError ─ BadSamplesError bad-samples       sample inputs that are not a readable .npz for the model)
@@ -353,6 +359,45 @@ class CancelledError(FarmError):
     code = "cancelled"
     summary = "the build was cancelled (`farm cancel`); submitting it again queues it again"
     default_hint = "submit the release again to build it (a cancel is not a verdict on the model)"
+
+
+class EnrollmentInvalidError(FarmError):
+    code = "enrollment-invalid"
+    summary = "`ctxfarm-agent enroll`: the enrollment token is unknown, already used, expired or revoked"
+    default_hint = "ask an admin for a new one: farm device enroll NAME (single use, expiring)"
+
+
+class DeviceRevokedError(FarmError):
+    code = "device-revoked"
+    summary = "a device agent whose enrollment was revoked (`farm device revoke`): its reports are struck"
+    default_hint = "enroll the device again under a new name (farm device enroll NAME)"
+
+
+class ReportSignatureError(FarmError):
+    code = "report-signature-invalid"
+    summary = "a verification report whose signature does not verify with the key its device enrolled"
+    default_hint = "reports are signed by the agent's own key (ctxfarm-agent keeps it in its --home)"
+
+
+class ReportReplayedError(FarmError):
+    code = "report-replayed"
+    summary = ("a verification report for a job lease that is not the job's current one (a replay, a lease "
+               "that ran out and went to another agent, another device's lease)")
+    default_hint = "nothing is recorded; the agent takes a new job and reports on it"
+
+
+class TagGatedError(FarmError):
+    code = "tag-gated"
+    summary = "`farm tag --force` on a tag `farm promote` moved: it moves only by promote, rollback or after --ungate"
+    default_hint = ("farm promote NAME:FROM --to TAG (on evidence), farm promote --rollback NAME:TAG, or "
+                    "farm tag --ungate NAME:TAG")
+
+
+class PromotionUnmetError(FarmError):
+    code = "promotion-unmet"
+    summary = "`farm promote`: the device evidence does not meet `--require` (what is missing is listed per SoC)"
+    exit_code = 3  # nothing moved, like a resolve that found nothing
+    default_hint = "enroll and run more device agents (docs/device-lab.md), or wait with --wait --timeout S"
 
 
 class InternalError(FarmError):

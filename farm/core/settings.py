@@ -97,6 +97,9 @@ class Settings:
     quota_upload_mb: int = 8192
     quota_releases: int = 64
     upload_ttl_s: float = 86400.0
+    # The device lab: a verification job's lease (the agent renews it at a third of this while it
+    # runs the job); one that ran out goes to the next agent.
+    device_lease_s: int = 600
 
     @property
     def worker_stale_after(self) -> float:
@@ -187,6 +190,7 @@ class Settings:
             quota_upload_mb=integer("FARM_QUOTA_UPLOAD_MB", 8192),
             quota_releases=integer("FARM_QUOTA_RELEASES", 64),
             upload_ttl_s=number("FARM_UPLOAD_TTL_S", 86400.0),
+            device_lease_s=integer("FARM_DEVICE_LEASE_S", 600),
         )
 
 

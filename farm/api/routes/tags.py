@@ -17,11 +17,12 @@ def get_tag(name: str, tag: str, reg: RegistryDep) -> dict[str, Any]:
     """Where NAME:TAG points (``digest`` null once deleted) and every change of it."""
     from farm.core.names import check_name, check_tag
     from registry.index import tag_view
+    from registry.promotion import history
 
     check_name(name)
     check_tag(tag)
     with reg.db.session() as s:
-        return tag_view(s, name, tag)
+        return {**tag_view(s, name, tag), "promotions": history(s, name, tag)}
 
 
 @router.put("/v1/tags/{name:path}/{tag}", dependencies=[admin])

@@ -74,6 +74,12 @@ STABLE_CODES = {
     "GenaiFolderError": "genai-folder-invalid",
     "PackageUnsupportedError": "package-unsupported",
     "CapabilityMissingError": "capability-missing",
+    "EnrollmentInvalidError": "enrollment-invalid",
+    "DeviceRevokedError": "device-revoked",
+    "ReportSignatureError": "report-signature-invalid",
+    "ReportReplayedError": "report-replayed",
+    "TagGatedError": "tag-gated",
+    "PromotionUnmetError": "promotion-unmet",
 }
 
 

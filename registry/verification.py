@@ -1,0 +1,273 @@
+"""Verification jobs and the signed reports that close them.
+
+A job asks for artifact X to be run on a device of SoC Y. An agent leases it (a guarded UPDATE: of
+two agents asking at once one wins; a lease that ran out goes to the next agent, with a fresh
+nonce), runs it and posts a report: ``body`` (canonical JSON text holding the job id and the
+lease's nonce) and an Ed25519 ``signature`` over ``DOMAIN + body`` by the key its device enrolled.
+The service checks, in order: the device (not revoked), the signature, the body's shape, that the
+job's lease is this device's and this nonce (else ``report-replayed``), that the SoC is the one it
+enrolled (a simulator may verify any SoC, and is recorded as one). The first accepted report
+closes the job; the same signed report posted again answers the same row (idempotent).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, aliased
+
+from farm.core.errors import (
+    NotFoundError,
+    ReportReplayedError,
+    ReportSignatureError,
+    ReportSocMismatchError,
+    UsageError,
+)
+from farm.core.signed_reports import canonical, message
+from registry.models import Artifact, Device, DeviceVerification, VerificationJob
+
+LEASE_S = 600  # an agent that took a job and went silent for this long loses it to the next one
+MAX_BODY = 16 * 1024
+OUTCOMES = ("ok", "fails", "crashed")
+NUMBERS = ("psnr_db", "load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb")
+TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
+BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
+
+
+# ---- jobs -----------------------------------------------------------------------------------------
+
+def ensure_jobs(session: Session, artifact_id: int, soc: str, slots: int) -> int:
+    """Jobs 1..``slots`` for (artifact, SoC): each is done by a distinct device. Returns how many were
+    made (an existing slot is kept, done or not: a job's result stands)."""
+    have = set(session.scalars(select(VerificationJob.slot).where(VerificationJob.artifact_id == artifact_id,
+                                                                  VerificationJob.soc == soc)))
+    made = 0
+    for slot in range(1, slots + 1):
+        if slot in have:
+            continue
+        try:
+            with session.begin_nested():
+                session.add(VerificationJob(artifact_id=artifact_id, soc=soc, slot=slot))
+            made += 1
+        except IntegrityError:  # another promote made it meanwhile: the same job
+            pass
+    return made
+
+
+@dataclass(frozen=True)
+class Lease:
+    job_id: int
+    nonce: str
+    artifact: str
+    model_digest: str
+    soc: str
+    target: str
+    toolchain: str
+    lease_until: datetime
+    model_files: list[dict[str, Any]]
+    lease_s: int = LEASE_S
+    samples: dict[str, Any] | None = None  # the submitter's sample inputs (an .npz blob), if the model has them
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job_id, "nonce": self.nonce, "artifact": self.artifact, "model": self.model_digest,
+                "soc": self.soc, "target": self.target, "toolchain": self.toolchain,
+                "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files,
+                "samples": self.samples}
+
+
+def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
+          lease_s: int = LEASE_S) -> Lease | None:
+    """Take one job this device may do, or None. A device of SoC Y takes Y's jobs; a simulator any
+    SoC's (``socs`` narrows it). Never a second job of a cell (artifact, SoC) the device already
+    reported on or holds. ``runtime``: the agent's QNN version; an artifact built with a newer SDK
+    is not offered."""
+    from farm.core.keys import parse_version
+    from registry.models import Model, ModelSample
+
+    now = datetime.now(UTC)
+    wanted = [device.soc] if not device.simulator else socs
+    # Never a second job of a cell (artifact, SoC) this device holds or reported: in the query, so
+    # a device that did many cells still finds the open ones.
+    held = aliased(VerificationJob)
+    held_cell = exists().where(held.device_id == device.id, held.artifact_id == VerificationJob.artifact_id,
+                               held.soc == VerificationJob.soc)
+    reported_cell = exists().where(DeviceVerification.device_id == device.id,
+                                   DeviceVerification.artifact_id == VerificationJob.artifact_id,
+                                   DeviceVerification.soc == VerificationJob.soc)
+    open_ = or_(VerificationJob.state == "queued",
+                and_(VerificationJob.state == "leased", VerificationJob.lease_until < now))
+    query = (select(VerificationJob, Artifact).join(Artifact, Artifact.id == VerificationJob.artifact_id)
+             .where(open_, Artifact.status == "active", ~held_cell, ~reported_cell)
+             .order_by(VerificationJob.id).limit(50))
+    if wanted:
+        query = query.where(VerificationJob.soc.in_(wanted))
+    for job, art in session.execute(query).all():
+        if runtime and parse_version(art.toolchain) > parse_version(runtime):
+            continue
+        nonce = secrets.token_hex(16)
+        until = now + timedelta(seconds=lease_s)
+        # Guarded: the row is still open as read; of two agents, one changes it.
+        took = session.execute(
+            update(VerificationJob).where(VerificationJob.id == job.id, VerificationJob.state == job.state,
+                                          VerificationJob.attempts == job.attempts, open_)
+            .values(state="leased", device_id=device.id, nonce=nonce, lease_until=until,
+                    attempts=VerificationJob.attempts + 1).execution_options(synchronize_session=False))
+        if took.rowcount != 1:  # type: ignore[attr-defined]
+            continue
+        model = session.get(Model, art.model_digest)
+        files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
+        sample = session.get(ModelSample, art.model_digest)
+        samples = {"digest": sample.digest, "size": sample.size} if sample is not None else None
+        return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
+                     lease_s, samples)
+    return None
+
+
+def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
+    """Extend this device's lease of ``job_id`` (the nonce it was given); ``lease-lost`` when the
+    lease is not its own any more (it ran out and another agent took it, the job is done)."""
+    from farm.core.errors import LeaseLostError
+
+    until = datetime.now(UTC) + timedelta(seconds=lease_s)
+    kept = session.execute(
+        update(VerificationJob).where(VerificationJob.id == job_id, VerificationJob.state == "leased",
+                                      VerificationJob.device_id == device.id, VerificationJob.nonce == str(nonce)[:64])
+        .values(lease_until=until).execution_options(synchronize_session=False))
+    if kept.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLostError(f"job {job_id} is not leased to {device.name} with this nonce any more",
+                             hint="the agent stops renewing; its report would be refused (report-replayed)")
+    return until
+
+
+# ---- reports --------------------------------------------------------------------------------------
+
+def verify_signature(public_b64: str, body_text: str, signature_b64: Any) -> None:
+    from registry.signing import _crypto
+
+    _, ed25519 = _crypto()  # missing-extra without the cryptography package
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        sig = base64.b64decode(signature_b64, validate=True) if isinstance(signature_b64, str) else b""
+        ed25519.Ed25519PublicKey.from_public_bytes(base64.b64decode(public_b64)).verify(sig, message(body_text))
+    except (InvalidSignature, ValueError):
+        raise ReportSignatureError("the report's signature does not verify with the key this device enrolled") \
+            from None
+
+
+def parse_body(body_text: Any) -> dict[str, Any]:
+    """The report body, its shape checked (after its signature: nothing unsigned is parsed)."""
+    from farm.core.text import unprintable
+
+    if not isinstance(body_text, str) or len(body_text) > MAX_BODY:
+        raise UsageError(f"body: the canonical report text, at most {MAX_BODY} characters")
+    try:
+        body = json.loads(body_text)
+    except ValueError:
+        raise UsageError("body is not JSON") from None
+    if not isinstance(body, dict) or set(body) - BODY_KEYS:
+        raise UsageError(f"body: an object with the keys {', '.join(sorted(BODY_KEYS))}")
+    for key in ("job", "nonce", "device", "artifact", "soc", "outcome"):
+        if key not in body:
+            raise UsageError(f"body.{key} is required")
+    if not isinstance(body["job"], int) or isinstance(body["job"], bool):
+        raise UsageError("body.job: the job id")
+    if body["outcome"] not in OUTCOMES:
+        raise UsageError(f"body.outcome: one of {', '.join(OUTCOMES)}")
+    for key in NUMBERS:
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
+            raise UsageError(f"body.{key}: a non-negative number")
+    for key in ("nonce", "device", "artifact", "soc"):
+        if not isinstance(body[key], str) or len(body[key]) > 255:
+            raise UsageError(f"body.{key}: a string")
+    for key, cap in TEXTS.items():
+        v = body.get(key)
+        if v is not None and (not isinstance(v, str) or len(v) > cap or unprintable(v) is not None):
+            raise UsageError(f"body.{key}: printable text of at most {cap} characters")
+    if canonical(body) != body_text:
+        raise UsageError("body is not in canonical form (sorted keys, no spaces, ASCII)")
+    return body
+
+
+def accept(session: Session, device: Device, job_id: int, body_text: Any, signature: Any) -> tuple[DeviceVerification, bool]:
+    """Record a signed report for ``job_id`` from ``device`` (the bearer token's). Returns (row,
+    created): the same signed report again answers its row, ``created`` False."""
+    if not device.public_key:
+        raise ReportSignatureError("this device has no enrolled key")
+    verify_signature(device.public_key, body_text if isinstance(body_text, str) else "", signature)
+    body = parse_body(body_text)
+    if body["job"] != job_id or body["device"] != device.name:
+        raise ReportReplayedError("the signed report is for another job or another device")
+    same = session.scalar(select(DeviceVerification).where(DeviceVerification.nonce == body["nonce"]))
+    if same is not None:
+        if same.job_id == job_id and same.device_id == device.id and same.signature == signature:
+            return same, False
+        raise ReportReplayedError("this nonce was already reported on")
+    job = session.get(VerificationJob, job_id)
+    if job is None:
+        raise NotFoundError(f"no verification job {job_id}")
+    if job.state != "leased" or job.device_id != device.id or job.nonce != body["nonce"]:
+        raise ReportReplayedError(f"job {job_id}'s lease is not this device's with this nonce (it ran out and went "
+                                  "to another agent, or the job is done)")
+    if not device.simulator and body["soc"] != device.soc:
+        raise ReportSocMismatchError(f"device {device.name!r} enrolled as {device.soc}, the report says {body['soc']}")
+    art = session.get(Artifact, job.artifact_id)
+    if body["soc"] != job.soc or art is None or body["artifact"] != art.digest:
+        raise ReportSocMismatchError(f"job {job_id} is {job.soc} on {art.digest if art else '?'}; the report is "
+                                     f"{str(body['soc'])[:64]} on {str(body['artifact'])[:71]}")
+    row = DeviceVerification(job_id=job.id, device_id=device.id, artifact_id=job.artifact_id, soc=job.soc,
+                             simulator=device.simulator, nonce=body["nonce"], outcome=body["outcome"],
+                             body=body, signature=str(signature)[:128], **{k: body.get(k) for k in NUMBERS})
+    closed = session.execute(
+        update(VerificationJob).where(VerificationJob.id == job.id, VerificationJob.state == "leased",
+                                      VerificationJob.device_id == device.id, VerificationJob.nonce == body["nonce"])
+        .values(state="done", done_at=datetime.now(UTC)).execution_options(synchronize_session=False))
+    if closed.rowcount != 1:  # type: ignore[attr-defined]
+        raise ReportReplayedError(f"job {job_id} was taken over meanwhile")
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        raise ReportReplayedError(f"job {job_id} already has its report") from None
+    return row, True
+
+
+def view(row: DeviceVerification, device_name: str | None = None) -> dict[str, Any]:
+    from farm.core.times import iso
+
+    return {"id": row.id, "job": row.job_id, "device": device_name, "soc": row.soc, "simulator": row.simulator,
+            "outcome": row.outcome, **{k: getattr(row, k) for k in NUMBERS}, "inputs": (row.body or {}).get("inputs"),
+            "at": iso(row.created_at), "struck": row.struck_why}
+
+
+# ---- evidence -------------------------------------------------------------------------------------
+
+def evidence(session: Session, artifact_ids: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+    """Per SoC: the live (not struck) verifications of its artifact, with the device's name."""
+    out: dict[str, list[dict[str, Any]]] = {soc: [] for soc in artifact_ids}
+    for soc, art_id in artifact_ids.items():
+        rows = session.execute(select(DeviceVerification, Device.name)
+                               .join(Device, Device.id == DeviceVerification.device_id)
+                               .where(DeviceVerification.artifact_id == art_id, DeviceVerification.soc == soc,
+                                      DeviceVerification.struck_at.is_(None), Device.revoked_at.is_(None))
+                               .order_by(DeviceVerification.id)).all()
+        out[soc] = [view(r, name) for r, name in rows]
+    return out
+
+
+def open_jobs(session: Session, artifact_ids: dict[str, int]) -> dict[str, int]:
+    """Per SoC: jobs not done yet."""
+    out = {}
+    for soc, art_id in artifact_ids.items():
+        out[soc] = int(session.scalar(select(func.count()).select_from(VerificationJob).where(
+            VerificationJob.artifact_id == art_id, VerificationJob.soc == soc, VerificationJob.state != "done")) or 0)
+    return out

@@ -1,0 +1,384 @@
+"""The device lab against a live `farm serve` (SQLite; the lease race on PostgreSQL), with a real QNN
+build of a small plain model behind it: two simulator agents enrolled with `ctxfarm-agent enroll`,
+`farm promote` making the jobs, each agent running one with `run --once` (install, simulator run,
+CPU reference) and posting a signed report; promotion on that evidence only with
+--allow-simulator, the gate, rollback; and the attacks on the report path, each refused with its
+code and nothing recorded."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.core.settings import Settings
+from farm.pipeline.plan import build
+from tests.common.accuracy_models import matmul_model
+from tests.common.service import serve, token
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield from _lab(tmp_path, f"sqlite:///{tmp_path / 'index.db'}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def lab_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'index.db'}"
+    yield from _lab(tmp_path, url)
+
+
+def _lab(tmp_path: Path, db_url: str) -> Iterator[dict[str, Any]]:
+    env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": db_url,
+                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"}
+    settings = Settings.from_env(env_vars)
+    model = matmul_model(tmp_path / "mm.onnx")
+    (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
+    assert o.artifact, o
+    admin = token(settings, "ops", "admin")
+    # A bogus FARM_TOKEN in every child's environment: the agent must never read it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars | {"FARM_TOKEN": "cfk_bogus"}
+    port = _port()
+    proc = serve(env, port, tmp_path / "serve.log")
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "admin": admin, "artifact": o.artifact, "settings": settings,
+               "env": env, "tmp": tmp_path}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def call(lab: dict[str, Any], method: str, path: str, tok: str | None, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(lab["url"] + path, data=data, method=method,
+                                 headers={**({"Authorization": f"Bearer {tok}"} if tok else {}),
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def farm(lab: dict[str, Any], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm.cli", *argv], env=lab["env"], capture_output=True, text=True,
+                          timeout=120)
+
+
+def agent(lab: dict[str, Any], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workers.agent.main", *argv], env=lab["env"], capture_output=True,
+                          text=True, timeout=300)
+
+
+def enroll_token(lab: dict[str, Any], name: str) -> str:
+    got = farm(lab, "device", "enroll", name, "--expires", "10m")
+    assert got.returncode == 0, got.stderr
+    assert "shown once" in got.stderr
+    return got.stdout.strip().splitlines()[-1]
+
+
+def test_two_simulator_agents_verify_and_promote(lab: dict[str, Any]) -> None:
+    homes = {}
+    for name in ("sim-a", "sim-b"):
+        tok = enroll_token(lab, name)
+        home = lab["tmp"] / f"agent-{name}"
+        got = agent(lab, "enroll", "--server", lab["url"], "--token", tok, "--home", str(home))
+        assert got.returncode == 0, got.stderr
+        ident = json.loads(got.stdout)
+        assert ident["soc"] == "simulator" and ident["simulator"] is True and ident["facts"]["arch"] == "x86_64"
+        for f in ("device-key.pem", "identity.json"):
+            assert stat.S_IMODE((home / f).stat().st_mode) == 0o600
+        homes[name] = home
+        # The enrollment token is single use.
+        again = agent(lab, "enroll", "--server", lab["url"], "--token", tok, "--home", str(lab["tmp"] / "again"))
+        assert again.returncode != 0 and "error[enrollment-invalid]" in again.stderr, again.stderr
+    listed = json.loads(farm(lab, "device", "list", "--json").stdout)
+    assert {d["name"]: d["state"] for d in listed} == {"sim-a": "enrolled", "sim-b": "enrolled"}
+
+    ask = {"model": "mm:cand", "to": "stable", "require": "devices>=2 per soc,psnr>=30"}
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], ask)
+    assert status == 409 and body["error"]["code"] == "promotion-unmet", body
+    assert body["account"]["socs"]["SM8650"]["missing"] == 2 and body["account"]["socs"]["SM8650"]["jobs_open"] == 2
+
+    # The tag the promotion moves points at another model first (a build of other weights).
+    build(lab["settings"], matmul_model(lab["tmp"] / "mm2.onnx", seed=1), ["qnn:SM8650"], name="mm", tag="stable")
+    before = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)["digest"]
+    # Simulator reports are no device evidence without --allow-simulator; with it, a waiting promote
+    # moves the tag once the agents' reports are in.
+    argv = ["promote", "mm:cand", "--to", "stable", "--require", "devices>=2 per soc,psnr>=30", "--server", lab["url"],
+            "--token", lab["admin"]]
+    waiting = subprocess.Popen([sys.executable, "-m", "farm.cli", *argv, "--allow-simulator", "--wait", "--timeout",
+                                "240", "--json"], env=lab["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        for name, home in homes.items():
+            got = agent(lab, "run", "--home", str(home), "--once", "--runs", "3")
+            assert got.returncode == 0, got.stderr
+            assert json.loads(got.stdout.strip().splitlines()[-1]) == {"device": name, "reports": 1}, got.stderr
+            assert "ok, p50" in got.stderr
+        stdout, stderr = waiting.communicate(timeout=240)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, stderr
+    out = json.loads(stdout)
+    cell = out["account"]["socs"]["SM8650"]
+    assert out["moved"] is True and out["previous"] == before and sorted(cell["devices"]) == ["sim-a", "sim-b"]
+    got = farm(lab, *argv, "--to", "beta")
+    assert got.returncode == 3 and "error[promotion-unmet]" in got.stderr and "simulator" in got.stderr, got.stderr
+
+    # Gated: a plain move refuses, the history says who moved it on which evidence; rollback.
+    got = farm(lab, "tag", "mm:stable", before, "--force")
+    assert got.returncode != 0 and "error[tag-gated]" in got.stderr, got.stderr
+    hist = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)
+    (promo,) = hist["promotions"]
+    assert promo["by"] == "ops" and promo["allow_simulator"] is True and sorted(promo["devices"]["SM8650"]) == [
+        "sim-a", "sim-b"]
+    got = farm(lab, "promote", "--rollback", "mm:stable", "--server", lab["url"], "--token", lab["admin"])
+    assert got.returncode == 0 and "rolled back" in got.stdout, got.stderr
+    assert json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)["digest"] == before
+    got = farm(lab, "tag", "mm:stable", "mm:cand", "--force")
+    assert got.returncode != 0 and "error[tag-gated]" in got.stderr, got.stderr
+
+    # Revoking a device strikes its report: the evidence no longer holds.
+    assert farm(lab, "device", "revoke", "sim-b").returncode == 0
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {**ask, "allow_simulator": True})
+    assert status == 409 and body["account"]["socs"]["SM8650"]["devices"] == ["sim-a"], body
+
+    got = farm(lab, "tag", "--ungate", "mm:stable")
+    assert got.returncode == 0 and "ungated" in got.stdout
+    hist = json.loads(farm(lab, "tag", "--history", "mm:stable", "--json").stdout)
+    assert [p["kind"] for p in hist["promotions"]] == ["promote", "rollback", "ungate"]
+    assert farm(lab, "tag", "mm:stable", "mm:cand", "--force").returncode == 0
+
+
+def _key() -> tuple[Any, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key, base64.b64encode(raw).decode()
+
+
+def _enroll(lab: dict[str, Any], name: str, soc: str = "simulator", arch: str = "x86_64") -> dict[str, Any]:
+    key, pub = _key()
+    status, body = call(lab, "POST", "/v1/devices/enroll", enroll_token(lab, name),
+                        {"public_key": pub, "soc": soc, "facts": {"arch": arch}})
+    assert status == 201, body
+    return {**body, "key": key}
+
+
+def _report(lab: dict[str, Any], dev: dict[str, Any], job: dict[str, Any], *, key: Any = None,
+            **over: Any) -> tuple[int, Any]:
+    from farm.core.signed_reports import canonical, message
+
+    body = {"job": job["job"], "nonce": job["nonce"], "device": dev["name"], "artifact": job["artifact"],
+            "soc": job["soc"], "outcome": "ok", "psnr_db": 70.0, "p50_ms": 1.5, **over}
+    text = canonical(body)
+    sig = base64.b64encode((key or dev["key"]).sign(message(text))).decode()
+    return call(lab, "POST", f"/v1/device-jobs/{job['job']}/report", dev["token"], {"body": text, "signature": sig})
+
+
+def test_report_attacks_are_refused(lab_any: dict[str, Any]) -> None:
+    lab = lab_any
+    a = _enroll(lab, "sim-a")
+    b = _enroll(lab, "sim-b")
+    phone = _enroll(lab, "phone", soc="SM8650", arch="arm64-v8a")
+    assert phone["soc"] == "SM8650" and phone["simulator"] is False
+    # An x86_64 host can't enroll as a device.
+    key, pub = _key()
+    status, body = call(lab, "POST", "/v1/devices/enroll", enroll_token(lab, "liar"),
+                        {"public_key": pub, "soc": "SM8650", "facts": {"arch": "x86_64"}})
+    assert status == 422 and body["error"]["code"] == "not-device-evidence"
+    status, _ = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
+                                                                   "require": "devices>=2 per soc"})
+    assert status == 409
+    # A job is taken by one agent: the second gets the other slot, a third nothing.
+    status, job_a = call(lab, "POST", "/v1/device-jobs/lease", a["token"], {})
+    assert status == 200
+    status, job_b = call(lab, "POST", "/v1/device-jobs/lease", b["token"], {})
+    assert status == 200 and job_b["job"] != job_a["job"]
+    assert call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})[0] == 204
+    # A plain read token is no device; nor is no token.
+    reader = token(lab["settings"], "reader", "read")
+    assert call(lab, "POST", "/v1/device-jobs/lease", reader, {})[1]["error"]["code"] == "forbidden"
+    assert call(lab, "POST", "/v1/device-jobs/lease", None, {})[0] == 401
+
+    # The holder keeps its lease; nobody else can.
+    status, body = call(lab, "POST", f"/v1/device-jobs/{job_a['job']}/renew", a["token"], {"nonce": job_a["nonce"]})
+    assert status == 200 and body["lease_until"] >= job_a["lease_until"] and job_a["lease_s"] == 600
+    status, body = call(lab, "POST", f"/v1/device-jobs/{job_a['job']}/renew", b["token"], {"nonce": job_a["nonce"]})
+    assert status == 409 and body["error"]["code"] == "lease-lost"
+
+    forged, _ = _key()  # an unenrolled key
+    status, body = _report(lab, a, job_a, key=forged)
+    assert status == 403 and body["error"]["code"] == "report-signature-invalid"
+    status, body = _report(lab, b, job_a)  # b reporting on a's lease
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, body = _report(lab, a, job_a, nonce="0" * 32)  # a nonce that is not the lease's
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, first = _report(lab, a, job_a)
+    assert status == 201 and first["created"] is True
+    status, again = _report(lab, a, job_a)  # the same signed report: answered, not counted twice
+    assert status == 200 and again["id"] == first["id"] and again["created"] is False
+    status, body = _report(lab, a, job_a, p50_ms=0.1)  # another body on the same nonce
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+    status, body = _report(lab, a, {**job_b})  # a's key, b's job
+    assert status == 409 and body["error"]["code"] == "report-replayed"
+
+    # A device reports a SoC other than the one it enrolled.
+    status, _ = call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})
+    assert status == 204  # both SM8650 slots are leased or done
+    farm(lab, "device", "revoke", "sim-b")  # b's lease goes back to the queue
+    status, job_p = call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})
+    assert status == 200 and job_p["soc"] == "SM8650"
+    status, body = _report(lab, phone, job_p, soc="SM8750")
+    assert status == 422 and body["error"]["code"] == "report-soc-mismatch"
+    # The revoked device can do nothing more.
+    status, body = call(lab, "POST", "/v1/device-jobs/lease", b["token"], {})
+    assert body["error"]["code"] in ("unauthorized", "device-revoked")  # the token cache: within 5 s
+    status, _ = _report(lab, phone, job_p)
+    assert status == 201
+    status, body = call(lab, "GET", "/v1/devices", lab["admin"])
+    assert {d["name"]: d["state"] for d in body["devices"]}["sim-b"] == "revoked"
+    # Enrollment tokens over HTTP: admin only; the token works once.
+    assert call(lab, "POST", "/v1/devices", reader, {"name": "remote"})[0] == 403
+    status, made = call(lab, "POST", "/v1/devices", lab["admin"], {"name": "remote", "expires": "5m"})
+    assert status == 201 and made["token"].startswith("cfe_")
+    enrolling = {"public_key": _key()[1], "soc": "simulator", "facts": {"arch": "x86_64"}}
+    assert call(lab, "POST", "/v1/devices/enroll", None, enrolling)[0] == 401  # no token
+    assert call(lab, "POST", "/v1/devices/enroll", made["token"], enrolling)[0] == 201
+    status, body = call(lab, "POST", "/v1/devices/enroll", made["token"], {**enrolling, "public_key": _key()[1]})
+    assert status == 401 and body["error"]["code"] == "enrollment-invalid"
+    status, body = call(lab, "POST", "/v1/devices/enroll", lab["admin"], {**enrolling, "public_key": _key()[1]})
+    assert status == 401 and body["error"]["code"] == "enrollment-invalid"  # an API token enrolls nothing
+    status, body = call(lab, "DELETE", "/v1/devices/remote", lab["admin"])
+    assert status == 200 and body == {"revoked": "remote", "struck": 0}
+
+
+def test_lease_race_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """Eight agents ask at once for one job: one gets it (guarded UPDATE; PostgreSQL, real rows)."""
+    from registry.devices import create_enrollment, enroll
+    from registry.index import Registry
+    from registry.verification import ensure_jobs, lease
+
+    settings = Settings.from_env({"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": pg_url,
+                                  "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"})
+    model = matmul_model(tmp_path / "mm.onnx")
+    (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
+    reg = Registry.open(settings)
+    try:
+        devices = []
+        with reg.db.session() as s:
+            from registry.index import find_artifact
+
+            art = find_artifact(s, o.artifact)
+            ensure_jobs(s, art.id, "SM8650", 1)
+            for i in range(8):
+                tok = create_enrollment(s, f"sim-{i}").token
+                devices.append(enroll(s, tok, _key()[1], "simulator", {"arch": "x86_64"})[0].id)
+        got: list[Any] = []
+        barrier = threading.Barrier(len(devices))
+
+        def take(device_id: int) -> None:
+            from registry.models import Device
+
+            with reg.db.session() as s:
+                dev = s.get(Device, device_id)
+                barrier.wait()
+                got.append(lease(s, dev))
+
+        threads = [threading.Thread(target=take, args=(d,)) for d in devices]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(got) == 8 and sum(g is not None for g in got) == 1
+    finally:
+        reg.close()
+
+
+def test_a_running_agent_takes_a_job_made_while_it_waits(lab: dict[str, Any]) -> None:
+    """`ctxfarm-agent run` (no --once) long-polls: a job made after it started reaches it, runs on
+    the model's sample inputs (the submitter's .npz), and a local `farm promote --wait` moves the
+    tag once its report is in."""
+    import io
+
+    import numpy as np
+
+    digest = json.loads(farm(lab, "tag", "--history", "mm:cand", "--json").stdout)["digest"]
+    buf = io.BytesIO()
+    np.savez(buf, x=np.full((1, 64), 0.25, np.float32))
+    req = urllib.request.Request(f"{lab['url']}/v1/models/{digest}/samples", data=buf.getvalue(), method="POST",
+                                 headers={"Authorization": f"Bearer {token(lab['settings'], 'pipeline', 'submit')}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        samples = json.loads(r.read())["samples"]
+    home = lab["tmp"] / "agent"
+    got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, "sim-w"), "--home", str(home))
+    assert got.returncode == 0, got.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "workers.agent.main", "run", "--home", str(home), "--runs", "2"],
+                            env=lab["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ask = {"model": "mm:cand", "to": "stable", "require": "devices>=1 per soc", "allow_simulator": True}
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], ask)
+        assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 1
+        got = farm(lab, "promote", "mm:cand", "--to", "stable", "--require", "devices>=1 per soc", "--allow-simulator",
+                   "--wait", "--timeout", "110", "--json")
+        assert got.returncode == 0, (got.stderr, proc.stderr.read() if proc.poll() is not None else "")
+        assert json.loads(got.stdout)["account"]["socs"]["SM8650"]["devices"] == ["sim-w"]
+        from registry.index import Registry
+        from registry.models import DeviceVerification
+
+        reg = Registry.open(lab["settings"])
+        try:
+            with reg.db.session() as s:
+                (row,) = s.query(DeviceVerification).all()
+                assert row.body["inputs"] == samples and row.outcome == "ok" and row.psnr_db > 30, row.body
+        finally:
+            reg.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_running_agent_outlives_an_unreachable_service(lab: dict[str, Any]) -> None:
+    """`run` (no --once) asks an unreachable service again with a backoff instead of exiting;
+    `run --once` exits with server-error."""
+    home = lab["tmp"] / "agent"
+    got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, "sim-o"), "--home", str(home))
+    assert got.returncode == 0, got.stderr
+    nowhere = f"http://127.0.0.1:{_port()}"
+    once = agent(lab, "run", "--home", str(home), "--server", nowhere, "--once")
+    assert once.returncode == 1 and "error[server-error]" in once.stderr, once.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "workers.agent.main", "run", "--home", str(home), "--server",
+                             nowhere], env=lab["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend([proc.stderr.readline(), proc.stderr.readline()]),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=60)  # the first two tries: at once, then after 1 s
+        assert len(lines) == 2 and all("asking again in" in line for line in lines), lines
+        assert proc.poll() is None  # still running
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
