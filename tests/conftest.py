@@ -21,3 +21,9 @@ def farm_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env["FARM_HOME"] = str(settings.home)
     return env
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` first (a stable sort: the rest keep their order): a parallel run
+    hands them out at its start instead of ending with one worker busy on them alone."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

@@ -46,6 +46,7 @@ def maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+@pytest.mark.long
 def test_a_model_over_2_gib_through_every_path(s3_url: str, tmp_path: Path, farm_env: dict[str, str]) -> None:
     free = memory.available_mb() or 0
     if free < NEEDS_MB:
