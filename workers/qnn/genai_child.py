@@ -109,10 +109,13 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
     (out / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
 
 
-def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None) -> dict[str, Any]:
+def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *, minimum: int | None = None,
+             seconds: float | None = None) -> dict[str, Any]:
     """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
     where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
-    tokens, each step's logits (the distribution the token was taken from), and the timings."""
+    tokens, each step's logits (the distribution the token was taken from), and the timings.
+    ``minimum`` and ``seconds``: past ``minimum`` tokens, stop before a step that would take the
+    generation (prefill included) past ``seconds`` (``stopped``: ``budget``; else ``tokens``)."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -129,19 +132,26 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None) -
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False)
     gen = og.Generator(model, params)
-    t = time.perf_counter()
+    t0 = t = time.perf_counter()
     gen.append_tokens(np.asarray(ids, dtype=np.int32))
     prefill = time.perf_counter() - t
     out: list[int] = []
     logits: list[Any] = []
+    stopped = "tokens"
     t = time.perf_counter()
     for _ in range(tokens):
+        # genai runs a step lazily: the logits of the token chosen last (the prompt's, first).
+        step = time.perf_counter()
         logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
+        if (minimum is not None and seconds is not None and minimum <= len(out) < tokens
+                and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds):
+            stopped = "budget"
+            break
     decode = time.perf_counter() - t
     return {"prompt_ids": ids, "tokens": out, "logits": logits, "load_seconds": load, "prefill_seconds": prefill,
-            "decode_seconds_per_token": decode / max(1, tokens)}
+            "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
 
 
 def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
@@ -181,10 +191,13 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     from workers.epcontext import read_epcontext
     from workers.qnn.child import _session_options
 
-    os.nice(int(req.get("nice", 10)))  # a check yields the CPU to compiles
+    # A worker's twin yields the CPU to its compiles; the embedded command's twin is what it waits on.
+    os.nice(int(req.get("nice", 10)))
     export = genai.read_export(req["export"])
     work = Path(req["work"])
     tokens = int(req.get("tokens", 16))
+    minimum = min(tokens, int(req.get("min_tokens", tokens)))
+    seconds = req.get("generate_seconds")
     prompt = str(req.get("prompt") or genai.TWIN_PROMPT)
     src_dir, twin_dir = work / "source", work / "twin"
     for d in (src_dir, twin_dir):
@@ -234,13 +247,17 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
                 "detail": "loading or running the twin crashed onnxruntime-genai on the QNN HTP backend"})
     _register_qnn()
     try:
-        got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length)
+        got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
+                       seconds=float(seconds) if seconds is not None else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
+    if got["stopped"] == "budget":  # compared on the tokens the simulator had time for
+        n = len(got["tokens"])
+        ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
-            **compare_runs(ref, got), "timing": timing}
+            **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
 
 
 def main(argv: list[str]) -> int:
