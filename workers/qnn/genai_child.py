@@ -180,6 +180,23 @@ def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The HTP simulator runs a graph on 4 busy HVX threads (thr_hvx_0..3, measured, QNN 2.51.0).
+HVX_THREADS = 4
+
+
+def _simulator_cpus() -> int:
+    """With fewer CPUs than the simulator's HVX threads, the threads that the QNN sessions
+    create from here on run on one CPU: on 2 shared cores that cost 0.95 s of CPU per decode
+    graph run against 1.27 s spread over both, 3.15 s against 4.0 s per prefill run (hidden
+    1024, 4 layers a part; measured, QNN 2.51.0), and less wall time too; compiles are not
+    affected (single-threaded: 7.9 s of CPU for four, either way). Returns the CPUs they get."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) >= HVX_THREADS:
+        return len(allowed)
+    os.sched_setaffinity(0, {min(allowed)})  # this thread: the simulator's threads inherit it
+    return 1
+
+
 def twin(req: dict[str, Any]) -> dict[str, Any]:
     """The twin check of an export: each part's prefill and decode graph compiled on their own
     (no weight sharing: the simulator crashes on shared contexts), the twin folder run through
@@ -246,6 +263,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     checkpoint({**base, "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": "loading or running the twin crashed onnxruntime-genai on the QNN HTP backend"})
     _register_qnn()
+    base["simulator_cpus"] = _simulator_cpus()
     try:
         got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
                        seconds=float(seconds) if seconds is not None else None)
