@@ -50,16 +50,22 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
              prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
              python: str | None = None) -> dict[str, Any]:
     """The twin check of an export folder for ``target`` (compiled with the build's own
-    provider options, ``workers.qnn.runner.provider_options``). ``nice``: the child's niceness (a
-    worker's twin yields to its compiles; a command that waits on its twin gives 0). Raises
+    provider options, ``workers.qnn.runner.provider_options``, but the quickest finalization).
+    ``nice``: the child's niceness (a worker's twin yields to its compiles; a command that waits
+    on its twin gives 0). Raises
     ``BadGenaiError`` for an export that can't be mapped, ``ToolchainError`` when the EP compiles
     no node; a runtime that dies while generating is ``status: runtime-crashed`` with the steps
     it finished."""
     from workers.qnn.runner import provider_options
 
     work_dir.mkdir(parents=True, exist_ok=True)
+    # The twin checks what the graphs compute, which the finalization mode does not change: mode 1
+    # (the quickest prepare) gave bit-identical outputs on the simulator for a prefill and a decode
+    # graph (hidden 1024, 4 layers) against the default, in 0.81-0.86 s of CPU against 1.32-1.45
+    # s a compile; its runs took 1.06 s against 0.94 (decode) and 3.09 against 3.12 (prefill).
+    compile_options = {**provider_options(target, options), "htp_graph_finalization_optimization_mode": "1"}
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
-           "provider_options": provider_options(target, options), "tokens": int(tokens), "prompt": prompt,
+           "provider_options": compile_options, "tokens": int(tokens), "prompt": prompt,
            "min_tokens": int(min_tokens), "nice": int(nice),
            "generate_seconds": float(generate_seconds if generate_seconds is not None else timeout / GENERATE_SHARE)}
     try:

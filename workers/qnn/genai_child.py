@@ -251,6 +251,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     compile_seconds = time.perf_counter() - t0
     _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
+                            "compile_options": dict(req.get("provider_options") or {}),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
 
