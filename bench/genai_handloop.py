@@ -18,6 +18,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 START = time.perf_counter()
 PAIR = re.compile(r"(context|iterator)_(\d{1,3})\.onnx")
@@ -48,7 +49,7 @@ def main() -> int:
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     options = {"backend_path": oq.get_qnn_htp_path(), "soc_model": args.soc_model,
                "htp_graph_finalization_optimization_mode": "0"}
-    parts = []
+    parts: list[dict[str, Any]] = []
     for i, (prefill, decode) in enumerate(parts_of(args.export)):
         t = time.perf_counter()
         out = args.out / f"part{i}"
