@@ -28,7 +28,8 @@ def add_genai_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class PackageProgress(BuildProgress):
-    """A row per part and target while the parts compile, then one per target for the package."""
+    """A row per part and target while the parts compile, then one per target for the package;
+    from its publication on (the answer), plain lines: when it was published, then its twin."""
 
     def __call__(self, event: str, target: str, info: dict[str, Any], model: str | None = None) -> None:
         model = model or "package"
@@ -36,10 +37,33 @@ class PackageProgress(BuildProgress):
         cells = {"model": model, "target": target}
         if event == "assembling":
             self.update(key, "assembling", f"{info['parts']} part(s) into one folder", cells=cells, restart=True)
+        elif event == "published":
+            self.settle()
+            pending = " (twin pending)" if info.get("twin") == "pending" else ""
+            self.say(f"published {target} {str(info['artifact'])[7:19]} at {info['at']}{pending}")
+        elif event == "checking" and info.get("what") == "twin":
+            self.settle()
+            self.say(f"twin {target}: compiling the parts without sharing, generating on the simulator "
+                     "(Ctrl-C leaves it pending; the same command again runs it)")
+        elif event == "twin":
+            self.say(f"twin {target}: {twin_cell(info) or 'no figures'}"
+                     + (f" ({str(info.get('detail'))[:300]})" if info.get("status") != "ok" and info.get("detail")
+                        else "") + f", recorded in {float(info.get('wall_seconds') or 0):.1f} s")
         elif event == "checking":
             self.update(key, "checking", str(info.get("what") or ""), cells=cells)
         else:
             super().__call__(event, target, info, model=model)
+
+    def settle(self) -> None:
+        """Stop the live table (its rows are final): what follows is plain lines."""
+        with self.lock:
+            self.__exit__(None, None, None)
+            self.live = False
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            self.stream.write(f"  {text}\n")
+            self.stream.flush()
 
 
 def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> int:
@@ -57,13 +81,28 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
         raise UsageError("--require-twin gates on the twin that --no-twin skips: give one of them")
     options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
     start = time.perf_counter()
+    answered: list[int] = []
+
+    def answer(report: Any) -> None:
+        # Published is the answer (its exit status too); the twin that follows is evidence.
+        answered.append(print_answer(args, report, time.perf_counter() - start, build_json))
+
     with PackageProgress(live=False if args.json else None) as progress:
         progress.columns = ("model", *BuildProgress.columns)
         report = build_package(settings, args.genai, args.target, options, name=args.name, tag=args.tag,
                                progress=progress, part_progress=lambda i: progress.for_model(f"part{i}"),
                                retry_failed=args.retry_failed, force_tag=args.force_tag, twin=not args.no_twin,
-                               require_twin=args.require_twin)
-    elapsed = time.perf_counter() - start
+                               require_twin=args.require_twin, published=None if args.require_twin else answer)
+    if answered:
+        if args.no_twin:
+            print("  twin not run (--no-twin): `farm build --genai` of the same export without it runs it on the "
+                  "published package", file=sys.stderr)
+        return answered[0]
+    return print_answer(args, report, time.perf_counter() - start, build_json)  # --require-twin: after its twin
+
+
+def print_answer(args: argparse.Namespace, report: Any, elapsed: float, build_json: Any) -> int:
+    """The package's answer on stdout (a table, or --json's document); returns the exit status."""
     pkg = report.package
     if pkg.tag_moved:
         print(f"moved {pkg.tag_moved['tag']}: {pkg.tag_moved['from']} -> {pkg.tag_moved['to']}", file=sys.stderr)
@@ -71,7 +110,7 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
         doc = build_json(pkg, elapsed)
         doc["kind"] = "genai-package"
         doc["parts"] = [build_json(p, elapsed) for p in report.parts]
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2), flush=True)
         return 0 if report.ok else 1
     from farm.cli import human_size, table
 
@@ -86,6 +125,7 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
                      "compile_s": f"{o.compile_seconds:.2f}" if o.compile_seconds is not None else "",
                      "size": human_size(o.size), "twin": twin_cell(tw)})
     table(rows, ["target", "toolchain", "state", "artifact", "compile_s", "size", "twin"])
+    sys.stdout.flush()
     for o in pkg.outcomes:
         if o.state == "failed":
             print(f"error[{o.error_code}] {o.target}: {strip_ansi(o.error_message or '')}", file=sys.stderr)

@@ -19,9 +19,11 @@ farm does with it:
   publication (manifest with each stage's role under ``genai``). A part that failed fails the
   package with the part's code, the message naming the part.
 - **the twin**: the same parts compiled without sharing and generated from on the simulator
-  against the CPU EP (``workers.backends.genai_twin``), budgeted like the accuracy check; its
-  figures sit in the artifact's ``description["twin"]``, the shared artifact stays unverified
-  by load with the reason.
+  against the CPU EP (``workers.backends.genai_twin``), budgeted like the accuracy check. It is
+  evidence that follows publication: the package is published with ``description["twin"]``
+  ``pending`` and the twin's figures replace it when it is done (``verify_twin``: the embedded
+  command runs it after it answered, a worker right after it published); the shared artifact
+  stays unverified by load with the reason.
 
 Every blob stays content-addressed: a part's context model and binary are the very blobs of the
 part's group artifact, a tokenizer or CPU stage shared by packages for several SoCs or SDKs is
@@ -187,12 +189,18 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
                   option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                   progress: Progress = no_progress, part_progress: Callable[[int], Progress] | None = None,
                   retry_failed: bool = False, force_tag: bool = False, twin: bool = True,
-                  require_twin: bool = False) -> PackageReport:
+                  require_twin: bool = False,
+                  published: Callable[[PackageReport], None] | None = None) -> PackageReport:
     """Embedded ``farm build --genai``: validate everything, record the package (and NAME:TAG),
     build the parts' groups in one pool, then assemble, check and publish the package per
-    target. ``twin``: run the twin check (budgeted); ``require_twin``: a gate on the answer (a
-    package whose twin did not match every token, or could not run, fails with
-    ``twin-mismatch``; the artifact stays published)."""
+    target. Published is not verified: the package is final (resolvable, installable) once its
+    folder check passes, a ``published`` progress event says when, and ``published`` is called
+    with the answer as it stands then (the twin ``pending``). ``twin``: then the twin runs in
+    this call (budgeted) and is recorded on the artifact, evidence on a published package, never
+    a failed build; also for a cached package whose twin is missing or still pending (built with
+    --no-twin, or a command interrupted during its twin). ``require_twin``: the returned answer is
+    gated on it (a twin that did not match every token, or could not run, is ``twin-mismatch``;
+    the artifact stays published)."""
     from farm.core.capabilities import check_genai_backends, check_here
     from farm.pipeline import states
     from farm.pipeline.execute import Executor, interruptible, wait_until_final_or_free
@@ -233,15 +241,12 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             final = all(states.get_build(s, b).state in states.FINAL for _, _, b in planned)
         if final:
             # Answered by the index: nothing compiled, nothing assembled.
-            for t, spec, build_id in planned:
-                o = outcome_from_row(reg, build_id, t.ref, cached=True)
-                if twin and o.artifact and twin_of(_description(reg, o.artifact)) is None:
-                    # Built earlier with --no-twin: the twin runs now, on this export.
-                    progress("checking", t.ref, {"what": "twin"})
-                    record_twin(reg, o.artifact, run_twin(settings, spec, Path(export_dir)))
+            for t, _, build_id in planned:
+                o = _with_twin(reg, outcome_from_row(reg, build_id, t.ref, cached=True), False)
                 progress("finished", t.ref, o.to_dict())
-                report.outcomes.append(_with_twin(reg, o, require_twin))
-            return PackageReport(report, [])
+                report.outcomes.append(o)
+            return _then_twin(settings, reg, PackageReport(report, []), planned, Path(export_dir), twin=twin,
+                              require=require_twin, progress=progress, published=published)
         listen = [part_progress(i) if part_progress else no_progress for i in range(len(pkg.parts))]
         with interruptible():
             parts = build_many(settings, list(pkg.parts), target_refs, option_pairs, progress=listen,
@@ -268,13 +273,36 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             o = outcome_from_row(reg, build_id, t.ref, cached=not ran)
             o.wall_seconds = time.perf_counter() - start
             o.compile_seconds = sum(p.outcomes[k].compile_seconds or 0.0 for p in parts) or o.compile_seconds
-            o = _with_twin(reg, o, require_twin)
+            o = _with_twin(reg, o, False)
             progress("finished", t.ref, o.to_dict())
             report.outcomes.append(o)
-        return PackageReport(report, parts)
+        return _then_twin(settings, reg, PackageReport(report, parts), planned, Path(export_dir), twin=twin,
+                          require=require_twin, progress=progress, published=published)
     finally:
         pkg.cleanup()
         reg.close()
+
+
+def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Sequence[tuple[Any, Any, int]],
+               export_dir: Path, *, twin: bool, require: bool, progress: Progress,
+               published: Callable[[PackageReport], None] | None) -> PackageReport:
+    """After publication (every outcome final): say so, hand the answer to ``published``, then
+    run each published package's twin that is missing or pending, record it, and gate the
+    answer on it with ``require``. The command waits on this twin, so it runs at nice 0."""
+    for (t, _, _), o in zip(planned, result.package.outcomes, strict=True):
+        if o.state != "failed" and o.artifact:
+            progress("published", t.ref, {"artifact": o.artifact, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                                          "twin": twin_status(_description(reg, o.artifact))})
+    if published is not None:
+        published(result)
+    for (t, spec, _), o in zip(planned, result.package.outcomes, strict=True):
+        if twin and o.state != "failed" and o.artifact and twin_status(_description(reg, o.artifact)) in (
+                None, "pending"):
+            progress("checking", t.ref, {"what": "twin"})
+            tw = verify_twin(settings, reg, o.artifact, spec, export_dir, nice=0)
+            progress("twin", t.ref, {"artifact": o.artifact, **tw})
+    result.package.outcomes = [_with_twin(reg, o, require) for o in result.package.outcomes]
+    return result
 
 
 def _with_twin(reg: Any, o: BuildOutcome, require: bool) -> BuildOutcome:
@@ -300,6 +328,28 @@ def _description(reg: Any, artifact: str) -> dict[str, Any] | None:
 
     with reg.db.session() as s:
         return find_artifact(s, artifact).description
+
+
+def twin_pending() -> dict[str, Any]:
+    """The twin of a package published before its twin ran (``farm show``: ``twin pending``)."""
+    return {"status": "pending", "since": datetime.now(UTC).isoformat(timespec="seconds"),
+            "detail": "published; the twin (the parts compiled without sharing, run on the simulator) runs after "
+                      "publication: farm build --genai of the same export runs it if none is running"}
+
+
+def twin_status(description: dict[str, Any] | None) -> str | None:
+    """``pending``, ``ok``, ``unverified``, ``runtime-crashed``; None: no twin was asked for."""
+    tw = twin_of(description)
+    return str(tw.get("status")) if tw is not None else None
+
+
+def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_dir: Path, *,
+                nice: int = 10) -> dict[str, Any]:
+    """The twin of a published package, run and recorded on its artifact (never a verdict on
+    the build: a twin that fails or mismatches is recorded evidence)."""
+    tw = run_twin(settings, spec, export_dir, nice=nice)
+    record_twin(reg, artifact, tw)
+    return tw
 
 
 def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:
@@ -328,7 +378,8 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
              parts: Sequence[BuildOutcome], export_dir: Path | None, *, twin: bool = True,
              progress: Callable[[str, dict[str, Any]], None] = lambda e, i: None, owner: str | None = None) -> bool:
     """The fan-in of one target: claim the package build, lay out the folder from the parts'
-    artifacts, check it, run the twin, publish (or fail with the first failed part's code).
+    artifacts, check it, publish (or fail with the first failed part's code). ``twin``: the
+    artifact is published with its twin ``pending`` (the caller runs it after: ``verify_twin``).
     Returns whether this call ran it (False: it was final already, or another executor holds
     it). The lease is renewed while the checks run; a cancel (the lease taken) publishes nothing."""
     from farm.pipeline import states
@@ -361,12 +412,9 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
                                for row in layout.parts]
                 check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, timeout=settings.accuracy_budget,
                                    memory_mb=settings.compile_memory_mb)
-                tw: dict[str, Any] | None = None
-                if twin and export_dir is not None:
-                    progress("checking", {"what": "twin"})
-                    tw = run_twin(settings, spec, export_dir)
             keeper.check()
-            _publish(reg, lease, spec, layout, tw)
+            # Published is not verified: the twin is evidence that follows (verify_twin).
+            _publish(reg, lease, spec, layout, twin_pending() if twin and export_dir is not None else None)
     except FarmError as exc:
         if exc.code != "lease-lost":
             _fail(reg, lease, exc.code, exc.message)
@@ -573,7 +621,7 @@ def check_folder(folder: Path, layout: Layout) -> None:
                           f"{sorted(mine)}")
 
 
-def run_twin(settings: Settings, spec: Any, export_dir: Path) -> dict[str, Any]:
+def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10) -> dict[str, Any]:
     """The twin (``workers.backends.genai_twin``) under the accuracy budget
     (``FARM_ACCURACY_BUDGET``); a twin that can't run is recorded as ``unverified`` with the
     reason, never a failed package: the twin is evidence, not the artifact."""
@@ -585,7 +633,7 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-twin-") as work:
             result = genai_twin(export_dir, target, spec.options, Path(work), timeout=settings.accuracy_budget,
-                                memory_mb=settings.compile_memory_mb)
+                                memory_mb=settings.compile_memory_mb, nice=nice)
     except FarmError as exc:
         result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
     result = dict(result)
@@ -817,8 +865,9 @@ def execute_package(executor: Any, build_id: int) -> Any:
     """``Executor.execute`` of a package build (None: ``build_id`` is not one): nothing to
     compile; with every part final, the package is assembled from the parts' artifacts here,
     its export laid out again from the stored snapshots (the config generator and the twin read
-    it). A part not final yet: ``waiting`` (the row stays queued, unclaimed; the last part's
-    worker sends it again)."""
+    it), and published; then this worker runs the twin and records it (the release already
+    sees the package final). A part not final yet: ``waiting`` (the row stays queued,
+    unclaimed; the last part's worker sends it again)."""
     from farm.pipeline import states
     from farm.pipeline.execute import Result
     from farm.pipeline.plan import outcome_from_row
@@ -860,13 +909,25 @@ def execute_package(executor: Any, build_id: int) -> Any:
             return Result("failed", build_id)
         executor.events.publish(build_id, states.BuildState.RUNNING.value)
         ran = assemble(settings, reg, pkg, spec, build_id, outcomes, pkg.export.root, owner=executor.owner)
-    with reg.db.session() as s:
-        final = states.get_build(s, build_id)
-        state = str(final.state)
-        from registry.index import artifact_for_build
+        with reg.db.session() as s:
+            final = states.get_build(s, build_id)
+            state = str(final.state)
+            from registry.index import artifact_for_build
 
-        art = artifact_for_build(s, build_id)
-    executor.events.publish(build_id, state)
+            art = artifact_for_build(s, build_id)
+            art_digest = art.digest if art is not None else None
+        executor.events.publish(build_id, state)
+        if ran and art_digest and twin_status(_description(reg, art_digest)) == "pending":
+            # The release answered at publication (the row is final); this worker runs the twin
+            # right after, on the export it laid out, and records it on the artifact. Whatever
+            # befalls it is no verdict on the build: it stays pending, a later build runs it.
+            try:
+                verify_twin(settings, reg, art_digest, spec, pkg.export.root)
+            except Exception:  # noqa: BLE001 - logged; the published build's result stands
+                import logging
+
+                logging.getLogger("ctxfarm.genai").warning("the twin of build %s was not recorded", build_id,
+                                                           exc_info=True)
     if not ran:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.integration.test_farm_cluster import Farm, farm_cluster  # noqa: F401 - the fixture
@@ -38,8 +39,14 @@ def test_submit_genai_fans_out_to_workers_and_answers_one_folder(farm_cluster: F
                                           "--dest", str(dest), "--json").stdout)
     assert fetched["ctx_model"] == str(dest / "genai_config.json")
     assert sorted(p.name for p in dest.glob("*.bin")) == ["context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"]
-    res = json.loads(farm_cluster.cli("resolve", "--model", "llm/tiny:c", "--soc", "SM8650", "--qnn", "2.51.0",
-                                      "--json").stdout)
+    # --wait answered at publication; the worker that published it runs the twin right after.
+    deadline = time.monotonic() + 240
+    while True:
+        res = json.loads(farm_cluster.cli("resolve", "--model", "llm/tiny:c", "--soc", "SM8650", "--qnn", "2.51.0",
+                                          "--json").stdout)
+        if res["twin"]["status"] != "pending" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert res["twin"]["status"] == "ok" and res["twin"]["tokens_matched"] == res["twin"]["tokens_compared"]
 
     # Submitted again: every build answered from the index, shown as cached, nothing sent.

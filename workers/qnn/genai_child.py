@@ -109,10 +109,13 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
     (out / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
 
 
-def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None) -> dict[str, Any]:
+def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *, minimum: int | None = None,
+             seconds: float | None = None) -> dict[str, Any]:
     """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
     where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
-    tokens, each step's logits (the distribution the token was taken from), and the timings."""
+    tokens, each step's logits (the distribution the token was taken from), and the timings.
+    ``minimum`` and ``seconds``: past ``minimum`` tokens, stop before a step that would take the
+    generation (prefill included) past ``seconds`` (``stopped``: ``budget``; else ``tokens``)."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -129,19 +132,26 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None) -
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False)
     gen = og.Generator(model, params)
-    t = time.perf_counter()
+    t0 = t = time.perf_counter()
     gen.append_tokens(np.asarray(ids, dtype=np.int32))
     prefill = time.perf_counter() - t
     out: list[int] = []
     logits: list[Any] = []
+    stopped = "tokens"
     t = time.perf_counter()
     for _ in range(tokens):
+        # genai runs a step lazily: the logits of the token chosen last (the prompt's, first).
+        step = time.perf_counter()
         logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
+        if (minimum is not None and seconds is not None and minimum <= len(out) < tokens
+                and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds):
+            stopped = "budget"
+            break
     decode = time.perf_counter() - t
     return {"prompt_ids": ids, "tokens": out, "logits": logits, "load_seconds": load, "prefill_seconds": prefill,
-            "decode_seconds_per_token": decode / max(1, tokens)}
+            "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
 
 
 def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +180,23 @@ def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The HTP simulator runs a graph on 4 busy HVX threads (thr_hvx_0..3, measured, QNN 2.51.0).
+HVX_THREADS = 4
+
+
+def _simulator_cpus() -> int:
+    """With fewer CPUs than the simulator's HVX threads, the threads that the QNN sessions
+    create from here on run on one CPU: on 2 shared cores that cost 0.95 s of CPU per decode
+    graph run against 1.27 s spread over both, 3.15 s against 4.0 s per prefill run (hidden
+    1024, 4 layers a part; measured, QNN 2.51.0), and less wall time too; compiles are not
+    affected (single-threaded: 7.9 s of CPU for four, either way). Returns the CPUs they get."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) >= HVX_THREADS:
+        return len(allowed)
+    os.sched_setaffinity(0, {min(allowed)})  # this thread: the simulator's threads inherit it
+    return 1
+
+
 def twin(req: dict[str, Any]) -> dict[str, Any]:
     """The twin check of an export: each part's prefill and decode graph compiled on their own
     (no weight sharing: the simulator crashes on shared contexts), the twin folder run through
@@ -181,10 +208,13 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     from workers.epcontext import read_epcontext
     from workers.qnn.child import _session_options
 
-    os.nice(int(req.get("nice", 10)))  # a check yields the CPU to compiles
+    # A worker's twin yields the CPU to its compiles; the embedded command's twin is what it waits on.
+    os.nice(int(req.get("nice", 10)))
     export = genai.read_export(req["export"])
     work = Path(req["work"])
     tokens = int(req.get("tokens", 16))
+    minimum = min(tokens, int(req.get("min_tokens", tokens)))
+    seconds = req.get("generate_seconds")
     prompt = str(req.get("prompt") or genai.TWIN_PROMPT)
     src_dir, twin_dir = work / "source", work / "twin"
     for d in (src_dir, twin_dir):
@@ -221,6 +251,7 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     compile_seconds = time.perf_counter() - t0
     _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
+                            "compile_options": dict(req.get("provider_options") or {}),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
 
@@ -233,14 +264,19 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     checkpoint({**base, "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": "loading or running the twin crashed onnxruntime-genai on the QNN HTP backend"})
     _register_qnn()
+    base["simulator_cpus"] = _simulator_cpus()
     try:
-        got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length)
+        got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
+                       seconds=float(seconds) if seconds is not None else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
+    if got["stopped"] == "budget":  # compared on the tokens the simulator had time for
+        n = len(got["tokens"])
+        ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
-            **compare_runs(ref, got), "timing": timing}
+            **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
 
 
 def main(argv: list[str]) -> int:

@@ -48,3 +48,28 @@ def test_a_twin_that_stopped_early_matches_what_it_generated() -> None:
     out = compare_runs(_run([1, 2, 3]), _run([1, 2]))
     assert (out["tokens_compared"], out["tokens_matched"], out["first_mismatch"]) == (3, 2, 2)
     assert out["mismatch_logit_gap"] is None
+
+
+def test_the_simulator_runs_on_one_cpu_where_there_are_fewer_than_its_threads() -> None:
+    """In a child process (the affinity is the process's): given 2 CPUs, the threads created
+    after it (the simulator's) get one; given 4 or more, they keep them all."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to narrow")
+    code = ("import os, sys, threading; from workers.qnn.genai_child import _simulator_cpus; "
+            "os.sched_setaffinity(0, set(map(int, sys.argv[1].split(',')))); n = _simulator_cpus(); "
+            "seen = []; t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0)))); t.start(); "
+            "t.join(); print(n, seen[0])")
+    two = subprocess.run([sys.executable, "-c", code, ",".join(map(str, cpus[:2]))], capture_output=True, text=True,
+                         check=True)
+    assert two.stdout.split() == ["1", "1"], two.stderr
+    if len(cpus) >= 4:
+        four = subprocess.run([sys.executable, "-c", code, ",".join(map(str, cpus[:4]))], capture_output=True,
+                              text=True, check=True)
+        assert four.stdout.split() == ["4", "4"], four.stderr
