@@ -346,8 +346,16 @@ def twin_status(description: dict[str, Any] | None) -> str | None:
 def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_dir: Path, *,
                 nice: int = 10) -> dict[str, Any]:
     """The twin of a published package, run and recorded on its artifact (never a verdict on
-    the build: a twin that fails or mismatches is recorded evidence)."""
-    tw = run_twin(settings, spec, export_dir, nice=nice)
+    the build: a twin that fails or mismatches is recorded evidence). A twin that raises (a bug)
+    is recorded ``unverified`` with what it raised: never left ``pending`` with the cause lost."""
+    try:
+        tw = run_twin(settings, spec, export_dir, nice=nice)
+    except Exception as exc:  # noqa: BLE001 - recorded on the artifact and logged, never lost
+        import logging
+
+        logging.getLogger("ctxfarm.genai").error("the twin of %s raised", artifact[7:19], exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        tw = {"status": "unverified", "detail": f"internal-error: {type(exc).__name__}: {first}"}
     record_twin(reg, artifact, tw)
     return tw
 

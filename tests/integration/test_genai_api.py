@@ -319,8 +319,20 @@ def test_a_stage_that_raises_ends_its_build_finishes_the_release_and_frees_the_q
         assert all(b["state"] in ("succeeded", "failed") for b in st["builds"]), st
         failed = [b for b in st["builds"] if b["state"] == "failed"]
         assert all(b["error_code"] and b["error_message"] for b in failed), failed
-        if attr != "after_publish":  # the builds themselves are sound; a check after them raised
+        if attr not in ("after_publish", "run_twin"):  # those raise after publication: the builds are sound
             assert failed and failed[-1]["error_code"] == "internal-error", st
+        if attr == "run_twin":  # the package is published; its twin is recorded with what it raised
+            assert not failed, st
+            reg = Registry.open(settings)
+            try:
+                from registry.models import Artifact
+
+                with reg.db.session() as s:
+                    twins = [(a.description or {}).get("twin") for a in s.query(Artifact).all()]
+            finally:
+                reg.close()
+            tw = next(t for t in twins if t)
+            assert tw["status"] == "unverified" and "run_twin raised" in tw["detail"], tw
         # The quota is free: the token's next release is taken (and ends as well).
         again = release(c, {"files": files, "targets": ["qnn:SM8650"]})
         assert again["done"], again
