@@ -125,7 +125,9 @@ def database_error(exc: BaseException, url: str = "") -> FarmError:
     return DatabaseError(f"index database error{where}: {text_}")
 
 
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", SCHEMA_HEAD)
+# Every revision before head: an index at one of them is older (upgraded), at any other newer.
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012",
+                   "0013", "0014", SCHEMA_HEAD)
 
 
 def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:
