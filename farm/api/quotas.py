@@ -5,8 +5,8 @@ when any model that holds it is recorded (``registry.index.record_model``: an up
 a genai package recorded from blobs, its parts).
 
 The room a body may fill is taken before a byte of it is read, counted and taken in one step
-under the token's lock (``Database.serialized("uploads", token)``, the one the count of its
-sessions takes: every process and host of the service shares it on PostgreSQL): a blob's as its
+under the token's lock (``Database.serialized("uploads", token)``, as the count of sessions and
+releases: every process and host of the service shares it on PostgreSQL): a blob's as its
 ``blob_puts`` row, a session's piece by raising the session's ``size``. Its declared size
 (Content-Length) is what is taken; a body without one takes what is free, up to the upload cap.
 When the body ends, what it did not bring is given back (all of it when it failed), so requests

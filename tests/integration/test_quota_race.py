@@ -217,3 +217,26 @@ def test_a_failed_body_gives_its_room_back(served: dict[str, Any]) -> None:
     rest = os.urandom(QUOTA - 300 * KIB)  # fits only if nothing but what arrived is held
     assert put(port, a, rest)[0] == 200
     assert held(settings, "a") == kept + len(rest) <= QUOTA
+
+
+def test_sessions_of_many_tokens_at_once_open_at_most_the_service_cap(served: dict[str, Any]) -> None:
+    """The service opens at most MAX_SESSIONS upload sessions in all: with 4 places left, 8 tokens
+    asking at once (each well under its own quota) open exactly 4; the rest are 429
+    ``rate-limited``. Each token's lock once guarded only its own count: tokens at once could all
+    pass the service's."""
+    from farm.api.routes.upload_sessions import MAX_SESSIONS
+    from registry.db import Database
+    from registry.tokens import create_token
+
+    port, settings = served["port"], served["settings"]
+    db = Database(settings.database_url)
+    try:
+        with db.session() as s:
+            many = [create_token(s, f"t{i}", "submit") for i in range(16)]
+    finally:
+        db.dispose()
+    for i in range(MAX_SESSIONS - 4):  # FARM_QUOTA_UPLOADS=8 each
+        session(port, many[i // 8])
+    got = at_once(8, lambda i: request(port, many[8 + i], "POST", "/v1/uploads"))
+    assert sorted(status for status, _body in got) == [201] * 4 + [429] * 4, got
+    assert {body["error"]["code"] for status, body in got if status == 429} == {"rate-limited"}

@@ -120,8 +120,10 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
     from registry.models import UploadSession
 
     _sweep(settings, reg)
-    # Counted and opened as one step per token: two requests at once cannot both pass the quota.
+    # Counted and opened as one step per token: two requests at once cannot both pass the quota;
+    # and, for MAX_SESSIONS, as one step across tokens (their locks differ).
     with reg.db.serialized("uploads", who.token_id), reg.db.session() as s:
+        _across_tokens(s)
         mine = s.scalar(select(func.count()).where(UploadSession.owner_token_id == who.token_id)) or 0
         if mine >= settings.quota_uploads:
             raise E.QuotaUploadsError(f"this token holds {mine} open upload sessions (FARM_QUOTA_UPLOADS="
@@ -135,6 +137,24 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
     d.mkdir()
     (d / "data").touch()
     return upload
+
+
+def _across_tokens(s: Any) -> None:
+    """The service's count of open sessions and the new one as one step, whatever the token:
+    PostgreSQL, a transaction-level advisory lock (released at commit; taken on the session's own
+    connection, so no second pooled connection waits for it), waited for 10 s at most (429
+    ``rate-limited``); SQLite, the session's BEGIN IMMEDIATE already has writers take turns."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    if s.get_bind().dialect.name != "postgresql":
+        return
+    s.execute(text("SET LOCAL lock_timeout = '10s'"))
+    try:
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtext('ctxfarm.upload-sessions'), 0)"))
+    except OperationalError:
+        raise E.RateLimitedError("upload sessions are being opened by many requests right now",
+                                 hint="try again in a moment") from None
 
 
 @router.post("/v1/uploads", status_code=201)
