@@ -73,6 +73,19 @@ class RevocationVersion:
 
         from registry.tokens import VERSION_SQL
 
+        if self.engine.dialect.name == "sqlite":
+            # The driver's own connection, in autocommit: a plain WAL read. Through the engine the
+            # read would open with BEGIN IMMEDIATE (registry.db), the writers' lock, on every request.
+            from registry.db import database_error
+
+            conn = self.engine.raw_connection()
+            try:
+                row = conn.driver_connection.execute(VERSION_SQL).fetchone()  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - sqlite3's error, as every database error is shown
+                raise database_error(exc) from None
+            finally:
+                conn.close()
+            return int(row[0]) if row else 0
         with self.engine.connect() as c:
             return int(c.execute(text(VERSION_SQL)).scalar() or 0)
 

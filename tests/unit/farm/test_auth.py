@@ -4,9 +4,10 @@ version read shared by requests always started after each of them came."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from farm.api.auth import MISS, RevocationVersion, TokenCache
 from registry.db import Database
@@ -38,6 +39,10 @@ def test_every_revocation_bumps_the_version(tmp_path: Any) -> None:
     version = RevocationVersion(db.engine)
     assert version.read_now() == before + 2
     assert asyncio.run(version.current()) == before + 2  # SQLite: read by a thread
+    with db.session() as s:  # a writer holds the lock (a build committing): the read does not wait for it
+        s.execute(text("UPDATE token_revocations SET version = version"))
+        t0 = time.monotonic()
+        assert version.read_now() == before + 2 and time.monotonic() - t0 < 5
     db.dispose()
 
 
