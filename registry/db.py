@@ -127,7 +127,9 @@ def database_error(exc: BaseException, url: str = "") -> FarmError:
     return DatabaseError(f"index database error{where}: {text_}")
 
 
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", SCHEMA_HEAD)
+# Every revision up to head (revisions are numbered 0001, 0002, ... in order): an index at one of
+# them is older (upgraded), at any other newer. Derived, so a new migration can't be left out.
+KNOWN_REVISIONS = tuple(f"{n:04d}" for n in range(1, int(SCHEMA_HEAD) + 1))
 
 
 def check_schema(engine: Engine, *, auto_upgrade: bool) -> None:

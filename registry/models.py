@@ -310,6 +310,18 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class TokenRevocations(Base):
+    """One row: a version that every token revocation bumps in its own transaction. A service
+    process trusts a token it cached only while the version it read with it is unchanged, so a
+    revoked token is refused by every process from the moment the revocation commits."""
+
+    __tablename__ = "token_revocations"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class UploadSession(Base):
     """A resumable upload (``POST /v1/uploads``): owned by the token that opened it, its bytes
     counted against that token's quota; untouched for FARM_UPLOAD_TTL_S it expires. The bytes

@@ -134,7 +134,7 @@ KEY = ("artifact_id", "token_id", "device_id", "runtime_backend", "runtime_versi
 def record_many(s: Any, reports: list[tuple[int, int, dict[str, Any]]]) -> list[int]:
     """Insert or replace many reports in one statement; their row ids, in order. Reports of one
     key within the batch collapse to the last one (``count`` adds up). A token revoked while its
-    reports waited in the writer (the service caches identities for seconds) has them stored
+    reports waited in the writer (their token was checked as they came) has them stored
     struck (``revoked_at``), in the same statement, so they never count, even for a moment.
     Plain SQL on the session's connection: the ORM's bulk path cost more CPU than the database did
     (1.4 ms a report in batches of 8, measured). PostgreSQL: one statement text whatever the batch

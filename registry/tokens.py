@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from farm.core.errors import NotFoundError, UsageError
 from farm.core.names import check_name
-from registry.models import TOKEN_SCOPES, ApiToken
+from registry.models import TOKEN_SCOPES, ApiToken, TokenRevocations
 
 # read < submit < admin; ``report`` (devices posting load reports) stands apart: it can report and
 # nothing else, and only it and admin can report.
@@ -57,7 +57,8 @@ def list_tokens(session: Session) -> list[TokenInfo]:
 def revoke_token(session: Session, name: str) -> None:
     """Revoke a token, and withdraw what it said: its device reports are struck (``revoked_why``
     ``token revoked``) in the same transaction, so no artifact stays quarantined or preferred on
-    its word."""
+    its word. The revocation version is bumped in the same transaction: every service
+    process refuses the token from the moment it commits (``farm.api.auth``)."""
     from registry.models import DeviceReport
 
     now = datetime.now(UTC)
@@ -68,6 +69,23 @@ def revoke_token(session: Session, name: str) -> None:
         raise NotFoundError(f"no active token named {name!r}", hint="`farm token list` shows them")
     session.execute(update(DeviceReport).where(DeviceReport.token_id == token_id, DeviceReport.revoked_at.is_(None))
                     .values(revoked_at=now, revoked_why="token revoked").execution_options(synchronize_session=False))
+    _bump_revocations(session)
+
+
+# The statement a service process reads before it trusts a token it cached (farm.api.auth).
+VERSION_SQL = "SELECT version FROM token_revocations WHERE id = 1"
+
+
+def revocation_version(session: Session) -> int:
+    """The revocation version: bumped by every ``revoke_token``, in its transaction."""
+    return int(session.scalar(select(TokenRevocations.version).where(TokenRevocations.id == 1)) or 0)
+
+
+def _bump_revocations(session: Session) -> None:
+    n = session.execute(update(TokenRevocations).where(TokenRevocations.id == 1)
+                        .values(version=TokenRevocations.version + 1).execution_options(synchronize_session=False))
+    if not n.rowcount:  # type: ignore[attr-defined]  # a database whose row was never made
+        session.add(TokenRevocations(id=1, version=1))
 
 
 def scope_of(session: Session, token: str) -> str | None:

@@ -17,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from farm.api.deps import SESSION_COOKIE, SESSION_MAX_AGE, TOKEN_CACHE_S, SessionRedirect, TokenCache
+from farm.api.auth import RevocationVersion, TokenCache
+from farm.api.deps import SESSION_COOKIE, SESSION_MAX_AGE, SessionRedirect
 from farm.api.errors import STATUS, ErrorBoundary, error_response, roots_of, server_roots
 from farm.api.schemas import ERRORS
 from farm.core import errors as E
@@ -49,7 +50,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         await asyncio.get_running_loop().run_in_executor(None, resolve.warm, app.state, reg)
         if loop_reader is not None:
             await loop_reader.open()
+        await app.state.revocations.open()
         yield
+        await app.state.revocations.close()
         reader = getattr(app.state, "resolve_reader", None)  # resolve's own connections (routes/resolve.py)
         if reader is not None:
             reader.dispose()
@@ -70,7 +73,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.registry = reg
     app.state.resolve_loop_reader = loop_reader
     app.state.metrics = Metrics(settings, reg)
-    app.state.tokens = TokenCache(ttl=TOKEN_CACHE_S)
+    app.state.tokens = TokenCache()
+    app.state.revocations = RevocationVersion(reg.db.engine)  # a cached token holds while it is unchanged
     app.state.runner = runner
     app.state.longpolls = LongPolls(settings, reg)
     app.state.metrics.watch_long_polls(app.state.longpolls)

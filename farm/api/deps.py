@@ -4,10 +4,6 @@ the registry, the metrics, the embedded runner, and the token checks (``read``, 
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,40 +11,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Query, Request
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
+from farm.api import auth
 from farm.core import errors as E
 from farm.core.settings import Settings
 from registry.index import Registry
 from registry.tokens import PREFIX as TOKEN_PREFIX
-
-TOKEN_CACHE_S = 5.0  # a revoked token stops working within this many seconds
-_MISS = object()
-
-
-class TokenCache:
-    """Token -> (id, scope) (or None for unknown), for a few seconds: a device's resolve and its blob
-    GETs cost one token lookup, not one each. Keyed by the token's sha256, bounded in size."""
-
-    def __init__(self, ttl: float, size: int = 10_000):
-        self.ttl, self.size = ttl, size
-        self.items: OrderedDict[str, tuple[float, tuple[int, str] | None]] = OrderedDict()
-        self.lock = threading.Lock()
-
-    @staticmethod
-    def _key(token: str) -> str:
-        return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
-
-    def get(self, token: str) -> Any:
-        with self.lock:
-            hit = self.items.get(self._key(token))
-        if hit is None or hit[0] < time.monotonic():
-            return _MISS
-        return hit[1]
-
-    def put(self, token: str, identity: tuple[int, str] | None) -> None:
-        with self.lock:
-            self.items[self._key(token)] = (time.monotonic() + self.ttl, identity)
-            if len(self.items) > self.size:
-                self.items.popitem(last=False)
 
 
 # Async (they only read app.state): a sync dependency would take a thread of the shared pool.
@@ -75,23 +42,33 @@ MetricsDep = Annotated[Any, Depends(get_metrics)]
 RunnerDep = Annotated[Any, Depends(get_runner)]
 
 
-def token_identity(request: Request, raw: str) -> tuple[int, str] | None:
-    """(id, scope) of token ``raw`` (None: unknown or revoked), cached a few seconds."""
-    from registry.tokens import token_identity as lookup
+_CHECKED = "ctxfarm.token"  # the request's scope: (token, identity) once checked for this request
 
-    cache: TokenCache = request.app.state.tokens
-    got = cache.get(raw)
-    if got is _MISS:
-        reg: Registry = request.app.state.registry
-        with reg.db.session() as s:
-            found = lookup(s, raw)
-        got = None if found is None else (found[0], found[2])
-        cache.put(raw, got)
-    return got  # type: ignore[no-any-return]
+
+async def request_identity(request: Request, raw: str) -> auth.Identity | None:
+    """(id, scope) of token ``raw`` as of this request's arrival (None: unknown or revoked),
+    checked once per request (``farm.api.auth``: a revoked token is refused at once by every
+    process); on the event loop."""
+    checked = request.scope.get(_CHECKED)
+    if checked is not None and checked[0] == raw:
+        return checked[1]  # type: ignore[no-any-return]
+    got = await auth.identity(request.app.state, raw)
+    request.scope[_CHECKED] = (raw, got)
+    return got
+
+
+def token_identity(request: Request, raw: str) -> auth.Identity | None:
+    """``request_identity`` from a thread (a sync dependency)."""
+    checked = request.scope.get(_CHECKED)
+    if checked is not None and checked[0] == raw:
+        return checked[1]  # type: ignore[no-any-return]
+    got = auth.identity_now(request.app.state, raw)
+    request.scope[_CHECKED] = (raw, got)
+    return got
 
 
 def token_scope(request: Request, raw: str) -> str | None:
-    """The scope of token ``raw`` (None: unknown or revoked), cached a few seconds."""
+    """The scope of token ``raw`` (None: unknown or revoked)."""
     got = token_identity(request, raw)
     return None if got is None else got[1]
 
@@ -121,11 +98,14 @@ class Caller:
 
 
 def _caller(request: Request, raw: str, needed: str) -> Caller:
+    return _judged(token_identity(request, raw), needed)
+
+
+def _judged(got: auth.Identity | None, needed: str) -> Caller:
     from registry.tokens import allows
 
     if needed == "enrollment":  # the device lab's enrollment route checks its single-use token itself
         return Caller(0, "enrollment")
-    got = token_identity(request, raw)
     if got is None:
         raise E.UnauthorizedError("unknown or revoked token")
     if not allows(got[1], needed):
@@ -235,13 +215,11 @@ def submit_before_body(limit_of: Any) -> Any:
     sees the 401/403."""
 
     async def check(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
-        from starlette.concurrency import run_in_threadpool
-
         try:
             raw = bearer_token(request, creds)
             if not raw:
                 raise E.UnauthorizedError("no token")
-            return await run_in_threadpool(_caller, request, raw, "submit")
+            return _judged(await request_identity(request, raw), "submit")
         except (E.UnauthorizedError, E.ForbiddenError):
             await drain(request, limit_of(request))
             raise
@@ -381,8 +359,6 @@ class RouteGuard:
 
     @staticmethod
     async def _check(request: Request, needed: str) -> Caller:
-        from starlette.concurrency import run_in_threadpool
-
         header = (request.headers.get("authorization") or "").strip()
         if len(header) > 300:
             raise E.UnauthorizedError("the Authorization header is too long")
@@ -392,10 +368,7 @@ class RouteGuard:
         if scheme.lower() != "bearer" or not raw.strip():
             raise E.UnauthorizedError("the Authorization header must use the Bearer scheme",
                                       hint="send Authorization: Bearer <token>")
-        cache: TokenCache = request.app.state.tokens
-        if cache.get(raw.strip()) is not _MISS:  # cached: no pool thread
-            return _caller(request, raw.strip(), needed)
-        return await run_in_threadpool(_caller, request, raw.strip(), needed)
+        return _judged(await request_identity(request, raw.strip()), needed)
 
 
 def _capped(receive: Any, limit: int, too_large: str) -> Any:

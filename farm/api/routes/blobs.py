@@ -161,9 +161,11 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     ``usage``, nothing stored). Idempotent: a blob the service holds is not stored again. What
     the token stored this way and no model references yet counts against its
     FARM_QUOTA_UPLOAD_MB with its upload sessions, for FARM_UPLOAD_TTL_S (429
-    ``quota-upload-bytes``, nothing stored); recording any model that holds it (a genai package
-    and its parts too) frees it. A blob nothing comes to reference is removed by ``farm registry gc`` after its
-    grace window, as any unreferenced blob."""
+    ``quota-upload-bytes``, nothing stored): its declared size (Content-Length) is taken from the
+    quota before the body is read, and given back if the body fails (a body without a declared
+    size takes what is free, up to the cap, and gives back what it did not bring); recording any
+    model that holds it (a genai package and its parts too) frees it. A blob nothing comes to
+    reference is removed by ``farm registry gc`` after its grace window, as any unreferenced blob."""
     from starlette.concurrency import run_in_threadpool
 
     from farm.api import quotas
@@ -174,7 +176,8 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     if not is_digest(digest):
         await drain(request, limit)
         raise E.UsageError(f"{digest[:80]!r} is not a sha256 digest", hint="sha256: and 64 lowercase hex digits")
-    declared = request.headers.get("content-length", "")
+    # The guard refused a declared size that is not a number or is over the cap.
+    declared = int(request.headers["content-length"]) if "content-length" in request.headers else None
     try:
         held = await run_in_threadpool(reg.store.stat, digest)
     except BlobNotFound:
@@ -182,33 +185,38 @@ async def put_blob(digest: str, request: Request, settings: SettingsDep, reg: Re
     if held is not None:
         await drain(request, limit)  # the same bytes: nothing to store
         return BlobOut(digest=digest, size=int(held.size), held=True)
-    room = max(settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
-        quotas.held_bytes, settings, reg, who.token_id), 0)
-    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions and unreferenced blobs would hold over "
-                                         f"{settings.quota_upload_mb} MiB (FARM_QUOTA_UPLOAD_MB)")
-    if declared.isdigit() and int(declared) > room and int(declared) <= limit:
+    try:
+        row, room = await run_in_threadpool(quotas.take_for_blob, settings, reg, who.token_id, digest, declared, limit)
+    except E.QuotaUploadBytesError:
         await drain(request, limit)
-        raise over_quota
+        raise
+    stored = False
     work = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads_dir(settings)))
     hasher = hashlib.sha256()
     try:
         try:
-            size = await receive_body(request, work / "blob", min(limit, room),
-                                      f"the blob is over {settings.max_upload_mb} MiB", hasher)
+            size = await receive_body(request, work / "blob", room, f"the blob is over {settings.max_upload_mb} MiB",
+                                      hasher)
         except E.TooLargeError as exc:
-            if room < limit and not (declared.isdigit() and int(declared) > limit):
-                raise over_quota from None
+            if declared is None and room < limit:
+                raise quotas.over_quota(settings) from None
             exc.hint = "a file goes up in one request: raise FARM_MAX_UPLOAD_MB on the service for larger ones"
             raise
         metrics.bytes_received.inc(size)
-        if declared.isdigit() and int(declared) != size:
+        if declared is not None and declared != size:
             raise E.UsageError(f"the blob was cut short ({size} of {declared} bytes)", hint="send it again")
         got = "sha256:" + hasher.hexdigest()
         if got != digest:
             raise E.UsageError(f"the body hashes to {got}, not to the digest it was sent as ({digest})",
                                hint="PUT /v1/blobs/<sha256 of the body>")
         await run_in_threadpool(put_file, reg.store, work / "blob", expected=digest)
-        await run_in_threadpool(quotas.count_blob, settings, reg, who.token_id, digest, size)
+        stored = True
+        await run_in_threadpool(quotas.settle_blob, reg, row, size)
         return BlobOut(digest=digest, size=size, held=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if not stored:  # a failed body (cut, too long, another digest): its room is free again
+            import anyio
+
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(quotas.give_back_blob, reg, row)

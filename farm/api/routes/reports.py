@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.routing import Route
 
-from farm.api.deps import RegistryDep, admin, read, receive_body, submit_before_body
+from farm.api.deps import RegistryDep, admin, read, receive_body, request_identity, submit_before_body
 from farm.core import errors as E
 
 router = APIRouter(tags=["reports"])
@@ -148,43 +148,6 @@ class _Limiter:
             return True
 
 
-class _Identities:
-    """Token -> (id, scope) for a few seconds, like the scope cache (a revoked token stops within TTL)."""
-
-    TTL = 5.0
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.items: OrderedDict[str, tuple[float, tuple[int, str] | None]] = OrderedDict()
-
-    @staticmethod
-    def key(raw: str) -> str:
-        import hashlib
-
-        return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()
-
-    def cached(self, raw: str) -> tuple[bool, tuple[int, str] | None]:
-        """(hit, value) without touching the database."""
-        with self.lock:
-            hit = self.items.get(self.key(raw))
-        if hit is not None and hit[0] > time.monotonic():
-            return True, hit[1]
-        return False, None
-
-    def get(self, request: Request, raw: str) -> tuple[int, str] | None:
-        from registry.tokens import token_identity
-
-        key = self.key(raw)
-        with request.app.state.registry.db.session() as s:
-            found = token_identity(s, raw)
-        value = (found[0], found[2]) if found else None
-        with self.lock:
-            self.items[key] = (time.monotonic() + self.TTL, value)
-            if len(self.items) > 10_000:
-                self.items.popitem(last=False)
-        return value
-
-
 class _State:
     """Per-app state of this router (made on first use: the app factory needs no line for it)."""
 
@@ -197,7 +160,6 @@ class _State:
         self.refused = Counter("ctxfarm_reports_refused", "Device reports refused, by error code", ["code"],
                                registry=registry)
         self.limiter = _Limiter()
-        self.identities = _Identities()
         self.artifacts: OrderedDict[str, Any] = OrderedDict()  # digest -> registry.reports.ArtifactRef
         self._writer: Any = None
 
@@ -225,10 +187,9 @@ def _state(request: Request) -> _State:
 
 
 async def _reporter(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> int:
-    """The id of a ``report`` (or ``admin``) token: 401 none/unknown, 403 any other scope. Async:
-    a cached token costs no pool thread (only a miss reads the database, in one)."""
-    from starlette.concurrency import run_in_threadpool
-
+    """The id of a ``report`` (or ``admin``) token: 401 none/unknown/revoked, 403 any other scope.
+    Async: a cached token costs no pool thread (``farm.api.auth``: only a miss reads the token, in
+    one; a revocation holds at once, here as on every route)."""
     from registry.tokens import allows
 
     scheme, _, raw = (authorization or "").strip().partition(" ")
@@ -236,10 +197,7 @@ async def _reporter(request: Request, authorization: Annotated[str | None, Heade
     if scheme.lower() != "bearer" or not raw:
         raise E.UnauthorizedError("no token" if not authorization else "the Authorization header must be Bearer",
                                   hint="send Authorization: Bearer <report token>")
-    identities = _state(request).identities
-    hit, found = identities.cached(raw)
-    if not hit:
-        found = await run_in_threadpool(identities.get, request, raw)
+    found = await request_identity(request, raw)
     if found is None:
         raise E.UnauthorizedError("unknown or revoked token")
     token_id, scope = found

@@ -120,8 +120,10 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
     from registry.models import UploadSession
 
     _sweep(settings, reg)
-    # Counted and opened as one step per token: two requests at once cannot both pass the quota.
+    # Counted and opened as one step per token: two requests at once cannot both pass the quota;
+    # and, for MAX_SESSIONS, as one step across tokens (their locks differ).
     with reg.db.serialized("uploads", who.token_id), reg.db.session() as s:
+        _across_tokens(s)
         mine = s.scalar(select(func.count()).where(UploadSession.owner_token_id == who.token_id)) or 0
         if mine >= settings.quota_uploads:
             raise E.QuotaUploadsError(f"this token holds {mine} open upload sessions (FARM_QUOTA_UPLOADS="
@@ -135,6 +137,24 @@ def _open(settings: Settings, reg: Registry, who: Caller) -> str:
     d.mkdir()
     (d / "data").touch()
     return upload
+
+
+def _across_tokens(s: Any) -> None:
+    """The service's count of open sessions and the new one as one step, whatever the token:
+    PostgreSQL, a transaction-level advisory lock (released at commit; taken on the session's own
+    connection, so no second pooled connection waits for it), waited for 10 s at most (429
+    ``rate-limited``); SQLite, the session's BEGIN IMMEDIATE already has writers take turns."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    if s.get_bind().dialect.name != "postgresql":
+        return
+    s.execute(text("SET LOCAL lock_timeout = '10s'"))
+    try:
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtext('ctxfarm.upload-sessions'), 0)"))
+    except OperationalError:
+        raise E.RateLimitedError("upload sessions are being opened by many requests right now",
+                                 hint="try again in a moment") from None
 
 
 @router.post("/v1/uploads", status_code=201)
@@ -166,42 +186,54 @@ def _record(reg: Registry, upload: str, size: int) -> None:
 async def append_upload(upload: str, request: Request, settings: SettingsDep, reg: RegistryDep,
                         metrics: MetricsDep, who: Annotated[Caller, submitter],
                         upload_offset: Annotated[int, Header(ge=0)]) -> dict[str, Any]:
-    """Append the body at ``Upload-Offset`` (which must be what the session holds)."""
+    """Append the body at ``Upload-Offset`` (which must be what the session holds). The piece's
+    declared size (else what is free, up to the cap) is taken from the owner's bytes quota before
+    it is read (``farm.api.quotas``); the session then holds what it holds, however the piece ended."""
     from starlette.concurrency import run_in_threadpool
 
     limit = _limit(request)
     try:
         d, owner = await run_in_threadpool(_owned, settings, reg, upload, who)
-        # The owner's quota, less what its other sessions and its unreferenced blobs hold, is
-        # this session's room.
-        room = settings.quota_upload_mb * 1024 * 1024 - await run_in_threadpool(
-            quotas.held_bytes, settings, reg, owner, except_upload=upload)
         with _exclusive(d):
             try:
+                have = _piece_fits(request, settings, upload, d / "data", upload_offset, limit)
+                declared = request.headers.get("content-length", "")
+                room = have + await run_in_threadpool(quotas.take_for_piece, settings, reg, owner, upload, have,
+                                                      int(declared) if declared.isdigit() else None, limit)
                 return await _append(request, settings, upload, d / "data", upload_offset, limit, room,
                                      metrics.bytes_received.inc)
             finally:
                 # What the session holds now, however the piece ended (a cut connection keeps
-                # what arrived): the quota counts it, and the session was touched.
-                await run_in_threadpool(_record, reg, upload, (d / "data").stat().st_size)
+                # what arrived): the quota counts it (the room the piece did not fill is free
+                # again), and the session was touched.
+                import anyio
+
+                with anyio.CancelScope(shield=True):
+                    await run_in_threadpool(_record, reg, upload, (d / "data").stat().st_size)
     except E.FarmError:
         await drain(request, limit)
         raise
 
 
-async def _append(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
-                  limit: int, room: int, received: Any = None) -> dict[str, Any]:
+def _piece_fits(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
+               limit: int) -> int:
+    """What the session holds, when the piece starts there and its declared size stays under the cap."""
     have = data.stat().st_size
     if upload_offset != have:
         raise E.UsageError(f"upload {upload} holds {have} bytes, the piece starts at {upload_offset}",
                            hint=f"GET /v1/uploads/{upload} says where to go on from")
-    over_quota = E.QuotaUploadBytesError(f"this token's upload sessions and unreferenced blobs would hold over "
-                                         f"{settings.quota_upload_mb} MiB (FARM_QUOTA_UPLOAD_MB)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and have + int(declared) > limit:
         raise E.TooLargeError(f"the upload is over {settings.max_upload_mb} MiB")
-    if declared.isdigit() and have + int(declared) > room:
-        raise over_quota
+    return have
+
+
+async def _append(request: Request, settings: Settings, upload: str, data: Path, upload_offset: int,
+                  limit: int, room: int, received: Any = None) -> dict[str, Any]:
+    """The piece appended, up to ``room`` bytes held in all (the room taken for it): past it the
+    piece is refused whole."""
+    have = _piece_fits(request, settings, upload, data, upload_offset, limit)
+    over_quota = quotas.over_quota(settings)
     size = have
     with open(data, "ab") as f:
         try:
