@@ -74,7 +74,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.resolve_loop_reader = loop_reader
     app.state.metrics = Metrics(settings, reg)
     app.state.tokens = TokenCache()
-    app.state.revocations = RevocationVersion(reg.db.engine)  # a cached token holds while it is unchanged
+    app.state.revocations = RevocationVersion(engine)  # a cached token holds while it is unchanged
     app.state.runner = runner
     app.state.longpolls = LongPolls(settings, reg)
     app.state.metrics.watch_long_polls(app.state.longpolls)

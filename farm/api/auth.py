@@ -61,7 +61,7 @@ class RevocationVersion:
     def __init__(self, engine: Any):
         self.engine = engine
         self.conninfo = (engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-                         if engine.dialect.name == "postgresql" else None)
+                         if engine is not None and engine.dialect.name == "postgresql" else None)
         self.loop: Any = None
         self.conn: Any = None
         self.opening: asyncio.Lock | None = None
