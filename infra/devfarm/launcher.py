@@ -139,6 +139,35 @@ def api(env: dict[str, str], port: int, log_dir: Path) -> Iterator[subprocess.Po
                 proc.wait()
 
 
+class Stops:
+    """Ctrl-C and SIGTERM stop the farm (a KeyboardInterrupt), except inside ``held()``, which
+    raises it on leaving instead."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending = False
+
+    def on_signal(self, _sig: int, _frame: Any) -> None:
+        if self.holding:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending:
+                self.pending = False
+                raise KeyboardInterrupt
+
+
+STOPS = Stops()
+
+
 def supervise(env: dict[str, str], venvs: list[Path], procs: list[subprocess.Popen[bytes]], log_dir: Path,
               stop: Any) -> None:
     """Until ``stop`` is set: a worker that died is reported and restarted (at most MAX_RESTARTS
@@ -158,8 +187,13 @@ def supervise(env: dict[str, str], venvs: list[Path], procs: list[subprocess.Pop
             print(f"worker {v.name} died (exit {p.returncode}); restarting ({restarts[i]}/{MAX_RESTARTS})",
                   file=sys.stderr, flush=True)
             log = open(log_dir / f"worker-{v.name}.log", "ab")
-            procs[i] = subprocess.Popen([str(v / "bin" / "farm"), "worker"], env={**os.environ, **env}, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            # A stop waits until the new worker is in procs: one landing between its start and the
+            # assignment left it running after the farm stopped (a blocked signal mask would be
+            # inherited by the worker: the stop is held back in Python instead).
+            with STOPS.held():
+                procs[i] = subprocess.Popen([str(v / "bin" / "farm"), "worker"], env={**os.environ, **env},
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
 
 
 TOKEN_NAME, TOKEN_SCOPE = "farm-up", "submit"
@@ -209,10 +243,8 @@ def main() -> int:
         return 1
 
     # SIGTERM stops the farm exactly as Ctrl-C does: everything started here, by PID.
-    def on_term(_sig: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, STOPS.on_signal)
+    signal.signal(signal.SIGINT, STOPS.on_signal)
     base = Path(args.dir)
     try:
         with services(base, keep=not args.ephemeral) as env:
