@@ -145,6 +145,7 @@ class Layout:
     components: list[Component]
     assets: dict[str, Asset]  # by uri: each stored once
     artifacts: list[str]  # the artifact digests it was made from
+    left_out: list[dict[str, str]] = field(default_factory=list)  # builds it can't hold, and why
 
     def files(self) -> list[dict[str, Any]]:
         """Every file of the package but ``manifest.json`` (ORT writes that): path under the
@@ -225,25 +226,35 @@ def variant_compatibility(build: Build) -> str | None:
     return build.compatibility
 
 
-def check_distinguishable(builds: list[Build]) -> None:
-    """``package-ambiguous-variants`` when two variants of one EP for different targets would
-    carry the same compatibility string (or, for QNN, none): ORT scores such variants alike (the
-    EP's check reads only that string; ``provider_options`` such as ``soc_model`` take no part
-    in selection) and breaks the tie by declaration order, so a device could be handed the other
-    SoC's binary."""
-    seen: dict[tuple[str, str | None], Build] = {}
+def distinguishable(builds: list[Build]) -> tuple[list[Build], list[dict[str, str]]]:
+    """The builds a package can hold, and those it leaves out (each with why): variants of one EP
+    for different targets that would carry the same compatibility string (or, for QNN, none) are
+    left out, every one of them: ORT scores such variants alike (the EP's check reads only that
+    string; ``provider_options`` such as ``soc_model`` take no part in selection) and breaks the
+    tie by declaration order, so a device could be handed the other SoC's binary. A device whose
+    runtime needs one of them installs its build directly (``farm install --model``).
+    ``package-ambiguous-variants`` when nothing else is left."""
+    groups: dict[tuple[str, str | None], list[Build]] = {}
     for b in sorted(builds, key=lambda b: (b.backend, b.target, b.toolchain, b.artifact)):
         compat = variant_compatibility(b)
         if compat is None and b.backend != "qnn":
             continue  # not measured for other EPs: a TensorRT build records no string today
-        first = seen.setdefault((b.backend, compat), b)
-        if first.target != b.target:
-            said = f"the same compatibility string {compat[:80]!r}" if compat else \
-                "no compatibility string that names their SoC"
-            raise PackageAmbiguousError(
-                f"{b.backend}:{first.target} ({first.toolchain}) and {b.backend}:{b.target} ({b.toolchain}) have "
-                f"{said}: a device's ONNX Runtime can't tell the variants apart and could select the other SoC's "
-                "binary; no package was made")
+        groups.setdefault((b.backend, compat), []).append(b)
+    ambiguous = {k: bs for k, bs in groups.items() if len({b.target for b in bs}) > 1}
+    out = {b.artifact for bs in ambiguous.values() for b in bs}
+    kept = [b for b in builds if b.artifact not in out]
+    left_out = []
+    for (_, compat), bs in sorted(ambiguous.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        said = f"the same compatibility string {compat[:80]!r}" if compat else \
+            "no compatibility string that names their SoC"
+        targets = ", ".join(f"{b.backend}:{b.target} ({b.toolchain})" for b in bs)
+        why = (f"{targets} have {said}: a device's ONNX Runtime can't tell these variants apart and could select "
+               "another SoC's binary")
+        left_out += [{"artifact": b.artifact, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain,
+                      "why": why} for b in bs]
+    if not kept:
+        raise PackageAmbiguousError(f"{left_out[0]['why']}; no package was made")
+    return kept, left_out
 
 
 def inputs_key(model: str, name: str, tag: str, artifacts: list[str]) -> str:
@@ -316,7 +327,7 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
         raise NoPublishedBuildsError(f"{package_name}:{package_version} ({model[:19]}) has no published build to "
                                      "package", hint=f"build it first: farm build MODEL.onnx -t qnn:SM8650 --name "
                                                      f"{package_name} --tag {package_version}")
-    check_distinguishable(builds)
+    builds, left_out = distinguishable(builds)
     members = source_members(model_files, group)
     assets: dict[str, Asset] = {}
 
@@ -366,7 +377,7 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
         # first (only) EP of CPU-only session options, so it is chosen there and only there.
         components.append(Component(name, cdir, [*variants, cpu]))
     return Layout(package_name, package_version, model, components, assets,
-                  sorted(b.artifact for b in builds))
+                  sorted(b.artifact for b in builds), left_out)
 
 
 def record(layout: Layout, *, inputs: str, files: list[dict[str, Any]], evidence: dict[str, Any],
@@ -377,7 +388,8 @@ def record(layout: Layout, *, inputs: str, files: list[dict[str, Any]], evidence
     return {"kind": PACKAGE_KIND, "mediaType": MEDIA_PACKAGE, "layoutVersion": LAYOUT_VERSION, "ref": ref,
             "model": layout.model, "inputs": inputs, "artifacts": layout.artifacts,
             "components": layout.summary(), "directories": layout.directories(),
-            "files": sorted(files, key=lambda f: f["path"]), "evidence": evidence}
+            "files": sorted(files, key=lambda f: f["path"]), "evidence": evidence,
+            **({"left_out": layout.left_out} if layout.left_out else {})}
 
 
 def check_record(doc: Any) -> dict[str, Any]:

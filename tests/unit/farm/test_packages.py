@@ -63,7 +63,7 @@ def test_single_model_two_qnn_builds_a_trt_build_and_the_cpu_variant_last():
     assert body["variant_directory"] == "c0/v0" and body["additional_metadata"]["ctxfarm"]["target"] == "qnn:SM8650"
 
 
-def test_two_socs_of_one_sdk_with_one_compatibility_string_are_refused():
+def test_two_socs_of_one_sdk_with_one_compatibility_string_are_refused_when_nothing_else_is_left():
     # QNN 2.47.0 writes the same string for SM8650 and SM8750: ORT would score both variants
     # alike (soc_model takes no part) and pick by declaration order.
     builds = [build("SM8650", "2.47.0", art="1"), build("SM8750", "2.47.0", art="2")]
@@ -72,17 +72,26 @@ def test_two_socs_of_one_sdk_with_one_compatibility_string_are_refused():
         pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None, builds=builds)
     assert e.value.code == "package-ambiguous-variants" and "SM8650" in e.value.message and "SM8750" in e.value.message
     assert "--soc" in e.value.hint
-    # Beside newer builds that name their SoC the two 2.47.0 variants still tie with each other.
-    with pytest.raises(PackageAmbiguousError):
-        pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None,
-                builds=[*builds, build("SM8650", art="3"), build("SM8750", art="4")])
+
+
+def test_beside_builds_that_name_their_soc_the_tied_ones_are_left_out_and_said():
+    tied = [build("SM8650", "2.47.0", art="1"), build("SM8750", "2.47.0", art="2")]
+    layout = pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None,
+                     builds=[*tied, build("SM8650", art="3"), build("SM8750", art="4")])
+    held = {v.metadata.get("artifact") for v in layout.components[0].variants} - {None}
+    assert held == {d("3"), d("4")} and layout.artifacts == sorted([d("3"), d("4")])
+    assert [(o["target"], o["toolchain"]) for o in layout.left_out] == [("qnn:SM8650", "2.47.0"),
+                                                                         ("qnn:SM8750", "2.47.0")]
+    assert all("can't tell these variants apart" in o["why"] for o in layout.left_out)
+    rec = pk.record(layout, inputs="x", files=[], evidence={}, ref="m:t")
+    assert rec["left_out"] == layout.left_out
 
 
 def test_equal_strings_for_different_targets_are_refused_whatever_the_sdk():
     same = [pk.Build(d(a), "qnn", t, "2.51.0", d("0"), "model_ctx.onnx", (), None, "v2:6:2.51.0:5.51.0:0:57:0:0",
                      {"soc_model": "57,69" if "+" in t else "57"}) for a, t in (("1", "SM8650"), ("2", "SM8650+SM8750"))]
     with pytest.raises(PackageAmbiguousError):
-        pk.check_distinguishable(same)
+        pk.distinguishable(same)
 
 
 def test_a_string_that_does_not_name_the_soc_is_left_out_never_rewritten():
