@@ -24,7 +24,7 @@ STATUS = {
     "no-published-builds": 404, "package-files-missing": 409, "package-verify-failed": 500,
     "not-device-evidence": 422, "report-soc-mismatch": 422, "report-runtime-mismatch": 422,  # device evidence
     "bad-samples": 400, "quota-uploads": 429, "quota-upload-bytes": 429, "quota-releases": 429,  # per-token quotas
-    "package-unsupported": 409, "capability-missing": 409,
+    "package-unsupported": 409, "capability-missing": 409, "package-ambiguous-variants": 409,
     "enrollment-invalid": 401, "device-revoked": 403, "report-signature-invalid": 403, "report-replayed": 409,
     "tag-gated": 409, "promotion-unmet": 409,  # device lab
 }

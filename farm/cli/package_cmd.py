@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
         answer = remote_package(args.server, args.token, args.ref, args.dest, settings, timeout=args.timeout)
     else:
         answer = local_package(settings, args.ref, args.dest)
+    for out in answer.get("left_out") or []:
+        # A build the package can't hold (ORT could not tell it from another SoC's): said, not hidden.
+        print(f"warning: left out {out['target']} (QNN {out['toolchain']}): {out['why']}; a device that needs it "
+              f"installs it directly: farm install --model {answer['ref']} --soc SOC ...", file=sys.stderr)
     if args.json:
         print(json.dumps(answer, default=str))
         return 0

@@ -174,7 +174,10 @@ MANIFEST = Obj(
 
 # GET /v1/packages?ref= and POST /v1/packages: the package record a device fetches by digest.
 PACKAGE_ANSWER = Obj(required={"digest": DIGEST, "record_size": Whole(1, MAX_RECORD_BYTES)},
-                     optional={"signatures": SIGNATURES})
+                     optional={"signatures": SIGNATURES,
+                               # builds the package could not hold (ORT can't tell them apart), and why
+                               "left_out": ListOf(Obj({"target": SHORT, "toolchain": SHORT,
+                                                       "why": Text(max_len=2000)}), MAX_LIST)})
 
 # An ORT model package's record, fetched by the package digest.
 PACKAGE_RECORD = Obj({

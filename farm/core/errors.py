@@ -57,6 +57,7 @@ and `farm help errors` (``markdown_table``; a test compares), and the CLI lets n
     ├── PackageFilesMissingError package-files-missing  farm package: a build's files are missing in the store
     ├── PackageVerifyError       package-verify-failed  farm package: the package failed its check (not published)
     ├── PackageUnsupportedError  package-unsupported  farm package: a kind no ORT model package holds (a genai folder)
+    ├── PackageAmbiguousError    package-ambiguous-variants  farm package: two SoCs' QNN builds ORT can't tell apart
     ├── CapabilityMissingError   capability-missing  no worker of that SDK can make it (a genai package: onnxruntime-genai)
     ├── NotDeviceEvidenceError   not-device-evidence  a device report from the farm's own kind of host (QNN on x86_64)
     ├── ReportSocMismatchError   report-soc-mismatch  a device report naming an SoC the artifact does not cover
@@ -526,6 +527,15 @@ class PackageUnsupportedError(FarmError):
     summary = ("`farm package` / `farm install --package`: the model is a kind no ORT model package holds here (an "
                "onnxruntime-genai folder: onnxruntime-genai 0.18's wheel opens no model package) (409)")
     default_hint = "install the artifact itself: farm install NAME:TAG (a genai package installs as its folder)"
+
+
+class PackageAmbiguousError(FarmError):
+    code = "package-ambiguous-variants"
+    summary = ("`farm package`: two published builds of one EP for different targets whose compatibility strings "
+               "ORT can't tell apart (QNN 2.47.0 writes none naming the SoC), so a device could select the other "
+               "SoC's binary; nothing was published (409)")
+    default_hint = ("install per device instead (farm install --model NAME:TAG --soc SOC --qnn VERSION -d DIR); a "
+                    "package needs each SoC's QNN build from QNN >= 2.49.40, whose compatibility string names the SoC")
 
 
 class CapabilityMissingError(FarmError):

@@ -6,8 +6,10 @@ the variant that fits the machine) is a folder: ``manifest.json``, one **compone
 (per graph for a graph group), and under each component one **variant** per way to run it:
 
 - one per published QNN build (SoC x SDK), EP ``QNNExecutionProvider``, device ``npu``, with
-  the build's ``compatibility_string`` (its ``ep_compatibility_info.QNNExecutionProvider``) and
-  the provider options the farm's own probe loads it with (``soc_model``);
+  the build's ``compatibility_string`` (its ``ep_compatibility_info.QNNExecutionProvider``) where
+  that string names the build's SoC (``identifies_soc``; QNN 2.47.0's does not: left out), and
+  the provider options the farm's own probe loads it with (``soc_model``). Two variants of one EP
+  for different targets that ORT can't tell apart are refused (``package-ambiguous-variants``);
 - one per TensorRT build, EP ``TensorrtExecutionProvider``, device ``gpu``;
 - one CPU variant: the source model, EP ``CPUExecutionProvider``, device ``cpu``.
 
@@ -33,17 +35,18 @@ child, ``workers.ortpackage``), no database, no store.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.core.errors import InvalidModelError, NoPublishedBuildsError
+from farm.core.errors import InvalidModelError, NoPublishedBuildsError, PackageAmbiguousError
 from farm.core.keys import canonical_json, sha256_bytes
 from farm.core.names import safe_relative
 
 PACKAGE_KIND = "ctxfarm.ort-model-package.v1"
 MEDIA_PACKAGE = "application/vnd.ctxfarm.ort-model-package.v1+json"
 # Bumped when the layout rules change: a package made by older rules is then made again.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: a QNN compatibility string that does not name the build's SoC is left out
 MANIFEST = "manifest.json"
 SINGLE_COMPONENT = "model"  # the component of a model that is not a group
 
@@ -142,6 +145,7 @@ class Layout:
     components: list[Component]
     assets: dict[str, Asset]  # by uri: each stored once
     artifacts: list[str]  # the artifact digests it was made from
+    left_out: list[dict[str, str]] = field(default_factory=list)  # builds it can't hold, and why
 
     def files(self) -> list[dict[str, Any]]:
         """Every file of the package but ``manifest.json`` (ORT writes that): path under the
@@ -199,6 +203,58 @@ def compatibility_string(backend: str, manifest: dict[str, Any], metadata: dict[
         return str(recorded[ep])[:1024]
     value = (metadata or {}).get(COMPAT_PREFIX + ep)
     return str(value)[:1024] if value else None
+
+
+def identifies_soc(compat: str | None, soc_model: str) -> bool:
+    """Whether a QNN compatibility string names the build's SoC: a v2 string
+    (``v2:<backend>:<sdk>:<api>:<arch>:<soc models>:...``, QNN >= 2.49.40) whose SoC field is the
+    build's ``soc_model`` ids. QNN 2.47.0 writes ``6:2.47.0:5.47.0:0.0.0:68:0`` for SM8650 and
+    SM8750 alike (measured; docs/packages.md): a device's QNN EP can't tell those builds apart."""
+    parts = (compat or "").split(":")
+    wanted = {int(x) for x in re.findall(r"\d+", soc_model)}
+    return len(parts) > 5 and parts[0] == "v2" and bool(wanted) and \
+        {int(x) for x in re.findall(r"\d+", parts[5])} == wanted
+
+
+def variant_compatibility(build: Build) -> str | None:
+    """The compatibility string a variant carries: the build's own, never altered; left out
+    (None) for a QNN build of one SoC whose string does not name that SoC. ORT then asks the EP
+    nothing and scores the variant by its EP and device alone (model_package_variant_selector.cc)."""
+    soc = build.provider_options.get("soc_model", "")
+    if build.backend == "qnn" and "," not in soc and not identifies_soc(build.compatibility, soc):
+        return None
+    return build.compatibility
+
+
+def distinguishable(builds: list[Build]) -> tuple[list[Build], list[dict[str, str]]]:
+    """The builds a package can hold, and those it leaves out (each with why): variants of one EP
+    for different targets that would carry the same compatibility string (or, for QNN, none) are
+    left out, every one of them: ORT scores such variants alike (the EP's check reads only that
+    string; ``provider_options`` such as ``soc_model`` take no part in selection) and breaks the
+    tie by declaration order, so a device could be handed the other SoC's binary. A device whose
+    runtime needs one of them installs its build directly (``farm install --model``).
+    ``package-ambiguous-variants`` when nothing else is left."""
+    groups: dict[tuple[str, str | None], list[Build]] = {}
+    for b in sorted(builds, key=lambda b: (b.backend, b.target, b.toolchain, b.artifact)):
+        compat = variant_compatibility(b)
+        if compat is None and b.backend != "qnn":
+            continue  # not measured for other EPs: a TensorRT build records no string today
+        groups.setdefault((b.backend, compat), []).append(b)
+    ambiguous = {k: bs for k, bs in groups.items() if len({b.target for b in bs}) > 1}
+    out = {b.artifact for bs in ambiguous.values() for b in bs}
+    kept = [b for b in builds if b.artifact not in out]
+    left_out = []
+    for (_, compat), bs in sorted(ambiguous.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        said = f"the same compatibility string {compat[:80]!r}" if compat else \
+            "no compatibility string that names their SoC"
+        targets = ", ".join(f"{b.backend}:{b.target} ({b.toolchain})" for b in bs)
+        why = (f"{targets} have {said}: a device's ONNX Runtime can't tell these variants apart and could select "
+               "another SoC's binary")
+        left_out += [{"artifact": b.artifact, "target": f"{b.backend}:{b.target}", "toolchain": b.toolchain,
+                      "why": why} for b in bs]
+    if not kept:
+        raise PackageAmbiguousError(f"{left_out[0]['why']}; no package was made")
+    return kept, left_out
 
 
 def inputs_key(model: str, name: str, tag: str, artifacts: list[str]) -> str:
@@ -271,6 +327,7 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
         raise NoPublishedBuildsError(f"{package_name}:{package_version} ({model[:19]}) has no published build to "
                                      "package", hint=f"build it first: farm build MODEL.onnx -t qnn:SM8650 --name "
                                                      f"{package_name} --tag {package_version}")
+    builds, left_out = distinguishable(builds)
     members = source_members(model_files, group)
     assets: dict[str, Asset] = {}
 
@@ -294,6 +351,9 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
             meta: dict[str, Any] = {"artifact": b.artifact, "target": f"{b.backend}:{b.target}",
                                     "toolchain": b.toolchain, "cpu_op_types": list(b.cpu_op_types)}
             vdir = f"{cdir}/v{j}"
+            compat = variant_compatibility(b)
+            if b.compatibility and compat is None:  # kept as evidence, never given to ORT to score with
+                meta["ep_compatibility_not_naming_soc"] = b.compatibility
             if group is None:
                 model_file, files = b.ctx_model, b.files
             else:
@@ -311,13 +371,13 @@ def plan(*, package_name: str, package_version: str, model: str, model_files: li
             # group docs tell a device (onnxruntime-genai sets it itself).
             shared = {SHARE_EP_CONTEXTS: "1"} if group is not None and b.backend == "qnn" else {}
             variants.append(Variant(variant_name(b, taken), vdir, EP_OF[b.backend], DEVICE_OF[b.backend], model_file,
-                                    tuple(files), b.compatibility, session_options=shared,
+                                    tuple(files), compat, session_options=shared,
                                     provider_options=dict(b.provider_options), metadata=meta, backend=b.backend))
         # The CPU variant last: ORT breaks a tie by declaration order, and the CPU EP is the
         # first (only) EP of CPU-only session options, so it is chosen there and only there.
         components.append(Component(name, cdir, [*variants, cpu]))
     return Layout(package_name, package_version, model, components, assets,
-                  sorted(b.artifact for b in builds))
+                  sorted(b.artifact for b in builds), left_out)
 
 
 def record(layout: Layout, *, inputs: str, files: list[dict[str, Any]], evidence: dict[str, Any],
@@ -328,7 +388,8 @@ def record(layout: Layout, *, inputs: str, files: list[dict[str, Any]], evidence
     return {"kind": PACKAGE_KIND, "mediaType": MEDIA_PACKAGE, "layoutVersion": LAYOUT_VERSION, "ref": ref,
             "model": layout.model, "inputs": inputs, "artifacts": layout.artifacts,
             "components": layout.summary(), "directories": layout.directories(),
-            "files": sorted(files, key=lambda f: f["path"]), "evidence": evidence}
+            "files": sorted(files, key=lambda f: f["path"]), "evidence": evidence,
+            **({"left_out": layout.left_out} if layout.left_out else {})}
 
 
 def check_record(doc: Any) -> dict[str, Any]:

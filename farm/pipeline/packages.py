@@ -314,7 +314,8 @@ def package_answer(reg: Registry, digest: str, *, cached: bool) -> dict[str, Any
     return {"digest": digest, "ref": ref, "model": doc["model"], "cached": cached, "record_size": record_size,
             "size": size, "artifacts": doc["artifacts"], "components": doc["components"],
             "directories": doc["directories"], "files": doc["files"], "evidence": doc["evidence"],
-            "signatures": [{"public_key": k, "signature": v} for k, v in sigs]}
+            "signatures": [{"public_key": k, "signature": v} for k, v in sigs],
+            **({"left_out": doc["left_out"]} if doc.get("left_out") else {})}
 
 
 def current_package(reg: Registry, ref: str) -> dict[str, Any]:

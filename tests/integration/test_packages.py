@@ -457,3 +457,43 @@ def test_a_service_without_onnxruntime_has_a_worker_make_the_package(farm_cluste
             assert proc.returncode == 1 and err["code"] == "no-worker" and "2.51.0" in err["hint"], err
     finally:
         reg.close()
+
+
+def test_qnn_2_47_builds_of_two_socs_are_refused_and_one_soc_packages_without_its_string(env: dict[str, str],
+                                                                                           tmp_path: Path):
+    """QNN 2.47.0 writes one compatibility string for SM8650 and SM8750 (``6:2.47.0:5.47.0:0.0.0:68:0``):
+    a package holds it for neither, and refuses the two SoCs side by side (ORT could not tell them
+    apart). Built by the 2.47.0 worker environment's own interpreter (its onnxruntime is 1.24);
+    packaged by this one (onnxruntime >= 1.32)."""
+    python = Path(__file__).resolve().parents[2] / ".venvs" / "qnn-2.47.0" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no QNN 2.47.0 worker environment (.venvs/qnn-2.47.0)")
+    import subprocess
+
+    model = tmp_path / "src" / "mm.onnx"
+    model.parent.mkdir()
+    matmul_model(model)
+
+    def build(target: str) -> None:
+        subprocess.run([str(python), "-m", "farm.cli", "build", str(model), "-t", target, "--name", "old", "--tag",
+                        "s"], env=env, check=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+
+    build("qnn:SM8650")
+    dest = tmp_path / "pkg"
+    answer = package(env, "old:s", "-d", str(dest))
+    [qnn] = [v for v in answer["components"][0]["variants"] if v["ep"] == "QNNExecutionProvider"]
+    assert (qnn["toolchain"], qnn["compatibility_string"]) == ("2.47.0", None)
+    shown = json.loads(farm(env, "show", qnn["artifact"][7:19], "--json").stdout)
+    recorded = shown["compatibility"]["QNNExecutionProvider"]
+    assert recorded.startswith("6:2.47.0:") and not recorded.startswith("v2:")  # no SoC field
+    variant = json.loads((dest / "manifest.json").read_text())["components"]["model"]["variants"][qnn["name"]]
+    assert "compatibility_string" not in variant  # ORT asks the EP nothing: scored by EP and device
+    assert variant["additional_metadata"]["ctxfarm"]["ep_compatibility_not_naming_soc"] == recorded
+    assert variant["executor_info"]["ort"]["provider_options"] == {"soc_model": "57"}
+
+    build("qnn:SM8750")
+    proc = package(env, "old:s", "-d", str(tmp_path / "pkg2"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["code"] == "package-ambiguous-variants" and "qnn:SM8750 (2.47.0)" in error["message"]
+    assert not (tmp_path / "pkg2").exists()

@@ -39,8 +39,10 @@ class PackagePending(BaseModel):
     202: {"model": PackagePending, "description": "a worker is making it (a cluster whose service has no onnxruntime "
                                                   ">= 1.32): POST the same again after Retry-After"},
     404: {"model": ErrorResponse, "description": "not-found (no such NAME:TAG), no-published-builds"},
-    409: {"model": ErrorResponse, "description": "package-files-missing; package-unsupported: an onnxruntime-genai "
-                                                  "package (install its folder: farm install --model NAME:TAG)"},
+    409: {"model": ErrorResponse, "description": "package-files-missing; package-ambiguous-variants: two SoCs' "
+                                                  "builds ORT can't tell apart (QNN 2.47.0); package-unsupported: an "
+                                                  "onnxruntime-genai package (install its folder: farm install --model "
+                                                  "NAME:TAG)"},
     500: {"model": ErrorResponse, "description": "package-verify-failed"},
     501: {"model": ErrorResponse, "description": "missing-extra: no onnxruntime >= 1.32 here and no broker"},
     503: {"model": ErrorResponse, "description": "no-worker: no live worker with onnxruntime >= 1.32 to make it"}})
@@ -58,7 +60,8 @@ async def create_package(request: Request, body: PackageIn, reg: RegistryDep, se
     it (``cached: false`` when it was made while this request waited), the worker's error (its
     code and status, as here), or 202 with ``Retry-After`` while it is being made (POST the same
     again: one worker makes it, however many ask). Errors: 404 ``not-found`` (no such NAME:TAG),
-    404 ``no-published-builds``, 409 ``package-files-missing``, 409 ``package-unsupported`` (a genai
+    404 ``no-published-builds``, 409 ``package-files-missing``, 409 ``package-ambiguous-variants`` (two
+    SoCs' builds whose compatibility strings ORT can't tell apart), 409 ``package-unsupported`` (a genai
     package: no ORT model package is made of one), 500 ``package-verify-failed``, 501
     ``missing-extra`` (no onnxruntime >= 1.32 here and no broker), 503 ``no-worker`` (no live
     worker can make it)."""

@@ -73,6 +73,7 @@ STABLE_CODES = {
     "BadGenaiError": "bad-genai",
     "GenaiFolderError": "genai-folder-invalid",
     "PackageUnsupportedError": "package-unsupported",
+    "PackageAmbiguousError": "package-ambiguous-variants",
     "CapabilityMissingError": "capability-missing",
     "EnrollmentInvalidError": "enrollment-invalid",
     "DeviceRevokedError": "device-revoked",

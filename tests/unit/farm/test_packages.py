@@ -8,10 +8,18 @@ import hashlib
 import pytest
 
 from farm.core import packages as pk
-from farm.core.errors import InvalidModelError, ManifestError, NoPublishedBuildsError
+from farm.core.errors import InvalidModelError, ManifestError, NoPublishedBuildsError, PackageAmbiguousError
 from farm.core.names import UnsafePathError
 
 MODEL = "sha256:" + "a" * 64
+SOC_ID = {"SM8650": "57", "SM8750": "69", "SM8650+SM8750": "57,69"}
+# ep_compatibility_info.QNNExecutionProvider of a MatMul compiled for SM8650 and SM8750 (measured;
+# docs/packages.md): QNN 2.47.0's is one string for both SoCs, 2.49.40's and 2.51.0's name the SoC.
+QNN_247 = "6:2.47.0:5.47.0:0.0.0:68:0"
+
+
+def qnn_compat(target: str, toolchain: str) -> str:
+    return QNN_247 if toolchain == "2.47.0" else f"v2:6:{toolchain}:5.51.0:0:{SOC_ID[target]}:0:0"
 
 
 def d(c: str) -> str:
@@ -22,8 +30,8 @@ def build(target: str, toolchain: str = "2.51.0", backend: str = "qnn", *, art: 
           graphs: tuple[dict, ...] | None = None, files: tuple[pk.PackageFile, ...] | None = None) -> pk.Build:
     files = files or (pk.PackageFile("model_ctx.onnx", d(art), 10), pk.PackageFile("model_ctx_qnn.bin", d("f"), 99))
     return pk.Build(d(art), backend, target, toolchain, d(options), files[0].path, files, graphs,
-                    f"v2:6:{toolchain}:5:0:{target}:0:0" if backend == "qnn" else None,
-                    {"soc_model": "57"} if backend == "qnn" else {}, ("Gemm",) if target == "SM8750" else ())
+                    qnn_compat(target, toolchain) if backend == "qnn" else None,
+                    {"soc_model": SOC_ID[target]} if backend == "qnn" else {}, ("Gemm",) if target == "SM8750" else ())
 
 
 SINGLE = [{"path": "model.onnx", "digest": d("b"), "size": 5}, {"path": "weights.bin", "digest": d("c"), "size": 7}]
@@ -38,7 +46,7 @@ def test_single_model_two_qnn_builds_a_trt_build_and_the_cpu_variant_last():
     names = [v.name for v in comp.variants]
     assert names == ["qnn-SM8650-2.51.0", "qnn-SM8750-2.51.0", "trt-sm_89-10.14.1", "cpu"]
     qnn, qnn2, trt, cpu = comp.variants
-    assert (qnn.ep, qnn.device, qnn.compatibility_string) == ("QNNExecutionProvider", "npu", "v2:6:2.51.0:5:0:SM8650:0:0")
+    assert (qnn.ep, qnn.device, qnn.compatibility_string) == ("QNNExecutionProvider", "npu", "v2:6:2.51.0:5.51.0:0:57:0:0")
     assert qnn.provider_options == {"soc_model": "57"} and qnn.model_file == "model_ctx.onnx"
     assert qnn2.metadata["cpu_op_types"] == ["Gemm"]  # partial offload named in the variant's metadata
     assert (trt.ep, trt.device, trt.compatibility_string) == ("TensorrtExecutionProvider", "gpu", None)
@@ -53,6 +61,54 @@ def test_single_model_two_qnn_builds_a_trt_build_and_the_cpu_variant_last():
     assert {v.directory for v in comp.variants} == {"c0/v0", "c0/v1", "c0/v2", "c0/cpu"}
     body = qnn.body()
     assert body["variant_directory"] == "c0/v0" and body["additional_metadata"]["ctxfarm"]["target"] == "qnn:SM8650"
+
+
+def test_two_socs_of_one_sdk_with_one_compatibility_string_are_refused_when_nothing_else_is_left():
+    # QNN 2.47.0 writes the same string for SM8650 and SM8750: ORT would score both variants
+    # alike (soc_model takes no part) and pick by declaration order.
+    builds = [build("SM8650", "2.47.0", art="1"), build("SM8750", "2.47.0", art="2")]
+    assert builds[0].compatibility == builds[1].compatibility
+    with pytest.raises(PackageAmbiguousError) as e:
+        pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None, builds=builds)
+    assert e.value.code == "package-ambiguous-variants" and "SM8650" in e.value.message and "SM8750" in e.value.message
+    assert "--soc" in e.value.hint
+
+
+def test_beside_builds_that_name_their_soc_the_tied_ones_are_left_out_and_said():
+    tied = [build("SM8650", "2.47.0", art="1"), build("SM8750", "2.47.0", art="2")]
+    layout = pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None,
+                     builds=[*tied, build("SM8650", art="3"), build("SM8750", art="4")])
+    held = {v.metadata.get("artifact") for v in layout.components[0].variants} - {None}
+    assert held == {d("3"), d("4")} and layout.artifacts == sorted([d("3"), d("4")])
+    assert [(o["target"], o["toolchain"]) for o in layout.left_out] == [("qnn:SM8650", "2.47.0"),
+                                                                         ("qnn:SM8750", "2.47.0")]
+    assert all("can't tell these variants apart" in o["why"] for o in layout.left_out)
+    rec = pk.record(layout, inputs="x", files=[], evidence={}, ref="m:t")
+    assert rec["left_out"] == layout.left_out
+
+
+def test_equal_strings_for_different_targets_are_refused_whatever_the_sdk():
+    same = [pk.Build(d(a), "qnn", t, "2.51.0", d("0"), "model_ctx.onnx", (), None, "v2:6:2.51.0:5.51.0:0:57:0:0",
+                     {"soc_model": "57,69" if "+" in t else "57"}) for a, t in (("1", "SM8650"), ("2", "SM8650+SM8750"))]
+    with pytest.raises(PackageAmbiguousError):
+        pk.distinguishable(same)
+
+
+def test_a_string_that_does_not_name_the_soc_is_left_out_never_rewritten():
+    layout = pk.plan(package_name="m", package_version="t", model=MODEL, model_files=SINGLE[:1], group=None,
+                     builds=[build("SM8650", "2.47.0", art="1"), build("SM8650", "2.51.0", art="2"),
+                             build("SM8750", "2.49.40", art="3")])
+    old, new, other, _ = layout.components[0].variants
+    assert old.metadata["toolchain"] == "2.47.0"
+    assert old.compatibility_string is None and "compatibility_string" not in old.body()
+    assert old.metadata["ep_compatibility_not_naming_soc"] == QNN_247  # kept as evidence
+    assert old.provider_options == {"soc_model": "57"}
+    assert new.compatibility_string == "v2:6:2.51.0:5.51.0:0:57:0:0"
+    assert other.compatibility_string == "v2:6:2.49.40:5.51.0:0:69:0:0"
+    # A string naming another SoC than the build's is not the build's SoC either.
+    assert not pk.identifies_soc("v2:6:2.51.0:5.51.0:0:69:0:0", "57")
+    assert pk.identifies_soc("v2:6:2.51.0:5.51.0:0:57:0:0", "57") and not pk.identifies_soc(None, "57")
+    assert not pk.identifies_soc(QNN_247, "57")
 
 
 def test_no_published_build_is_refused_with_its_code():
