@@ -37,7 +37,8 @@ def test_the_hints_errors_carry_name_pages_that_exist() -> None:
     assert refs and all((ROOT / ref).is_file() for ref in refs), sorted(r for r in refs if not (ROOT / r).is_file())
 
 
-def _nav_pages() -> set[str]:
+def nav_pages() -> set[str]:
+    """Every page mkdocs.yml's nav names (its !!python tags ignored: only the nav is read)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -63,4 +64,4 @@ def test_every_docs_page_is_linked_from_the_readme_and_in_the_nav() -> None:
     readme = set(re.findall(r"\]\((docs/[^)#\s]+\.md)", (ROOT / "README.md").read_text()))
     on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").glob("*.md")}
     assert on_disk - {r.removeprefix("docs/") for r in readme} == set(), "README's docs list lacks these pages"
-    assert on_disk - _nav_pages() == set(), "mkdocs.yml's nav lacks these pages"
+    assert on_disk - nav_pages() == set(), "mkdocs.yml's nav lacks these pages"

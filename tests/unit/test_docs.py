@@ -39,26 +39,9 @@ def test_the_site_builds_strict_without_a_warning(site: tuple[Path, str]) -> Non
 
 
 def test_the_nav_has_every_page_the_issue_asks_for() -> None:
-    import yaml
+    from tests.unit.test_doc_links import nav_pages
 
-    class Loader(yaml.SafeLoader):
-        pass
-
-    # mkdocs.yml may use !!python/name tags; only the nav is read here.
-    Loader.add_multi_constructor("", lambda loader, suffix, node: None)
-    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
-
-    def pages(node: object) -> Iterator[str]:
-        if isinstance(node, str):
-            yield node
-        elif isinstance(node, list):
-            for item in node:
-                yield from pages(item)
-        elif isinstance(node, dict):
-            for value in node.values():
-                yield from pages(value)
-
-    listed = set(pages(config["nav"]))
+    listed = nav_pages()
     on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")
                if "gen" not in p.relative_to(ROOT / "docs").parts}
     # A page missing from mkdocs.yml's nav still lands under "More" (docs/gen/hooks.py, tested below);
