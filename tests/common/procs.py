@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _ppid(pid: int) -> int | None:
@@ -102,3 +103,22 @@ def recorded_states(home: Path) -> list[str]:
             return [r[0] for r in c.execute("SELECT state FROM builds ORDER BY id")]
     except sqlite3.Error:
         return []
+
+
+def at_once(n: int, call: Any) -> list[Any]:
+    """``call(i)`` from ``n`` threads released together (a barrier), their answers in order."""
+    import threading
+
+    gate = threading.Barrier(n)
+    out: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        gate.wait()
+        out[i] = call(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    return out

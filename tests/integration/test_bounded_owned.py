@@ -32,6 +32,7 @@ from tests.common.groups import prefill_decode
 from tests.common.hostile_archives import bad_crc, many_entries
 from tests.common.hostile_requests import peak_rss_mib, route_requests, send
 from tests.common.onnx_models import conv_relu_add
+from tests.common.procs import at_once
 from tests.common.registry_state import snapshot
 from tests.common.service import serve, token
 
@@ -292,25 +293,6 @@ def test_releases_are_owned_quota_bound_and_a_shared_build_outlives_one_cancel(
         assert r.status_code == 200 and r.json()["builds"][0]["now"] == "cancelled"
 
 
-def _at_once(n: int, call: Any) -> list[Any]:
-    """``call(i)`` from ``n`` threads released together."""
-    import threading
-
-    gate = threading.Barrier(n)
-    out: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        gate.wait()
-        out[i] = call(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    return out
-
-
 def test_quotas_hold_when_requests_come_at_once(app_env: dict[str, str], redis_server: str, tmp_path: Path) -> None:
     """A quota is counted and taken in one step per token: 8 upload sessions asked at once with
     FARM_QUOTA_UPLOADS=2 open exactly 2, and 4 releases at once with FARM_QUOTA_RELEASES=1 queue
@@ -321,7 +303,7 @@ def test_quotas_hold_when_requests_come_at_once(app_env: dict[str, str], redis_s
     model = conv_relu_add(tmp_path / "m.onnx").read_bytes()
     with first, second:
         clients = [first, second]
-        opened = _at_once(8, lambda i: clients[i % 2].post("/v1/uploads", headers=auth(t["a"])))
+        opened = at_once(8, lambda i: clients[i % 2].post("/v1/uploads", headers=auth(t["a"])))
         assert sorted(r.status_code for r in opened) == [201] * 2 + [429] * 6, [r.text for r in opened]
         assert {code_of(r) for r in opened if r.status_code == 429} == {"quota-uploads"}
         assert len({r.json()["upload"] for r in opened if r.status_code == 201}) == 2
@@ -331,7 +313,7 @@ def test_quotas_hold_when_requests_come_at_once(app_env: dict[str, str], redis_s
         assert up.status_code == 200, up.text
         socs = ["SM8650", "SM8750", "SM8550", "SC8380XP"]
         body = {"model": up.json()["digest"], "sdks": ["2.51.0"], "allow_queue": True}
-        got = _at_once(4, lambda i: clients[i % 2].post(
+        got = at_once(4, lambda i: clients[i % 2].post(
             "/v1/releases", headers=auth(t["a"]), json={**body, "targets": [f"qnn:{socs[i]}"]}))
         assert sorted(r.status_code for r in got) == [200, 429, 429, 429], [r.text for r in got]
         assert {code_of(r) for r in got if r.status_code == 429} == {"quota-releases"}

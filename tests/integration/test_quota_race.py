@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from farm.core.settings import Settings
 from infra.devfarm.services import free_port
+from tests.common.procs import at_once
 from tests.common.service import serve, token
 
 KIB = 1024
@@ -100,22 +100,6 @@ def until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not seen in {timeout} s: {what}"
         time.sleep(0.05)
-
-
-def at_once(n: int, call: Callable[[int], Any]) -> list[Any]:
-    gate = threading.Barrier(n)
-    out: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        gate.wait()
-        out[i] = call(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    return out
 
 
 def session(port: int, tok: str) -> str:
