@@ -21,6 +21,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from farm.api.loopconn import LoopConnection
+
 MISS = object()
 Identity = tuple[int, str]  # (token id, scope)
 
@@ -54,17 +56,14 @@ class TokenCache:
                 self.items.popitem(last=False)
 
 
-class RevocationVersion:
+class RevocationVersion(LoopConnection):
     """The revocation version (``registry.tokens.VERSION_SQL``) as read now: ``current`` on the
     event loop (coalesced, see the module), ``read_now`` from any thread (the registry's engine)."""
 
     def __init__(self, engine: Any):
-        self.engine = engine
-        self.conninfo = (engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        super().__init__(engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
                          if engine is not None and engine.dialect.name == "postgresql" else None)
-        self.loop: Any = None
-        self.conn: Any = None
-        self.opening: asyncio.Lock | None = None
+        self.engine = engine
         self.next: asyncio.Future[int] | None = None  # the read the requests that came since the last one wait for
         self.task: asyncio.Task[None] | None = None
 
@@ -137,17 +136,6 @@ class RevocationVersion:
             await self.close()
             return await run_in_threadpool(self.read_now)
 
-    async def _connection(self) -> Any:
-        import psycopg
-
-        if self.conn is None or self.conn.closed:
-            assert self.opening is not None and self.conninfo is not None
-            async with self.opening:
-                if self.conn is None or self.conn.closed:
-                    self.conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
-                                                                      connect_timeout=5)
-        return self.conn
-
     async def open(self) -> None:
         """PostgreSQL: the connection opened now (at start), not by the first request."""
         if self.conninfo is None:
@@ -156,14 +144,6 @@ class RevocationVersion:
             await self.current()
         except Exception:  # noqa: BLE001 - the first request reads it, and says what is wrong
             pass
-
-    async def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None and self.loop is asyncio.get_running_loop():
-            try:
-                await conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
 
 
 def _lookup(state: Any, raw: str, version: int) -> Identity | None:

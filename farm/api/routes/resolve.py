@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from farm.api.answers import Answer, AnswerCache, etag_of, none_match
 from farm.api.deps import NO_BODY, read
+from farm.api.loopconn import LoopConnection
 from farm.core import errors as E
 from farm.pipeline import plan
 from registry.index import Registry
@@ -345,7 +346,7 @@ async def _kept(request: Request, question: _Question) -> Answer | None:
     return cache.get(key, *found) if found is not None else None
 
 
-class LoopReader:
+class LoopReader(LoopConnection):
     """The generation read of ``_kept`` on the event loop: one psycopg ``AsyncConnection``
     (autocommit) of the loop that opened it (a later loop opens its own), the same statements as
     ``registry.reads.model_generation``. A cached answer then costs no thread hop and no GIL
@@ -353,10 +354,7 @@ class LoopReader:
     interval. Any error closes the connection (the next read opens another) and answers None."""
 
     def __init__(self, url: Any):
-        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self.conn: Any = None
-        self.loop: Any = None
-        self.opening: asyncio.Lock | None = None
+        super().__init__(url.set(drivername="postgresql").render_as_string(hide_password=False))
 
     async def generation(self, ref: str) -> tuple[str, int] | None:
         from registry.lite import pyformat
@@ -380,28 +378,6 @@ class LoopReader:
             await self._connection()
         except Exception:  # noqa: BLE001
             await self.close()
-
-    async def _connection(self) -> Any:
-        import psycopg
-
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:
-            self.conn, self.loop, self.opening = None, loop, asyncio.Lock()
-        if self.conn is None or self.conn.closed:
-            assert self.opening is not None
-            async with self.opening:
-                if self.conn is None or self.conn.closed:
-                    self.conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
-                                                                      connect_timeout=5)
-        return self.conn
-
-    async def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None and self.loop is asyncio.get_running_loop():
-            try:
-                await conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
 
 
 def _fresh(reg: Registry, rows: Any, base: str, model: str, digest: str, generation: int, device: Any,
