@@ -258,14 +258,14 @@ RAISING_STAGES = [
     ("farm.pipeline.execute", "Executor.execute"),          # a part's (any build's) executor
     ("farm.pipeline.states", "claim"),                      # before the executor's own handlers
     ("farm.pipeline.genai", "execute_package"),
-    ("farm.pipeline.genai", "package_from_snapshot"),
-    ("farm.pipeline.genai", "assemble"),
-    ("farm.pipeline.genai", "_layout"),
-    ("farm.pipeline.genai", "_materialize"),
-    ("farm.pipeline.genai", "check_folder"),
+    ("farm.pipeline.genai.release", "package_from_snapshot"),
+    ("farm.pipeline.genai.release", "assemble"),
+    ("farm.pipeline.genai.assembly", "_layout"),
+    ("farm.pipeline.genai.assembly", "_materialize"),
+    ("farm.pipeline.genai.assembly", "check_folder"),
     ("workers.backends", "check_genai_folder"),
-    ("farm.pipeline.genai", "run_twin"),
-    ("farm.pipeline.genai", "_publish"),
+    ("farm.pipeline.genai.twin", "run_twin"),
+    ("farm.pipeline.genai.assembly", "_publish"),
     ("farm.pipeline.genai", "ready_packages"),              # the fan-in
     ("farm.pipeline.accuracy", "after_publish"),
 ]

@@ -157,7 +157,7 @@ def test_the_service_side_refuses_it_before_asking_a_worker(settings: Settings, 
 
 def test_a_worker_that_cannot_assemble_fails_the_package_build_deterministically(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from farm.pipeline import genai
+    from farm.pipeline.genai import release as genai
     from farm.pipeline.states import BuildSpec
     from workers import capabilities
 

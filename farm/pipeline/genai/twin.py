@@ -1,0 +1,145 @@
+"""The twin of a published genai package: the same parts compiled without sharing and generated
+from on the simulator against the CPU EP (``workers.backends.genai_twin``), budgeted like the
+accuracy check. It is evidence that follows publication: ``pending`` on the artifact until it is
+recorded, never a verdict on the build; ``--require-twin`` gates the command's answer on it."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import FarmError
+from farm.core.settings import Settings
+from farm.pipeline.genai.bundle import PackageReport
+from farm.pipeline.submission import BuildOutcome, Progress
+
+
+def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Sequence[tuple[Any, Any, int]],
+               export_dir: Path, *, twin: bool, require: bool, progress: Progress,
+               published: Callable[[PackageReport], None] | None) -> PackageReport:
+    """After publication (every outcome final): say so, hand the answer to ``published``, then
+    run each published package's twin that is missing or pending, record it, and gate the
+    answer on it with ``require``. The command waits on this twin, so it runs at nice 0."""
+    for (t, _, _), o in zip(planned, result.package.outcomes, strict=True):
+        if o.state != "failed" and o.artifact:
+            progress("published", t.ref, {"artifact": o.artifact, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                                          "twin": twin_status(_description(reg, o.artifact))})
+    if published is not None:
+        published(result)
+    for (t, spec, _), o in zip(planned, result.package.outcomes, strict=True):
+        if twin and o.state != "failed" and o.artifact and twin_status(_description(reg, o.artifact)) in (
+                None, "pending"):
+            progress("checking", t.ref, {"what": "twin"})
+            tw = verify_twin(settings, reg, o.artifact, spec, export_dir, nice=0)
+            progress("twin", t.ref, {"artifact": o.artifact, **tw})
+    result.package.outcomes = [_with_twin(reg, o, require) for o in result.package.outcomes]
+    return result
+
+
+def _with_twin(reg: Any, o: BuildOutcome, require: bool) -> BuildOutcome:
+    """The twin's figures on the outcome (``o.accuracy`` carries them as ``{"twin": ...}``) and,
+    with ``require``, the gate: every compared token matched, else ``twin-mismatch``."""
+    if o.state == "failed" or not o.artifact:
+        return o
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        desc = find_artifact(s, o.artifact).description or {}
+    tw = desc.get("twin")
+    o.accuracy = {"twin": tw} if tw is not None else None
+    if require:
+        refusal = twin_refusal(tw, o.artifact)
+        if refusal is not None:
+            o.state, o.error_code, o.error_message = "failed", refusal.code, refusal.message
+    return o
+
+
+def _description(reg: Any, artifact: str) -> dict[str, Any] | None:
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        return find_artifact(s, artifact).description
+
+
+def twin_pending() -> dict[str, Any]:
+    """The twin of a package published before its twin ran (``farm show``: ``twin pending``)."""
+    return {"status": "pending", "since": datetime.now(UTC).isoformat(timespec="seconds"),
+            "detail": "published; the twin (the parts compiled without sharing, run on the simulator) runs after "
+                      "publication: farm build --genai of the same export runs it if none is running"}
+
+
+def twin_status(description: dict[str, Any] | None) -> str | None:
+    """``pending``, ``ok``, ``unverified``, ``runtime-crashed``; None: no twin was asked for."""
+    tw = twin_of(description)
+    return str(tw.get("status")) if tw is not None else None
+
+
+def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_dir: Path, *,
+                nice: int = 10) -> dict[str, Any]:
+    """The twin of a published package, run and recorded on its artifact (never a verdict on
+    the build: a twin that fails or mismatches is recorded evidence). A twin that raises (a bug)
+    is recorded ``unverified`` with what it raised: never left ``pending`` with the cause lost."""
+    try:
+        tw = run_twin(settings, spec, export_dir, nice=nice)
+    except Exception as exc:  # noqa: BLE001 - recorded on the artifact and logged, never lost
+        import logging
+
+        logging.getLogger("ctxfarm.genai").error("the twin of %s raised", artifact[7:19], exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        tw = {"status": "unverified", "detail": f"internal-error: {type(exc).__name__}: {first}"}
+    record_twin(reg, artifact, tw)
+    return tw
+
+
+def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:
+    """The twin's figures on a published package (its description's ``twin``)."""
+    from registry.index import find_artifact
+
+    with reg.db.session() as s:
+        art = find_artifact(s, artifact)
+        art.description = {**(art.description or {}), "twin": tw}
+
+
+def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:
+    """The --require-twin gate: None when every compared token matched."""
+    from farm.core.errors import TwinMismatchError
+
+    if not tw or tw.get("status") != "ok":
+        why = (tw or {}).get("detail") or "no twin check ran"
+        return TwinMismatchError(f"artifact {artifact[7:19]}: no twin figures to gate on ({why})")
+    if not tw.get("tokens_compared") or tw.get("tokens_matched") != tw.get("tokens_compared"):
+        return TwinMismatchError(f"artifact {artifact[7:19]}: the twin matched {tw.get('tokens_matched')} of "
+                                 f"{tw.get('tokens_compared')} greedy tokens against the CPU EP")
+    return None
+
+
+def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10) -> dict[str, Any]:
+    """The twin (``workers.backends.genai_twin``) under the accuracy budget
+    (``FARM_ACCURACY_BUDGET``); a twin that can't run is recorded as ``unverified`` with the
+    reason, never a failed package: the twin is evidence, not the artifact."""
+    from farm.core.catalog import load_catalog
+    from workers.backends import genai_twin
+
+    target = load_catalog().get(spec.target, backend=spec.backend)
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-twin-") as work:
+            result = genai_twin(export_dir, target, spec.options, Path(work), timeout=settings.accuracy_budget,
+                                memory_mb=settings.compile_memory_mb, nice=nice)
+    except FarmError as exc:
+        result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
+    result = dict(result)
+    result.setdefault("wall_seconds", round(time.perf_counter() - start, 3))
+    return result
+
+
+def twin_of(description: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The twin's figures of an artifact (None: not a genai package, or no twin ran)."""
+    if not isinstance(description, dict):
+        return None
+    tw = description.get("twin")
+    return tw if isinstance(tw, dict) else None
