@@ -382,3 +382,26 @@ def test_a_running_agent_outlives_an_unreachable_service(lab: dict[str, Any]) ->
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_an_agent_that_hung_up_takes_no_job(lab: dict[str, Any]) -> None:
+    """A lease's long poll ends when its agent hangs up: a job made after that stays open for the
+    next agent (a stopped agent would never run it), and no request is left for a shutdown to
+    wait on."""
+    import http.client
+    import time
+
+    gone, other = _enroll(lab, "sim-gone"), _enroll(lab, "sim-next")
+    port = int(lab["url"].rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/device-jobs/lease", body=json.dumps({"wait_s": 20}),
+                 headers={"Authorization": f"Bearer {gone['token']}", "Content-Type": "application/json"})
+    time.sleep(0.5)  # the request is in, waiting
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    status, _ = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
+                                                                   "require": "devices>=1 per soc"})
+    assert status == 409  # the job is made now
+    time.sleep(2.5)  # more than two looks of the hung-up wait
+    status, job = call(lab, "POST", "/v1/device-jobs/lease", other["token"], {})
+    assert status == 200 and job["soc"] == "SM8650", job

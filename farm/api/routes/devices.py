@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -79,9 +79,12 @@ def enroll(body: EnrollIn, reg: RegistryDep, token: Annotated[str, enrollment_to
 
 
 @router.post("/v1/device-jobs/lease", responses={204: {"description": "no job for this device"}})
-async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Annotated[Caller, device_caller]) -> Any:
+async def lease(body: LeaseIn, request: Request, reg: RegistryDep, settings: SettingsDep,
+                who: Annotated[Caller, device_caller]) -> Any:
     """One verification job this device may run (its SoC; any SoC for a simulator, ``socs`` narrowing
-    it), leased to it with a fresh nonce; 204 when none came within ``wait_s``."""
+    it), leased to it with a fresh nonce; 204 when none came within ``wait_s``. An agent that hung up
+    ends its wait at the next look: a stopped agent leaves no request behind for a shutdown to wait
+    on, and takes no lease it would never run."""
     from farm.core.catalog import load_catalog
     from registry.devices import device_of_token
     from registry.verification import lease as take
@@ -102,6 +105,8 @@ async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Ann
         if left <= 0:
             return Response(status_code=204)
         await asyncio.sleep(min(LEASE_LOOK_S, left))
+        if await request.is_disconnected():
+            return Response(status_code=204)
 
 
 @router.post("/v1/device-jobs/{job_id}/renew")
