@@ -40,11 +40,19 @@ def live_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
     yield from _live(url, tmp_path)
 
 
-def _live(db_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture
+def live_shared(pg_url: str, redis_server: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Two service processes with a broker: the report count is the service's, not a process's."""
+    yield from _live(pg_url, tmp_path, workers=2, extra={"FARM_BROKER_URL": f"{redis_server}/0"})
+
+
+def _live(db_url: str, tmp_path: Path, *, workers: int = 1,
+          extra: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     import os
 
     env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": db_url,
-                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}", "FARM_REPORTS_PER_MINUTE": str(RATE)}
+                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}", "FARM_REPORTS_PER_MINUTE": str(RATE),
+                **(extra or {})}
     settings = Settings.from_env(env_vars)
     model = matmul_model(tmp_path / "mm.onnx")
     (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="stable").outcomes
@@ -53,7 +61,7 @@ def _live(db_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     tokens["report3"] = token(settings, "t-report3", "report")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars
     port = _port()
-    proc = serve(env, port, tmp_path / "serve.log")
+    proc = serve(env, port, tmp_path / "serve.log", workers=workers)
     try:
         yield {"url": f"http://127.0.0.1:{port}", "tokens": tokens, "artifact": o.artifact, "settings": settings,
                "env": env}
@@ -202,8 +210,19 @@ def test_reports_scopes_hostile_bodies_and_resolve(live: dict[str, Any]) -> None
     assert 'ctxfarm_reports_refused_total{code="usage"}' in text
 
 
-def test_rate_limit_per_token(live: dict[str, Any]) -> None:
-    svc, t = live, live["tokens"]
+def _fresh_minute() -> None:
+    """Counts are per wall-clock minute: a burst that straddles one would be counted twice."""
+    import time
+
+    if time.time() % 60 > 50:
+        time.sleep(61 - time.time() % 60)
+
+
+@pytest.mark.parametrize("processes", ["one", "two, one count in Redis"])
+def test_rate_limit_per_token(processes: str, request: pytest.FixtureRequest) -> None:
+    svc = request.getfixturevalue("live" if processes == "one" else "live_shared")
+    t = svc["tokens"]
+    _fresh_minute()
     codes = [call(svc, "POST", "/v1/reports", t["report"], report(svc, device_id=f"d{i}"))[0]
              for i in range(RATE + 3)]
     assert codes[:RATE] == [201] * RATE and codes[RATE:] == [429] * 3

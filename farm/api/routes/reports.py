@@ -5,7 +5,8 @@ what a device saw loading an artifact; ``GET /v1/reports?artifact=`` (read) sums
 The body is read up to ``MAX_BODY`` bytes before anything is parsed (413 ``too-large`` past it),
 then validated whole (unknown fields, wrong types, far-future timestamps: 400 ``usage``); an
 unknown artifact is 404 ``not-found``, an SoC the catalog lacks 400 ``unknown-target``. Each
-token may send ``FARM_REPORTS_PER_MINUTE`` reports a minute in this process (429 ``rate-limited``).
+token may send ``FARM_REPORTS_PER_MINUTE`` reports a minute, counted once for the whole service
+(``farm.api.ratelimit``: in Redis with a broker) (429 ``rate-limited``).
 A report that can't be device evidence for its artifact (``registry.resolve.admit``) is
 422 ``not-device-evidence`` (the simulator's host), ``report-soc-mismatch`` or
 ``report-runtime-mismatch``. ``GET /v1/reports/quarantined`` and ``POST /v1/reports/lift`` (admin)
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
@@ -125,29 +125,6 @@ class ReportIn(BaseModel):
         return when
 
 
-class _Limiter:
-    """Reports per token and minute, in this process (a fixed one-minute window per token)."""
-
-    def __init__(self, size: int = 100_000):
-        self.lock = threading.Lock()
-        self.windows: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        self.size = size
-
-    def allow(self, token_id: int, per_minute: int) -> bool:
-        minute = int(time.monotonic() // 60)
-        with self.lock:
-            window, n = self.windows.get(token_id, (minute, 0))
-            if window != minute:
-                n = 0
-            if n >= per_minute:
-                return False
-            self.windows[token_id] = (minute, n + 1)
-            self.windows.move_to_end(token_id)
-            if len(self.windows) > self.size:
-                self.windows.popitem(last=False)
-            return True
-
-
 class _State:
     """Per-app state of this router (made on first use: the app factory needs no line for it)."""
 
@@ -159,7 +136,9 @@ class _State:
                                 ["runtime", "outcome"], registry=registry)
         self.refused = Counter("ctxfarm_reports_refused", "Device reports refused, by error code", ["code"],
                                registry=registry)
-        self.limiter = _Limiter()
+        from farm.api.ratelimit import ReportLimiter
+
+        self.limiter = ReportLimiter(request.app.state.settings.broker_url)
         self.artifacts: OrderedDict[str, Any] = OrderedDict()  # digest -> registry.reports.ArtifactRef
         self._writer: Any = None
 
@@ -232,7 +211,7 @@ async def _handle(request: Request, token_id: int) -> JSONResponse:
     reg, settings = request.app.state.registry, request.app.state.settings
     st = _state(request)
     try:
-        if not st.limiter.allow(token_id, settings.reports_per_minute):
+        if not await st.limiter.allow(token_id, settings.reports_per_minute):
             raise E.RateLimitedError(f"this token sent over {settings.reports_per_minute} reports this minute")
         raw = await _bounded_body(request)
         report = _parse(raw)
