@@ -73,7 +73,8 @@ def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
     with reg.db.session() as s:
         digest = resolve_model_ref(s, args.model)
         artifact, verdict = resolve(s, digest, device, model_label=args.model,
-                                    fail_devices=getattr(args, "fail_devices", FAIL_DEVICES))
+                                    fail_devices=getattr(args, "fail_devices", FAIL_DEVICES),
+                                    prefer_fastest=getattr(args, "prefer_fastest", False))
         s.expunge_all()
     return artifact, verdict, digest
 
@@ -98,7 +99,8 @@ def _resolve_lite(settings: Settings, args: argparse.Namespace) -> bool:
         if digest is None:
             return False
         artifact, verdict = resolve(index, digest, device, model_label=args.model,
-                                    fail_devices=settings.report_fail_devices)
+                                    fail_devices=settings.report_fail_devices,
+                                    prefer_fastest=settings.resolve_prefer_fastest)
         from registry.reports import accuracy_brief
 
         accuracy = accuracy_brief(index, artifact.id)
@@ -121,6 +123,7 @@ def _resolved_info(artifact: Any, verdict: Any) -> dict[str, Any]:
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     args.fail_devices = settings.report_fail_devices  # resolve skips what this many devices saw fail
+    args.prefer_fastest = settings.resolve_prefer_fastest
     if name == "load-check":
         return _load_check(args)
     if name == "resolve" and getattr(args, "server", None):
