@@ -205,3 +205,32 @@ def sdk_speeds(rows: Rows, model_digest: str, backend: str, soc: str) -> list[di
     cells = {k: c for k, c in of_models(rows, [model_digest], backend).items() if k[2] == soc and c.devices}
     return [{"toolchain": tc, "devices": c.devices, "p50_ms": c.p50_ms, "slower": c.slower}
             for (_m, _b, _s, tc), c in sorted(cells.items(), key=lambda kv: parse_version(kv[0][3]))]
+
+
+def cell_label(lab: Any) -> str:
+    """A coverage cell's device lab figures as the table and the page show them:
+    ``lab×2 p50 48 ms slower: 1.6x vs QNN 2.49.40`` (``+1 sim`` for simulator reports, never
+    counted); empty without any. ``lab`` may come from a service: every field is checked."""
+    from farm.core.untrusted import clean_text
+
+    if not isinstance(lab, dict):
+        return ""
+
+    def count(key: str) -> int:
+        v = lab.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+    parts = []
+    if count("devices"):
+        parts.append(f"lab\u00d7{count('devices')}")
+        p50 = lab.get("p50_ms")
+        if isinstance(p50, int | float) and not isinstance(p50, bool) and math.isfinite(p50):
+            parts.append(f"p50 {p50:g} ms")
+    if count("failed"):
+        parts.append(f"lab failed\u00d7{count('failed')}")
+    flag = lab.get("slower")
+    if isinstance(flag, dict) and isinstance(flag.get("ratio"), int | float) and not isinstance(flag["ratio"], bool):
+        parts.append(f"slower: {float(flag['ratio']):g}x vs QNN {clean_text(flag.get('vs'), 64)}")
+    if count("simulator_reports"):
+        parts.append(f"+{count('simulator_reports')} sim")
+    return " ".join(parts)
