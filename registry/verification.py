@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,6 +37,13 @@ LEASE_S = 600  # an agent that took a job and went silent for this long loses it
 MAX_BODY = 16 * 1024
 OUTCOMES = ("ok", "fails", "crashed")
 NUMBERS = ("psnr_db", "load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb")
+# The most each figure can be: a report past it is refused, not stored (its medians are shown and
+# compared across SDKs). PSNR: the agent records identical outputs as 200 dB (JSON has no
+# infinity); times: a day; memory: 16 TiB.
+DAY_MS = 86_400_000.0
+NUMBER_MAX = {"psnr_db": 200.0, "load_ms": DAY_MS, "first_inference_ms": DAY_MS, "p50_ms": DAY_MS,
+              "peak_memory_mb": 16 * 1024 * 1024.0}
+MAX_RUNS = 1_000_000
 TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
 BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
 
@@ -184,8 +190,13 @@ def parse_body(body_text: Any) -> dict[str, Any]:
         raise UsageError(f"body.outcome: one of {', '.join(OUTCOMES)}")
     for key in NUMBERS:
         v = body.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
-            raise UsageError(f"body.{key}: a non-negative number")
+        # A comparison, not math.isfinite: NaN and the infinities fail it, and an integer of 400
+        # digits (JSON has them) is compared exactly instead of overflowing a float conversion.
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= NUMBER_MAX[key]):
+            raise UsageError(f"body.{key}: a number from 0 to {NUMBER_MAX[key]:g}")
+    runs = body.get("runs")
+    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or not 0 <= runs <= MAX_RUNS):
+        raise UsageError(f"body.runs: a whole number from 0 to {MAX_RUNS}")
     for key in ("nonce", "device", "artifact", "soc"):
         if not isinstance(body[key], str) or len(body[key]) > 255:
             raise UsageError(f"body.{key}: a string")

@@ -22,7 +22,7 @@ from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from tests.common.accuracy_models import matmul_model
 from tests.common.service import serve, token
-from tests.integration.test_device_lab import _enroll, _port, _report, call, farm
+from tests.integration.test_device_lab import _key, _port, _report, call, farm
 
 VENVS = Path(__file__).resolve().parents[2] / ".venvs"
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +90,21 @@ def _lease_and_report(lab: dict[str, Any], dev: dict[str, Any], p50: dict[str, f
 
 
 def _cells(lab: dict[str, Any]) -> dict[str, Any]:
-    got = farm(lab, "coverage", "--json")
-    assert got.returncode == 0, got.stderr
-    return {c["toolchain"]: c["device_lab"] for c in json.loads(got.stdout)["cells"] if c["target"] == "qnn:SM8650"}
+    """GET /v1/coverage (`farm coverage --json`'s document): the SM8650 cells' device lab figures by SDK."""
+    status, cov = call(lab, "GET", "/v1/coverage", lab["admin"])
+    assert status == 200, cov
+    return {c["toolchain"]: c["device_lab"] for c in cov["cells"] if c["target"] == "qnn:SM8650"}
+
+
+def _enroll(lab: dict[str, Any], name: str, soc: str = "simulator", arch: str = "x86_64") -> dict[str, Any]:
+    """An agent enrolled over HTTP with a fresh Ed25519 key (the admin's enrollment token)."""
+    status, made = call(lab, "POST", "/v1/devices", lab["admin"], {"name": name, "expires": "10m"})
+    assert status == 201, made
+    key, pub = _key()
+    status, body = call(lab, "POST", "/v1/devices/enroll", made["token"],
+                        {"public_key": pub, "soc": soc, "facts": {"arch": arch}})
+    assert status == 201, body
+    return {**body, "key": key}
 
 
 def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
@@ -144,8 +156,8 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
     for _ in range(2):
         _lease_and_report(lab, phones[2], {lab["old"]: 30.0, lab["new"]: 1.0})
     assert _cells(lab)["2.51.0"]["devices"] == 3
-    revoked = farm(lab, "device", "revoke", "phone-c", "--json")
-    assert revoked.returncode == 0 and json.loads(revoked.stdout)["struck"] == 2, revoked.stderr
+    status, revoked = call(lab, "DELETE", "/v1/devices/phone-c", lab["admin"])  # `farm device revoke phone-c`
+    assert status == 200 and revoked == {"revoked": "phone-c", "struck": 2}, revoked
     cells = _cells(lab)
     assert (cells["2.51.0"]["devices"], cells["2.51.0"]["p50_ms"], cells["2.51.0"]["slower"]["ratio"]) == (2, 48.0, 1.6)
     again = json.loads(_raw(lab, RESOLVE, reader))
@@ -170,3 +182,24 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
                             "--qnn", "2.51.0", "--json"], env={**lab["env"], "FARM_RESOLVE_PREFER_FASTEST": "1"},
                            capture_output=True, text=True, timeout=120)
     assert json.loads(local.stdout)["preferred"]["over"] == lab["new"], local.stderr
+
+    # Absurd figures, signed by an enrolled phone's own key, are refused (usage) and record nothing:
+    # its job stays leased to it, and its good report is the first one.
+    import base64
+
+    from farm.core.signed_reports import message
+    from tests.common.hostile_lab_reports import CASES, body_text
+
+    phone = _enroll(lab, "phone-d", soc="SM8650", arch="arm64-v8a")
+    status, job = call(lab, "POST", "/v1/device-jobs/lease", phone["token"], {})
+    assert status == 200, job
+    good = {"job": job["job"], "nonce": job["nonce"], "device": "phone-d", "artifact": job["artifact"],
+            "soc": "SM8650", "outcome": "ok", "runs": 5, "p50_ms": 30.0}
+    for case, field, raw in CASES:
+        text = body_text(good, field, raw)
+        sig = base64.b64encode(phone["key"].sign(message(text))).decode()
+        status, body = call(lab, "POST", f"/v1/device-jobs/{job['job']}/report", phone["token"],
+                            {"body": text, "signature": sig})
+        assert status == 400 and body["error"]["code"] == "usage" and field in body["error"]["message"], (case, body)
+    status, body = _report(lab, phone, job, p50_ms=30.0)
+    assert status == 201 and body["created"] is True, body

@@ -10,12 +10,14 @@ import math
 import pytest
 
 from farm.core.catalog import load_catalog
-from farm.core.errors import NoMatchError
+from farm.core.errors import NoMatchError, UsageError
+from farm.core.signed_reports import canonical
 from registry.devices import revoke_device
 from registry.lab import median, of_artifacts, of_models, slower, slower_text
 from registry.lite import SessionRows
 from registry.resolve import Device, describe, resolve
-from registry.verification import ensure_jobs
+from registry.verification import ensure_jobs, parse_body
+from tests.common.hostile_lab_reports import CASES, body_text
 from tests.common.index_rows import add_artifact, add_model
 from tests.common.lab import enroll_device, report_next
 
@@ -141,3 +143,12 @@ def test_an_answer_without_lab_reports_is_unchanged(db) -> None:
             got, v = resolve(SessionRows(s), model, device, prefer_fastest=prefer)
             assert got.digest == art.digest
             assert "device_lab" not in describe(got, v) and "preferred" not in describe(got, v)
+
+
+@pytest.mark.parametrize(("case", "field", "raw"), CASES, ids=[c[0] for c in CASES])
+def test_absurd_figures_are_refused_by_parse_body(case: str, field: str, raw: str) -> None:
+    good = {"job": 1, "nonce": "n" * 32, "device": "phone", "artifact": "sha256:" + "0" * 64, "soc": "SM8650",
+            "outcome": "ok", "runs": 5, "p50_ms": 30.0, "psnr_db": 60.0, "load_ms": 100.0}
+    assert parse_body(canonical(good))["p50_ms"] == 30.0
+    with pytest.raises(UsageError, match=f"body.{field}"):
+        parse_body(body_text(good, field, raw))
