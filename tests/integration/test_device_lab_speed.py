@@ -182,6 +182,11 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
                             "--qnn", "2.51.0", "--json"], env={**lab["env"], "FARM_RESOLVE_PREFER_FASTEST": "1"},
                            capture_output=True, text=True, timeout=120)
     assert json.loads(local.stdout)["preferred"]["over"] == lab["new"], local.stderr
+    text = subprocess.run([sys.executable, "-m", "farm.cli", "resolve", "--model", "mm:cand", "--soc", "SM8650",
+                           "--qnn", "2.51.0"], env={**lab["env"], "FARM_RESOLVE_PREFER_FASTEST": "1"},
+                          capture_output=True, text=True, timeout=120).stdout
+    assert f"preferred by device latency: p50 30 ms over {lab['new'][7:19]} (QNN 2.51.0, p50 48 ms)" in text, text
+    assert "device lab SM8650: lab\u00d72 p50 30 ms" in text, text
 
     # Absurd figures, signed by an enrolled phone's own key, are refused (usage) and record nothing:
     # its job stays leased to it, and its good report is the first one.
