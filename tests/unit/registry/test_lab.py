@@ -152,3 +152,21 @@ def test_absurd_figures_are_refused_by_parse_body(case: str, field: str, raw: st
     assert parse_body(canonical(good))["p50_ms"] == 30.0
     with pytest.raises(UsageError, match=f"body.{field}"):
         parse_body(body_text(good, field, raw))
+
+
+def test_a_revoked_device_token_strikes_its_lab_reports_and_every_cache_hears_of_it(two_sdks) -> None:
+    from registry.tokens import revocation_version, revoke_token
+
+    s, model, old, new = two_sdks
+    a, b = enroll_device(s, "phone-a"), enroll_device(s, "phone-b")
+    for phone in (a, b):
+        report_next(s, phone, {old.digest: {"p50_ms": 30.0}, new.digest: {"p50_ms": 48.0}})
+    rows = SessionRows(s)
+    assert sum(c.devices for c in of_models(rows, [model]).values()) == 2
+    version = revocation_version(s)
+    revoke_token(s, "device:phone-a")  # the device's bearer token, revoked as a token
+    assert sum(c.devices for c in of_models(rows, [model]).values()) == 1
+    assert revocation_version(s) == version + 1
+    revoke_device(s, "phone-b")  # revoking the device revokes its token: caches must hear of it too
+    assert revocation_version(s) == version + 2
+    assert of_models(rows, [model]) == {}
