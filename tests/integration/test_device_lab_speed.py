@@ -21,6 +21,7 @@ import pytest
 from farm.core.settings import Settings
 from farm.pipeline.plan import build
 from tests.common.accuracy_models import matmul_model
+from tests.common.schemas import valid
 from tests.common.service import serve, token
 from tests.integration.test_device_lab import _key, _port, _report, call, farm
 
@@ -93,6 +94,7 @@ def _cells(lab: dict[str, Any]) -> dict[str, Any]:
     """GET /v1/coverage (`farm coverage --json`'s document): the SM8650 cells' device lab figures by SDK."""
     status, cov = call(lab, "GET", "/v1/coverage", lab["admin"])
     assert status == 200, cov
+    valid("coverage", json.dumps(cov))
     return {c["toolchain"]: c["device_lab"] for c in cov["cells"] if c["target"] == "qnn:SM8650"}
 
 
@@ -136,7 +138,7 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
     assert after == json.loads(before) and "preferred" not in after
 
     # farm show: the artifact's lab figures, its flag, every SDK's speed on the SoC.
-    shown = json.loads(farm(lab, "show", lab["new"], "--json").stdout)
+    shown = valid("show", farm(lab, "show", lab["new"], "--json").stdout)
     (entry,) = shown["device_lab"]
     assert entry["devices"] == 2 and entry["slower"]["ratio"] == 1.6
     assert [(x["toolchain"], x["p50_ms"]) for x in entry["sdks"]] == [("2.49.40", 30.0), ("2.51.0", 48.0)]
@@ -181,7 +183,8 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
     local = subprocess.run([sys.executable, "-m", "farm.cli", "resolve", "--model", "mm:cand", "--soc", "SM8650",
                             "--qnn", "2.51.0", "--json"], env={**lab["env"], "FARM_RESOLVE_PREFER_FASTEST": "1"},
                            capture_output=True, text=True, timeout=120)
-    assert json.loads(local.stdout)["preferred"]["over"] == lab["new"], local.stderr
+    assert valid("resolve", local.stdout)["preferred"]["over"] == lab["new"], local.stderr
+    valid("resolve", json.dumps(picked))
     text = subprocess.run([sys.executable, "-m", "farm.cli", "resolve", "--model", "mm:cand", "--soc", "SM8650",
                            "--qnn", "2.51.0"], env={**lab["env"], "FARM_RESOLVE_PREFER_FASTEST": "1"},
                           capture_output=True, text=True, timeout=120).stdout
