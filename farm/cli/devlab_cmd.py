@@ -148,7 +148,8 @@ def _local(args: argparse.Namespace, settings: Settings, name: str, tag: str) ->
         with reg.db.session() as s:
             if args.rollback:
                 return rollback(s, name, tag, by=user())
-            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=user())
+            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=user(),
+                           prefer_fastest=settings.resolve_prefer_fastest)
     finally:
         reg.close()
 

@@ -160,7 +160,8 @@ def revoke(name: str, reg: RegistryDep) -> dict[str, Any]:
 
 
 @router.post("/v1/promotions")
-def promotions(body: PromotionIn, reg: RegistryDep, who: Annotated[Caller, caller("admin")]) -> Any:
+def promotions(body: PromotionIn, reg: RegistryDep, settings: SettingsDep,
+               who: Annotated[Caller, caller("admin")]) -> Any:
     """``farm promote``: 200 with the move, or 409 ``promotion-unmet`` with the per-SoC ``account``."""
     from farm.core.errors import UsageError
     from farm.core.names import check_tag, split_ref
@@ -177,7 +178,7 @@ def promotions(body: PromotionIn, reg: RegistryDep, who: Annotated[Caller, calle
     check_tag(body.to)
     with reg.db.session() as s:
         out = promote(s, name, tag, body.to, body.require, allow_simulator=body.allow_simulator,
-                      by=token_name(s, who.token_id))
+                      by=token_name(s, who.token_id), prefer_fastest=settings.resolve_prefer_fastest)
     if out["met"]:
         return out
     err = unmet(out, body.model)

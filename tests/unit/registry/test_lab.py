@@ -113,6 +113,11 @@ def test_resolve_prefers_the_fastest_only_when_asked_and_only_what_the_rule_serv
     assert fast.digest == old.digest
     assert describe(fast, v)["preferred"] == {"by": "device-latency", "p50_ms": 30.0, "devices": 2,
                                               "over": new.digest, "over_toolchain": "2.51.0", "over_p50_ms": 48.0}
+    # Promotion makes its jobs on what resolve answers the agents, as the service is set.
+    from registry.promotion import targets_of
+
+    assert targets_of(s, model) == {"SM8650": new.id}
+    assert targets_of(s, model, prefer_fastest=True) == {"SM8650": old.id}
     # Another SoC's device: no SM8650 artifact serves it, whatever was measured (the explained miss).
     sm8750 = Device("qnn", load_catalog().get("SM8750", backend="qnn"), "2.51.0")
     with pytest.raises(NoMatchError):
