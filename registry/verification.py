@@ -90,11 +90,14 @@ class Lease:
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
-          lease_s: int = LEASE_S) -> Lease | None:
+          lease_s: int = LEASE_S, prefer_fastest: bool = False) -> Lease | None:
     """Take one job this device may do, or None. A device of SoC Y takes Y's jobs; a simulator any
     SoC's (``socs`` narrows it). Never a second job of a cell (artifact, SoC) the device already
     reported on or holds. ``runtime``: the agent's QNN version; an artifact built with a newer SDK
-    is not offered."""
+    is not offered, nor one resolve does not answer that runtime (the agent installs through
+    resolve and leaves a job whose artifact it is not answered: jobs on several SDKs' artifacts
+    go each to agents of the runtime resolve answers it; ``prefer_fastest``: the service's
+    FARM_RESOLVE_PREFER_FASTEST, as its resolve answers the agent)."""
     from farm.core.keys import parse_version
     from registry.models import Model, ModelSample
 
@@ -118,6 +121,8 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
     for job, art in session.execute(query).all():
         if runtime and parse_version(art.toolchain) > parse_version(runtime):
             continue
+        if runtime and not _answers(session, art, job.soc, runtime, prefer_fastest):
+            continue
         nonce = secrets.token_hex(16)
         until = now + timedelta(seconds=lease_s)
         # Guarded: the row is still open as read; of two agents, one changes it.
@@ -135,6 +140,21 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
                      lease_s, samples)
     return None
+
+
+def _answers(session: Session, art: Artifact, soc: str, runtime: str, prefer_fastest: bool) -> bool:
+    """Whether resolve answers ``art`` to a device of ``soc`` running QNN ``runtime``."""
+    from farm.core.catalog import load_catalog
+    from farm.core.errors import FarmError
+    from registry.resolve import Device as Asking
+    from registry.resolve import resolve
+
+    try:
+        chosen, _ = resolve(session, art.model_digest, Asking("qnn", load_catalog().get(soc, backend="qnn"), runtime),
+                            prefer_fastest=prefer_fastest)
+    except FarmError:  # nothing served there, or a runtime the catalog cannot read: not this agent's job
+        return False
+    return chosen.id == art.id
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:

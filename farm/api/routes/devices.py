@@ -90,7 +90,8 @@ async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Ann
 
     def attempt() -> dict[str, Any] | None:
         with reg.db.session() as s:
-            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s)
+            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s,
+                       prefer_fastest=settings.resolve_prefer_fastest)
             return got.to_dict() if got is not None else None
 
     deadline = time.monotonic() + body.wait_s
