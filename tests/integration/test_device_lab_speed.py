@@ -47,19 +47,21 @@ def two_sdks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
     assert older.returncode == 0 and "2.49.40" in older.stdout, older.stdout + older.stderr
     from registry.index import Registry
     from registry.models import Artifact
-    from registry.verification import ensure_jobs
 
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:
-            arts = {a.toolchain: a for a in s.query(Artifact).filter_by(model_digest=report.model_digest)}
-            assert sorted(arts) == ["2.49.40", "2.51.0"] and arts["2.51.0"].digest == o.artifact
-            old = arts["2.49.40"].digest
-            for art in arts.values():
-                ensure_jobs(s, art.id, "SM8650", 4)  # the jobs `farm promote` makes, one per artifact here
-            s.commit()
+            arts = {a.toolchain: a.digest for a in s.query(Artifact).filter_by(model_digest=report.model_digest)}
     finally:
         reg.close()
+    assert sorted(arts) == ["2.49.40", "2.51.0"] and arts["2.51.0"] == o.artifact
+    old = arts["2.49.40"]
+    # Jobs on each SDK's artifact (`farm promote` makes them only on the newest SDK's).
+    made = subprocess.run([sys.executable, "-m", "farm.cli", "device", "verify", "mm:cand", "--devices", "4", "--json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert [(j["toolchain"], j["artifact"], j["jobs_made"]) for j in valid("device-verify", made.stdout)["jobs"]] == [
+        ("2.49.40", old, 4), ("2.51.0", o.artifact, 4)]
     port = _port()
     proc = serve(env, port, tmp_path / "serve.log")
     try:
@@ -114,6 +116,10 @@ def test_speed_per_sdk_where_people_look(two_sdks: dict[str, Any]) -> None:
     reader = token(lab["settings"], "phone-reader", "read")
     before = _raw(lab, RESOLVE, reader)
     assert json.loads(before)["artifact"] == lab["new"]  # the rule: the newest SDK the runtime loads
+    # The same over HTTP (admin only): the jobs are there already.
+    assert call(lab, "POST", "/v1/device-jobs", reader, {"model": "mm:cand"})[0] == 403
+    status, made = call(lab, "POST", "/v1/device-jobs", lab["admin"], {"model": "mm:cand", "devices": 4})
+    assert status == 201 and [j["jobs_made"] for j in valid("device-verify", made)["jobs"]] == [0, 0], made
     phones = [_enroll(lab, f"phone-{c}", soc="SM8650", arch="arm64-v8a") for c in "abc"]
     sim = _enroll(lab, "sim")
     measured = {0: {lab["old"]: 29.0, lab["new"]: 47.0}, 1: {lab["old"]: 31.0, lab["new"]: 49.0}}

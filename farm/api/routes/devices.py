@@ -6,6 +6,7 @@
 - ``POST /v1/device-jobs/{id}/renew`` (the same token): keep the lease while the job runs.
 - ``POST /v1/device-jobs/{id}/report`` (the same token): the signed report (``registry.verification``).
 - ``GET /v1/devices``, ``POST /v1/devices``, ``DELETE /v1/devices/{name}`` (admin).
+- ``POST /v1/device-jobs`` (admin): ``farm device verify``, jobs on every SDK's artifact of a model.
 - ``POST /v1/promotions`` (admin): ``farm promote`` (409 ``promotion-unmet`` with ``account``).
 """
 
@@ -56,6 +57,11 @@ class RenewIn(_Strict):
 class ReportIn(_Strict):
     body: str = Field(max_length=16 * 1024)
     signature: str = Field(max_length=128)
+
+
+class SdkJobsIn(_Strict):
+    model: str = Field(max_length=300, description="NAME:TAG, NAME or a model digest")
+    devices: int = Field(default=2, ge=1, le=16, description="jobs per SoC and SDK, each done by a distinct device")
 
 
 class PromotionIn(_Strict):
@@ -158,6 +164,18 @@ def revoke(name: str, reg: RegistryDep) -> dict[str, Any]:
     with reg.db.session() as s:
         struck = revoke_device(s, name)
     return {"revoked": name, "struck": struck}
+
+
+@router.post("/v1/device-jobs", status_code=201)
+def sdk_jobs(body: SdkJobsIn, reg: RegistryDep, settings: SettingsDep,
+             who: Annotated[Caller, caller("admin")]) -> dict[str, Any]:
+    """``farm device verify``: jobs on the artifact each SDK's runtime is answered, per SoC, so the
+    lab times every SDK of the model (speed per SDK, docs/device-lab.md)."""
+    from registry.lab import sdk_jobs as make
+
+    with reg.db.session() as s:
+        rows = make(s, body.model, body.devices, prefer_fastest=settings.resolve_prefer_fastest)
+    return {"model": body.model, "jobs": rows}
 
 
 @router.post("/v1/promotions")

@@ -175,3 +175,32 @@ def test_a_revoked_device_token_strikes_its_lab_reports_and_every_cache_hears_of
     revoke_device(s, "phone-b")  # revoking the device revokes its token: caches must hear of it too
     assert revocation_version(s) == version + 2
     assert of_models(rows, [model]) == {}
+
+
+def test_jobs_for_every_sdk_go_to_agents_of_the_runtime_resolve_answers_them(db) -> None:
+    from farm.core.errors import NotFoundError
+    from registry.lab import sdk_jobs
+    from registry.verification import lease
+
+    with db.session() as s:
+        model = add_model(s, "m", name="mm").digest
+        old = add_artifact(s, model, target="SM8650", toolchain="2.49.40")
+        new = add_artifact(s, model, target="SM8650", toolchain="2.51.0")
+        add_artifact(s, model, target="SM8650+SM8750", toolchain="2.51.0")  # multi-SoC: no jobs of its own
+        rows = sdk_jobs(s, model, 2)
+        assert [(r["soc"], r["toolchain"], r["artifact"], r["jobs_made"], r["jobs_open"]) for r in rows] == [
+            ("SM8650", "2.49.40", old.digest, 2, 2), ("SM8650", "2.51.0", new.digest, 2, 2)]
+        assert [r["jobs_made"] for r in sdk_jobs(s, model, 2)] == [0, 0]  # made once
+        with pytest.raises(UsageError):
+            sdk_jobs(s, model, 0)
+        with pytest.raises(NotFoundError):
+            sdk_jobs(s, add_model(s, "other", name="other").digest, 1)
+        # An agent on QNN 2.51.0 is answered the 2.51.0 artifact: it never takes the 2.49.40 job,
+        # which goes to an agent on 2.49.40.
+        newer = enroll_device(s, "phone-251")
+        older = enroll_device(s, "phone-249")
+        first = lease(s, newer.row, runtime="2.51.0")
+        assert first is not None and first.artifact == new.digest
+        assert lease(s, newer.row, runtime="2.51.0") is None
+        got = lease(s, older.row, runtime="2.49.40")
+        assert got is not None and got.artifact == old.digest
