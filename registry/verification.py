@@ -118,10 +118,11 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
              .order_by(VerificationJob.id).limit(50))
     if wanted:
         query = query.where(VerificationJob.soc.in_(wanted))
+    answered: dict[tuple[str, str], int | None] = {}  # (model, SoC) -> what resolve answers this runtime
     for job, art in session.execute(query).all():
         if runtime and parse_version(art.toolchain) > parse_version(runtime):
             continue
-        if runtime and not _answers(session, art, job.soc, runtime, prefer_fastest):
+        if runtime and _answered(session, answered, art.model_digest, job.soc, runtime, prefer_fastest) != art.id:
             continue
         nonce = secrets.token_hex(16)
         until = now + timedelta(seconds=lease_s)
@@ -142,19 +143,23 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
     return None
 
 
-def _answers(session: Session, art: Artifact, soc: str, runtime: str, prefer_fastest: bool) -> bool:
-    """Whether resolve answers ``art`` to a device of ``soc`` running QNN ``runtime``."""
+def _answered(session: Session, seen: dict[tuple[str, str], int | None], model: str, soc: str, runtime: str,
+              prefer_fastest: bool) -> int | None:
+    """The id of the artifact resolve answers a device of ``soc`` running QNN ``runtime`` (None:
+    none), once per (model, SoC) in one lease: the open jobs of one model share it."""
     from farm.core.catalog import load_catalog
     from farm.core.errors import FarmError
     from registry.resolve import Device as Asking
     from registry.resolve import resolve
 
-    try:
-        chosen, _ = resolve(session, art.model_digest, Asking("qnn", load_catalog().get(soc, backend="qnn"), runtime),
-                            prefer_fastest=prefer_fastest)
-    except FarmError:  # nothing served there, or a runtime the catalog cannot read: not this agent's job
-        return False
-    return chosen.id == art.id
+    if (model, soc) not in seen:
+        try:
+            chosen, _ = resolve(session, model, Asking("qnn", load_catalog().get(soc, backend="qnn"), runtime),
+                                prefer_fastest=prefer_fastest)
+            seen[(model, soc)] = chosen.id
+        except FarmError:  # nothing served there: not this agent's job
+            seen[(model, soc)] = None
+    return seen[(model, soc)]
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
