@@ -9,6 +9,10 @@ artifact_files rows each, then times over the same random queries, interleaved:
     device query              resolve_model_ref("name_i:stable") + resolve, same session
     device query, new session what `farm device resolve` does: Database.session() per query
 
+    resolve, lab model        a model the device lab reported on (``--lab-every``): its
+                              enrolled devices' figures read for the winner (registry.lab)
+    resolve, lab, prefer fastest   the same with FARM_RESOLVE_PREFER_FASTEST: every candidate's read
+
 and coverage(session) over all builds. Ratios are against the SELECT 1 p50 of this run. SQL
 statements per call, the share of time inside cursor.execute and the calls during which a full
 (generation 2) garbage collection ran are counted too, and EXPLAIN (ANALYZE, BUFFERS) of each
@@ -78,7 +82,16 @@ def synthetic_log(kib: int) -> str | None:
     return "".join(lines)[: kib * 1024]
 
 
-def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int, log_kib: int = 0) -> dict[str, int]:
+LAB_DEVICES_PER_SOC = 2  # enrolled devices per SoC; each reports on every artifact of a lab model there
+
+
+def lab_model(i: int, every: int) -> bool:
+    """Whether model ``i`` is one the device lab reported on (every ``every``-th; 0: none)."""
+    return every > 0 and i % every == 0
+
+
+def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int, log_kib: int = 0,
+             lab_every: int = 0) -> dict[str, int]:
     """Bulk load with COPY (PostgreSQL) in one transaction with triggers off (``session_replication_role
     = replica``: the coverage triggers and foreign-key checks), then the coverage tables rebuilt
     once (``registry.coverage.rebuild``) and ANALYZE; explicit ids, sequences moved past them."""
@@ -88,7 +101,9 @@ def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int, log_
     t0 = datetime(2025, 1, 1, tzinfo=UTC)
     catalog = load_catalog()
     default_opts = {s: options_digest(normalize("qnn", {}, catalog.get(s, backend="qnn"))) for s in socs}
-    counts = {"models": 0, "tags": 0, "builds": 0, "artifacts": 0, "artifact_files": 0}
+    counts = {"models": 0, "tags": 0, "builds": 0, "artifacts": 0, "artifact_files": 0, "devices": 0,
+              "verification_jobs": 0, "device_verifications": 0}
+    lab = {"sha256:" + _hex("model", i) for i in range(n_artifacts) if lab_model(i, lab_every)}
     raw = db.engine.raw_connection()
     try:
         conn = raw.driver_connection
@@ -139,7 +154,26 @@ def populate(db: Database, n_artifacts: int, socs: list[str], unbuilt: int, log_
                   for k, (name, role, mt) in enumerate((
                       ("model_ctx.onnx", "ctx-model", "application/onnx"),
                       ("model_ctx_qnn.bin", "context", "application/octet-stream")))))
-            for table in ("tags", "builds", "artifacts", "artifact_files"):
+            # The device lab: LAB_DEVICES_PER_SOC enrolled devices per SoC, each with one job done
+            # and its report on every artifact of a lab model on its SoC (p50 varying by SDK).
+            dev_ids = {(soc, k): j * LAB_DEVICES_PER_SOC + k + 1 for j, soc in enumerate(socs)
+                       for k in range(LAB_DEVICES_PER_SOC)}
+            copy("devices", "id, name, enroll_hash, enroll_expires_at, enrolled_at, public_key, key_id, soc,"
+                 " simulator, facts, created_at",
+                 ((d, f"phone-{soc}-{k}", _hex("enroll", d), t0, t0, "A" * 44, _hex("key", d)[:16], soc, False,
+                   json.dumps({"arch": "aarch64"}), t0) for (soc, k), d in dev_ids.items()))
+            lab_cells = [(n, soc, tc) for n, m, soc, tc, _at in cells() if m in lab]
+            copy("verification_jobs", "id, artifact_id, soc, slot, state, device_id, attempts, created_at, done_at",
+                 ((LAB_DEVICES_PER_SOC * x + k + 1, n, soc, k + 1, "done", dev_ids[(soc, k)], 1, t0, t0)
+                  for x, (n, soc, _tc) in enumerate(lab_cells) for k in range(LAB_DEVICES_PER_SOC)))
+            copy("device_verifications", "id, job_id, device_id, artifact_id, soc, simulator, nonce, outcome, psnr_db,"
+                 " load_ms, p50_ms, body, signature, created_at",
+                 ((LAB_DEVICES_PER_SOC * x + k + 1, LAB_DEVICES_PER_SOC * x + k + 1, dev_ids[(soc, k)], n, soc, False,
+                   _hex("nonce", n, k)[:32], "ok", 60.0, 100.0, 10.0 + int(_hex("p50", n, k)[:4], 16) % 40, "{}",
+                   "sig", t0)
+                  for x, (n, soc, _tc) in enumerate(lab_cells) for k in range(LAB_DEVICES_PER_SOC)))
+            for table in ("tags", "builds", "artifacts", "artifact_files", "devices", "verification_jobs",
+                          "device_verifications"):
                 cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
                             f"(SELECT coalesce(max(id), 1) FROM {table}))")
             cur.execute("SET session_replication_role = DEFAULT")
@@ -229,6 +263,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log-kib", type=int, default=0,
                     help="compile log stored in each builds row (workers keep up to 256 KiB); default none")
+    ap.add_argument("--lab-every", type=int, default=100,
+                    help="every Nth model has device lab reports on all its artifacts (0: none); default 100 (1%%)")
     ap.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/test",
                     help="an existing database to CREATE/DROP the throwaway one from")
     args = ap.parse_args()
@@ -251,11 +287,11 @@ def main() -> int:
         db = Database(f"{base}/{dbname}")
         schema_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        counts = populate(db, args.artifacts, socs, unbuilt, args.log_kib)
+        counts = populate(db, args.artifacts, socs, unbuilt, args.log_kib, args.lab_every)
         load_s = time.perf_counter() - t0
         print(f"database {dbname}: schema {schema_s:.1f} s; inserted {counts['models']} models, "
               f"{counts['artifacts']} builds/artifacts ({args.log_kib} KiB log each), "
-              f"{counts['artifact_files']} artifact_files "
+              f"{counts['artifact_files']} artifact_files, {counts['device_verifications']} device lab reports "
               f"in {load_s:.1f} s (+ ANALYZE)", flush=True)
         result = measure(db, args, socs, counts, unbuilt)
         result.update(database=dbname, schema_seconds=schema_s, load_seconds=load_s, counts=counts)
@@ -283,7 +319,9 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
     sql = SqlCounter(db.engine)
     gcs = GcCounter()
     names = ["SELECT 1", "resolve", "resolve (hit)", "resolve (miss: NoMatchError)",
-             "device query (ref + resolve)", "device query, new session per query"]
+             "device query (ref + resolve)", "device query, new session per query",
+             "resolve, lab model", "resolve, lab model, prefer fastest"]
+    lab_models = [i for i in range(counts["built_models"]) if lab_model(i, args.lab_every)]
     lat: dict[str, list[float]] = {k: [] for k in names}
     stmts: dict[str, list[int]] = {k: [] for k in names}
     sql_s: dict[str, list[float]] = {k: [] for k in names}
@@ -306,9 +344,9 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
                 full_gc[name].append(gcs.full - full0)
                 gc_s[name] += gcs.seconds - gc0
 
-    def resolve_or_miss(s: Session, digest: str, device: Device) -> bool:
+    def resolve_or_miss(s: Session, digest: str, device: Device, prefer_fastest: bool = False) -> bool:
         try:
-            resolve(s, digest, device)
+            resolve(s, digest, device, prefer_fastest=prefer_fastest)
             return True
         except NoMatchError:
             return False
@@ -339,6 +377,13 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
             timed("device query (ref + resolve)", lambda: device_query(s, ref, device))  # noqa: B023
             s.expunge_all()
             timed("device query, new session per query", lambda: fresh_session(ref, device))  # noqa: B023
+            if lab_models:
+                lab_digest = digests[lab_models[q % len(lab_models)]]
+                timed("resolve, lab model", lambda: resolve_or_miss(s, lab_digest, device))  # noqa: B023
+                s.expunge_all()
+                timed("resolve, lab model, prefer fastest",
+                      lambda: resolve_or_miss(s, lab_digest, device, True))  # noqa: B023
+                s.expunge_all()
 
         # Coverage: the summary (counters; a scope aggregates its cells) and pages of the drill-down.
         first = models_page(s)
@@ -379,6 +424,12 @@ def measure(db: Database, args: argparse.Namespace, socs: list[str], counts: dic
         resolve_or_miss(s, digests[i], devices[(socs[0], RUNTIMES[-1])])
         captured, sql.capture = sql.capture, None
         s.expunge_all()
+        if lab_models:  # and of one resolve of a lab model that prefers the fastest (its lab read)
+            sql.capture = []
+            resolve_or_miss(s, digests[lab_models[0]], devices[(socs[0], RUNTIMES[-1])], True)
+            captured += sql.capture
+            sql.capture = None
+            s.expunge_all()
         plans: list[dict[str, Any]] = []
         for statement, params in captured:
             plan = s.connection().exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, params).all()

@@ -196,8 +196,12 @@ def revoke_device(session: Session, name: str) -> int:
         raise NotFoundError(f"no device named {name!r} that is not revoked", hint="farm device list shows them")
     row.revoked_at = now
     if row.token_id is not None:
+        from registry.tokens import _bump_revocations
+
         session.execute(update(ApiToken).where(ApiToken.id == row.token_id, ApiToken.revoked_at.is_(None))
                         .values(revoked_at=now).execution_options(synchronize_session=False))
+        # As any token revocation: every service process stops trusting its cached copy at once.
+        _bump_revocations(session)
     struck = session.execute(update(DeviceVerification)
                              .where(DeviceVerification.device_id == row.id, DeviceVerification.struck_at.is_(None))
                              .values(struck_at=now, struck_why="device revoked")

@@ -21,11 +21,12 @@ from farm.core.requirements import Requirement, parse
 from registry.models import Artifact, Promotion, Tag, TagGate
 
 
-def targets_of(session: Session, digest: str) -> dict[str, int]:
+def targets_of(session: Session, digest: str, prefer_fastest: bool = False) -> dict[str, int]:
     """SoC -> the artifact the agents will verify there: for each SoC the model has a published
     single-SoC QNN artifact for, what resolve serves a device of that SoC running the newest QNN
     SDK the model was built with for it (an agent installs through resolve, and leaves a job whose
-    artifact resolve does not answer it)."""
+    artifact resolve does not answer it: ``prefer_fastest`` is the service's
+    FARM_RESOLVE_PREFER_FASTEST, so the jobs are on what it answers)."""
     from farm.core.catalog import load_catalog
     from farm.core.errors import FarmError
     from farm.core.keys import parse_version
@@ -40,20 +41,22 @@ def targets_of(session: Session, digest: str) -> dict[str, int]:
     out = {}
     for soc, toolchain in sorted(newest.items()):
         try:
-            chosen, _verdict = resolve(session, digest, Device("qnn", load_catalog().get(soc, backend="qnn"), toolchain))
+            chosen, _verdict = resolve(session, digest, Device("qnn", load_catalog().get(soc, backend="qnn"), toolchain),
+                                       prefer_fastest=prefer_fastest)
         except FarmError:  # nothing servable there (quarantined by device reports): nothing to verify
             continue
         out[soc] = chosen.id
     return out
 
 
-def evaluate(session: Session, name: str, source: str, req: Requirement, allow_simulator: bool) -> dict[str, Any]:
+def evaluate(session: Session, name: str, source: str, req: Requirement, allow_simulator: bool,
+             prefer_fastest: bool = False) -> dict[str, Any]:
     """Make the jobs the requirement needs and count the evidence (commits nothing itself)."""
     from registry.index import resolve_model_ref
     from registry.verification import ensure_jobs, evidence, open_jobs
 
     digest = resolve_model_ref(session, f"{name}:{source}")
-    socs = targets_of(session, digest)
+    socs = targets_of(session, digest, prefer_fastest)
     if not socs:
         raise PromotionUnmetError(f"{name}:{source} ({digest[:19]}) has no published single-SoC QNN artifact to verify",
                                   hint="build it for device targets first (farm build -t qnn:SM8650)")
@@ -68,13 +71,13 @@ def evaluate(session: Session, name: str, source: str, req: Requirement, allow_s
 
 
 def promote(session: Session, name: str, source: str, to: str, expr: str, *, allow_simulator: bool = False,
-            by: str | None = None) -> dict[str, Any]:
+            by: str | None = None, prefer_fastest: bool = False) -> dict[str, Any]:
     """Move NAME:TO on evidence. Not met: nothing moves and ``met`` is False (the jobs it made are
     kept: the caller commits, then raises ``unmet(...)`` to the user)."""
     from registry.index import set_tag
 
     req = parse(expr)
-    account = evaluate(session, name, source, req, allow_simulator)
+    account = evaluate(session, name, source, req, allow_simulator, prefer_fastest)
     if not account["met"]:
         return {"ref": f"{name}:{to}", "digest": account["digest"], "moved": False, "met": False,
                 "require": expr, "account": account}

@@ -73,6 +73,9 @@ class Candidate:
     description: dict[str, Any] | None = None  # read for a winner that carries figures (a genai package's twin)
     reported: bool = True  # whether any device report names it (True where unknown: read them)
     total: int | None = None  # the model's active artifacts of this backend, all targets (read with a target)
+    lab_reported: bool = False  # whether any device lab report (``device_verifications``) names it
+    lab: list[dict[str, Any]] | None = None  # a winner's: what enrolled devices confirmed (registry.lab)
+    preferred: dict[str, Any] | None = None  # a winner picked for its measured speed (FARM_RESOLVE_PREFER_FASTEST)
 
     @property
     def short_id(self) -> str:
@@ -86,14 +89,16 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
     (indexes: artifacts (model_digest, backend, target, toolchain), compat_verdicts
     (artifact_id); the UNIQUE verdict key makes the outer join one row per artifact)."""
     # ``reported``: whether any device report names the artifact (an index probe each), so resolve
-    # reads the device evidence only where there is some. With a target: ``total``, the model's
+    # reads the device evidence only where there is some; ``lab_reported`` the same for the device
+    # lab's reports (index on device_verifications (artifact_id, soc)). With a target: ``total``, the model's
     # active artifacts of the backend on every target, so a miss with enough of this target's to
     # name as nearest is explained without reading the others (``registry.resolve``).
     total = ("(SELECT count(*) FROM artifacts c WHERE c.model_digest = :model AND c.backend = :backend"
              " AND c.status = :active)" if target is not None else "NULL")
     sql = ("SELECT a.id, a.digest, a.target, a.toolchain, a.options_digest, a.ctx_model, a.created_at, b.options,"
            " v.verdict, v.detail, v.recorded_at, a.nodes_ep, a.nodes_cpu, a.cpu_op_types, a.compatibility,"
-           f" EXISTS (SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id), {total}"
+           f" EXISTS (SELECT 1 FROM device_reports r WHERE r.artifact_id = a.id), {total},"
+           " EXISTS (SELECT 1 FROM device_verifications dv WHERE dv.artifact_id = a.id)"
            " FROM artifacts a JOIN builds b ON b.id = a.build_id"
            " LEFT JOIN compat_verdicts v ON v.artifact_id = a.id AND v.runtime_backend = :backend"
            " AND v.runtime_version = :runtime AND v.source = :probe"
@@ -111,7 +116,7 @@ def candidates(rows: Rows, model_digest: str, backend: str, runtime: str, target
                       build=BuildRef(as_json(r[7]) or {}),
                       probe=Probe(r[8], r[9], as_datetime(r[10])) if r[8] is not None else None,
                       nodes_ep=r[11], nodes_cpu=r[12], cpu_op_types=as_json(r[13]), compatibility=as_json(r[14]),
-                      reported=bool(r[15]), total=None if r[16] is None else int(r[16]))
+                      reported=bool(r[15]), total=None if r[16] is None else int(r[16]), lab_reported=bool(r[17]))
             for r in rows.rows(sql, params)]
 
 

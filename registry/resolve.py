@@ -227,18 +227,21 @@ NEAREST = 5  # candidates a miss names
 
 
 def resolve(session: Session | Rows, model_digest: str, device: Device, *, model_label: str = "",
-            fail_devices: int = FAIL_DEVICES) -> tuple[Candidate, Verdict]:
+            fail_devices: int = FAIL_DEVICES, prefer_fastest: bool = False) -> tuple[Candidate, Verdict]:
     """The artifact ``device`` should load, with the verdict that chose it; NoMatchError naming
     the nearest candidates otherwise. ``session``: a SQLAlchemy session (the service) or a bare
     connection (``registry.lite``, the CLI); the same statements run on either. A hit is two
-    statements: the candidates with their probe verdicts, then the winner's files."""
+    statements: the candidates with their probe verdicts, then the winner's files (a third where
+    the device lab reported on a candidate: ``_lab``). ``prefer_fastest``
+    (FARM_RESOLVE_PREFER_FASTEST): among what the rule serves, what enrolled devices measured
+    fastest (``_lab``)."""
     rows = rows_of(session)
     if device.backend == "qnn":
         # The QNN rule never serves another SoC: look at this one first, the rest only to explain a miss.
         arts = candidates(rows, model_digest, device, device.target.name)
         good, bad = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
         if good:
-            return _with_files(rows, good[0])
+            return _with_files(rows, _lab(rows, good, device, prefer_fastest))
         # The nearest sort this SoC's own first, and all it needs says what this SoC lacks: with
         # enough of them, the other targets' artifacts are only counted (``total``), not read.
         if sum(a.target == device.target.name for a, _ in bad) >= NEAREST and arts[0].total is not None:
@@ -246,9 +249,48 @@ def resolve(session: Session | Rows, model_digest: str, device: Device, *, model
     arts = candidates(rows, model_digest, device)
     good, bad = rank(arts, device, _probes(arts, device), _devices(rows, arts, device), fail_devices)
     if good:
-        return _with_files(rows, good[0])
+        return _with_files(rows, _lab(rows, good, device, prefer_fastest))
     _miss(model_label or model_digest, device, len(arts), bad)
     raise AssertionError("unreachable")
+
+
+def _lab(rows: Rows, good: list[tuple[Candidate, Verdict]], device: Device, prefer_fastest: bool
+         ) -> tuple[Candidate, Verdict]:
+    """The winner, with what enrolled devices of the device lab confirmed of it (``lab``: one
+    statement, only where a report names a candidate). ``prefer_fastest``: the candidate that
+    enrolled devices of this SoC confirmed (ok on at least one, failed on none) with the lowest
+    median p50, when it is not the rule's pick already (``preferred`` says so); only among
+    ``good`` (what the ranking serves) and only where the compatibility rule itself serves it: a
+    measurement never serves what the rule would not. Ties keep the ranking's order."""
+    choice = good[0]
+    ids = {a.id: a.target for a, _ in (good if prefer_fastest else good[:1]) if getattr(a, "lab_reported", False)}
+    if not ids:
+        return choice
+    from registry.lab import of_artifacts
+
+    lab = of_artifacts(rows, ids)
+
+    def measured(a: Candidate) -> Any:
+        return next((c for c in lab.get(a.id, []) if c.soc == device.target.name), None)
+
+    if prefer_fastest:
+        fastest: tuple[Candidate, Verdict, Any] | None = None
+        for a, v in good:
+            cell = measured(a)
+            if cell is None or not cell.confirmed or cell.p50_ms is None or not verdict(a, device).loads:
+                continue
+            if fastest is None or cell.p50_ms < fastest[2].p50_ms:
+                fastest = (a, v, cell)
+        if fastest is not None and fastest[0].id != choice[0].id:
+            over = measured(choice[0])
+            fastest[0].preferred = {"by": "device-latency", "p50_ms": fastest[2].p50_ms, "devices": fastest[2].devices,
+                                    "over": choice[0].digest, "over_toolchain": choice[0].toolchain,
+                                    "over_p50_ms": over.p50_ms if over is not None and over.devices else None}
+            choice = (fastest[0], fastest[1])
+    cells = lab.get(choice[0].id)
+    if cells:
+        choice[0].lab = [c.to_dict() for c in cells]
+    return choice
 
 
 def _miss(label: str, device: Device, total: int, bad: list[tuple[Artifact, Verdict]]) -> None:
@@ -312,7 +354,10 @@ def describe(artifact: Artifact, v: Verdict) -> dict[str, Any]:
             **({"unverified": v.unverified} if v.unverified else {}),
             "offload": offload(getattr(artifact, "nodes_ep", None), getattr(artifact, "nodes_cpu", None),
                                getattr(artifact, "cpu_op_types", None)),
-            "compatibility": dict(getattr(artifact, "compatibility", None) or {}), **_twin(artifact)}
+            "compatibility": dict(getattr(artifact, "compatibility", None) or {}), **_twin(artifact),
+            # Only where the device lab reported on it, or speed picked it: other answers stay as they were.
+            **({"device_lab": artifact.lab} if getattr(artifact, "lab", None) else {}),
+            **({"preferred": artifact.preferred} if getattr(artifact, "preferred", None) else {})}
 
 
 def offload(nodes_ep: int | None, nodes_cpu: int | None, cpu_op_types: list[str] | None) -> dict[str, Any]:

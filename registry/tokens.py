@@ -55,10 +55,11 @@ def list_tokens(session: Session) -> list[TokenInfo]:
 
 
 def revoke_token(session: Session, name: str) -> None:
-    """Revoke a token, and withdraw what it said: its device reports are struck (``revoked_why``
-    ``token revoked``) in the same transaction, so no artifact stays quarantined or preferred on
-    its word. The revocation version is bumped in the same transaction: every service
-    process refuses the token from the moment it commits (``farm.api.auth``)."""
+    """Revoke a token, and withdraw what it said: its device reports (and, an enrolled device's
+    token, its device lab reports) are struck (``token revoked``) in the same transaction, so no
+    artifact stays quarantined, preferred or confirmed on its word. The revocation version is
+    bumped in the same transaction: every service process refuses the token from the moment it
+    commits (``farm.api.auth``)."""
     from registry.models import DeviceReport
 
     now = datetime.now(UTC)
@@ -69,6 +70,13 @@ def revoke_token(session: Session, name: str) -> None:
         raise NotFoundError(f"no active token named {name!r}", hint="`farm token list` shows them")
     session.execute(update(DeviceReport).where(DeviceReport.token_id == token_id, DeviceReport.revoked_at.is_(None))
                     .values(revoked_at=now, revoked_why="token revoked").execution_options(synchronize_session=False))
+    # An enrolled device's bearer token: its device lab reports are withdrawn with it.
+    from registry.models import Device, DeviceVerification
+
+    session.execute(update(DeviceVerification)
+                    .where(DeviceVerification.device_id.in_(select(Device.id).where(Device.token_id == token_id)),
+                           DeviceVerification.struck_at.is_(None))
+                    .values(struck_at=now, struck_why="token revoked").execution_options(synchronize_session=False))
     _bump_revocations(session)
 
 

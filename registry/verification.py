@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,6 +37,13 @@ LEASE_S = 600  # an agent that took a job and went silent for this long loses it
 MAX_BODY = 16 * 1024
 OUTCOMES = ("ok", "fails", "crashed")
 NUMBERS = ("psnr_db", "load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb")
+# The most each figure can be: a report past it is refused, not stored (its medians are shown and
+# compared across SDKs). PSNR: the agent records identical outputs as 200 dB (JSON has no
+# infinity); times: a day; memory: 16 TiB.
+DAY_MS = 86_400_000.0
+NUMBER_MAX = {"psnr_db": 200.0, "load_ms": DAY_MS, "first_inference_ms": DAY_MS, "p50_ms": DAY_MS,
+              "peak_memory_mb": 16 * 1024 * 1024.0}
+MAX_RUNS = 1_000_000
 TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
 BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
 
@@ -84,11 +90,14 @@ class Lease:
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
-          lease_s: int = LEASE_S) -> Lease | None:
+          lease_s: int = LEASE_S, prefer_fastest: bool = False) -> Lease | None:
     """Take one job this device may do, or None. A device of SoC Y takes Y's jobs; a simulator any
     SoC's (``socs`` narrows it). Never a second job of a cell (artifact, SoC) the device already
     reported on or holds. ``runtime``: the agent's QNN version; an artifact built with a newer SDK
-    is not offered."""
+    is not offered, nor one resolve does not answer that runtime (the agent installs through
+    resolve and leaves a job whose artifact it is not answered: jobs on several SDKs' artifacts
+    go each to agents of the runtime resolve answers it; ``prefer_fastest``: the service's
+    FARM_RESOLVE_PREFER_FASTEST, as its resolve answers the agent)."""
     from farm.core.keys import parse_version
     from registry.models import Model, ModelSample
 
@@ -109,8 +118,11 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
              .order_by(VerificationJob.id).limit(50))
     if wanted:
         query = query.where(VerificationJob.soc.in_(wanted))
+    answered: dict[tuple[str, str], int | None] = {}  # (model, SoC) -> what resolve answers this runtime
     for job, art in session.execute(query).all():
         if runtime and parse_version(art.toolchain) > parse_version(runtime):
+            continue
+        if runtime and _answered(session, answered, art.model_digest, job.soc, runtime, prefer_fastest) != art.id:
             continue
         nonce = secrets.token_hex(16)
         until = now + timedelta(seconds=lease_s)
@@ -129,6 +141,25 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
                      lease_s, samples)
     return None
+
+
+def _answered(session: Session, seen: dict[tuple[str, str], int | None], model: str, soc: str, runtime: str,
+              prefer_fastest: bool) -> int | None:
+    """The id of the artifact resolve answers a device of ``soc`` running QNN ``runtime`` (None:
+    none), once per (model, SoC) in one lease: the open jobs of one model share it."""
+    from farm.core.catalog import load_catalog
+    from farm.core.errors import FarmError
+    from registry.resolve import Device as Asking
+    from registry.resolve import resolve
+
+    if (model, soc) not in seen:
+        try:
+            chosen, _ = resolve(session, model, Asking("qnn", load_catalog().get(soc, backend="qnn"), runtime),
+                                prefer_fastest=prefer_fastest)
+            seen[(model, soc)] = chosen.id
+        except FarmError:  # nothing served there: not this agent's job
+            seen[(model, soc)] = None
+    return seen[(model, soc)]
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
@@ -184,8 +215,13 @@ def parse_body(body_text: Any) -> dict[str, Any]:
         raise UsageError(f"body.outcome: one of {', '.join(OUTCOMES)}")
     for key in NUMBERS:
         v = body.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
-            raise UsageError(f"body.{key}: a non-negative number")
+        # A comparison, not math.isfinite: NaN and the infinities fail it, and an integer of 400
+        # digits (JSON has them) is compared exactly instead of overflowing a float conversion.
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= NUMBER_MAX[key]):
+            raise UsageError(f"body.{key}: a number from 0 to {NUMBER_MAX[key]:g}")
+    runs = body.get("runs")
+    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or not 0 <= runs <= MAX_RUNS):
+        raise UsageError(f"body.runs: a whole number from 0 to {MAX_RUNS}")
     for key in ("nonce", "device", "artifact", "soc"):
         if not isinstance(body[key], str) or len(body[key]) > 255:
             raise UsageError(f"body.{key}: a string")

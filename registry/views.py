@@ -146,7 +146,36 @@ def artifact_document(session: Session, store: Any, ref: str, target: str | None
 
     doc["accuracy"] = of_artifacts(session, [a.id]).get(a.id, [])
     doc["devices"] = summary(session, [a.id]).get(a.id, [])
+    doc["device_lab"] = device_lab(session, a)
     return doc
+
+
+def device_lab(session: Session, a: Any) -> list[dict[str, Any]]:
+    """Per SoC the artifact serves: what enrolled devices of the device lab confirmed of it
+    (``registry.lab.LabCell``: devices, medians, simulator reports apart), whether its SDK is
+    ``SLOWER`` than another's on that SoC (``slower``), and the speed of every SDK of the model
+    there (``sdks``: toolchain, devices, median p50, oldest first). SoCs with nothing measured
+    are left out."""
+    from farm.core.keys import parse_version
+    from registry.lab import LabCell, of_models
+    from registry.lab import of_artifacts as lab_of
+    from registry.lite import SessionRows
+
+    rows = SessionRows(session)
+    mine = {c.soc: c for c in lab_of(rows, {a.id: a.target}).get(a.id, [])}
+    cells = of_models(rows, [a.model_digest], a.backend) if a.backend == "qnn" else {}
+    out = []
+    for soc in a.target.split("+"):
+        here = sorted(((key[3], c) for key, c in cells.items() if key[2] == soc and c.devices),
+                      key=lambda tc_c: parse_version(tc_c[0]))
+        sdks = [{"toolchain": tc, "devices": c.devices, "p50_ms": c.p50_ms, "slower": c.slower} for tc, c in here]
+        if soc not in mine and not sdks:
+            continue
+        entry = (mine.get(soc) or LabCell(soc)).to_dict()
+        entry["slower"] = next((x["slower"] for x in sdks if x["toolchain"] == a.toolchain), None)
+        entry["sdks"] = sdks
+        out.append(entry)
+    return out
 
 
 def _capabilities(extra: Any) -> dict[str, Any]:

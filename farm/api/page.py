@@ -40,6 +40,11 @@ LEGEND = (
     ("missing", "the model was built for this SoC with another SDK, not with this one"),
     ("\u2713probe", "a probe on the farm loaded the built artifact (its verdicts per runtime are listed)"),
     ("\u2713device", "a device reported that it loaded the artifact (POST /v1/reports)"),
+    ("lab\u00d7N p50", "N enrolled devices of the device lab (this SoC, not simulators, not revoked) ran the built "
+                     "artifact; p50 is their median latency (docs/device-lab.md)"),
+    ("slower: 1.6x vs QNN v", "speed per SDK: enrolled devices measured this SDK's artifact 1.2x or more slower than "
+                              "SDK v's on the same SoC"),
+    ("+N sim", "reports of simulator agents: shown, never counted as device evidence"),
     ("unverified", "built only as weight-shared graph groups or multi-SoC binaries: the x86_64 simulator can't load "
                    "them, so only devices can confirm the cell (hover for why)"),
     ("loads / fails", "what probes measured under a runtime version: QNN 2.51.0 loads"),
@@ -147,6 +152,8 @@ def _form(filters: dict[str, Any], state: str | None) -> str:
 
 def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, state: str | None,
                 filters: dict[str, Any]) -> str:
+    from registry.lab import cell_label
+
     e = html.escape
     title = "Models" + (f" with a {state} cell" if state and state != "missing" else "")
     if state == "missing":
@@ -181,6 +188,8 @@ def _drill_down(page: Any, toolchains: dict[str, list[str]], sdk: str | None, st
                     label += f" \u2713device \u00d7{n}" if n else " \u2713device"
                 if c and c.get("unverified"):  # built only as groups / multi-SoC binaries: no runtime here verifies them
                     label += " unverified"
+                if c and (lab := cell_label(c.get("device_lab"))):  # enrolled devices; speed per SDK
+                    label += f" {lab}"
                 if c and c.get("twin"):  # a genai package: greedy tokens its twin matched
                     label += f" twin {c['twin']}"
                 if c and c.get("via"):  # built as a multi-SoC binary (qnn:SM8650+SM8750)

@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reports": ("report_cmd", "what devices reported about an artifact; revoke a token's reports or one; "
                               "what reports quarantine, and lift it"),
     "help": ("help_cmd", "the error codes (farm help errors) or a command's arguments (farm help COMMAND)"),
-    "device": ("devlab_cmd", "device lab: enroll a device agent (a single-use token), list, revoke"),
+    "device": ("devlab_cmd", "device lab: enroll an agent (single-use token), list, revoke; verify: jobs timing every SDK"),
     "promote": ("devlab_cmd", "move NAME:TO to NAME:FROM's model on device evidence (--require); gated; --rollback"),
     "package": ("package_cmd", "an ORT model package (onnxruntime >= 1.32) of a model's published builds, into -d DIR"),
 }

@@ -73,7 +73,8 @@ def _resolve(reg: Any, args: argparse.Namespace) -> tuple[Any, Any, str]:
     with reg.db.session() as s:
         digest = resolve_model_ref(s, args.model)
         artifact, verdict = resolve(s, digest, device, model_label=args.model,
-                                    fail_devices=getattr(args, "fail_devices", FAIL_DEVICES))
+                                    fail_devices=getattr(args, "fail_devices", FAIL_DEVICES),
+                                    prefer_fastest=getattr(args, "prefer_fastest", False))
         s.expunge_all()
     return artifact, verdict, digest
 
@@ -98,7 +99,8 @@ def _resolve_lite(settings: Settings, args: argparse.Namespace) -> bool:
         if digest is None:
             return False
         artifact, verdict = resolve(index, digest, device, model_label=args.model,
-                                    fail_devices=settings.report_fail_devices)
+                                    fail_devices=settings.report_fail_devices,
+                                    prefer_fastest=settings.resolve_prefer_fastest)
         from registry.reports import accuracy_brief
 
         accuracy = accuracy_brief(index, artifact.id)
@@ -121,6 +123,7 @@ def _resolved_info(artifact: Any, verdict: Any) -> dict[str, Any]:
 
 def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     args.fail_devices = settings.report_fail_devices  # resolve skips what this many devices saw fail
+    args.prefer_fastest = settings.resolve_prefer_fastest
     if name == "load-check":
         return _load_check(args)
     if name == "resolve" and getattr(args, "server", None):
@@ -266,6 +269,7 @@ def _print_resolved(info: dict[str, Any]) -> None:
 
     if (partial := offload_text(info.get("offload"))) is not None:
         print(f"  {partial}")
+    _print_lab(info)
     acc = info.get("accuracy")
     if isinstance(acc, dict):  # the local index's (the service's answer has none)
         figure = f"{acc.get('min_psnr_db')} dB (worst output {acc.get('worst_output')!r})" \
@@ -279,6 +283,23 @@ def _print_resolved(info: dict[str, Any]) -> None:
 
         encoding = f" ({clean_text(info['manifest_encoding'], 40)})" if info.get("manifest_encoding") else ""
         print(f"  manifest  {clean_text(info['manifest_url'], 2000)}{encoding}")
+
+
+def _print_lab(info: dict[str, Any]) -> None:
+    """What enrolled devices of the device lab confirmed, and a pick made for speed
+    (FARM_RESOLVE_PREFER_FASTEST); a service's answer: every field checked before it is shown."""
+    from farm.core.untrusted import clean_text
+    from registry.lab import cell_label
+
+    for cell in info.get("device_lab") or []:
+        if isinstance(cell, dict) and (label := cell_label(cell)):
+            print(f"  device lab {clean_text(cell.get('soc'), 64)}: {label}")
+    pref = info.get("preferred")
+    if isinstance(pref, dict) and isinstance(pref.get("p50_ms"), int | float):
+        over = pref.get("over_p50_ms")
+        print(f"  preferred by device latency: p50 {float(pref['p50_ms']):g} ms over "
+              f"{clean_text(pref.get('over'), 71)[7:19]} (QNN {clean_text(pref.get('over_toolchain'), 64)}"
+              + (f", p50 {float(over):g} ms)" if isinstance(over, int | float) else ")"))
 
 
 def checked_load(ctx_model: Path, target: Any) -> dict[str, Any]:

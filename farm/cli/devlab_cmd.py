@@ -20,8 +20,11 @@ EXIT_UNMET = 3  # promotion-unmet's exit status (farm.core.errors)
 
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "device":
-        p.add_argument("action", choices=["enroll", "list", "revoke"])
-        p.add_argument("name", nargs="?", help="enroll/revoke: the device's name, e.g. lab-pixel-8")
+        p.add_argument("action", choices=["enroll", "list", "revoke", "verify"])
+        p.add_argument("name", nargs="?", help="enroll/revoke: the device's name, e.g. lab-pixel-8; verify: the "
+                                               "model (NAME:TAG) whose every SDK the lab times, per SoC")
+        p.add_argument("--devices", type=int, default=2, choices=range(1, 17), metavar="N",
+                       help="verify: jobs per SoC and SDK, each done by a distinct device (default 2)")
         p.add_argument("--expires", default="24h", metavar="DURATION",
                        help="enroll: how long the enrollment token is good for (30m, 12h, 7d; default 24h)")
         p.add_argument("--json", action="store_true")
@@ -52,8 +55,11 @@ def _device(args: argparse.Namespace, settings: Settings) -> int:
     from registry.devices import create_enrollment, list_devices, parse_duration, revoke_device
     from registry.index import Registry
 
-    if args.action in ("enroll", "revoke") and not args.name:
-        raise UsageError(f"device {args.action} needs a NAME", hint="farm device enroll lab-pixel-8")
+    if args.action in ("enroll", "revoke", "verify") and not args.name:
+        raise UsageError(f"device {args.action} needs a NAME", hint="farm device enroll lab-pixel-8; "
+                                                                    "farm device verify mm:stable")
+    if args.action == "verify":
+        return _verify(args, settings)
     expires_s = parse_duration(args.expires)
     require_local_index(f"device {args.action}", settings)
     reg = Registry.open(settings)
@@ -83,6 +89,31 @@ def _device(args: argparse.Namespace, settings: Settings) -> int:
         from farm.cli import table
 
         table(rows, ["name", "state", "soc", "arch", "runtime", "key_id", "enrolled_at", "revoked_at"])
+    return 0
+
+
+def _verify(args: argparse.Namespace, settings: Settings) -> int:
+    """``farm device verify NAME:TAG``: jobs on every SDK's artifact of the model, per SoC (the
+    index itself, as the other device commands; over HTTP: ``POST /v1/device-jobs``)."""
+    from farm.cli import table
+    from farm.cli.remote import require_local_index
+    from registry.index import Registry
+    from registry.lab import sdk_jobs
+
+    require_local_index("device verify", settings)
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            rows = sdk_jobs(s, args.name, args.devices, prefer_fastest=settings.resolve_prefer_fastest)
+    finally:
+        reg.close()
+    if args.json:
+        print(json.dumps({"model": args.name, "jobs": rows}, indent=2))
+        return 0
+    table([{"soc": r["soc"], "sdk": f"QNN {r['toolchain']}", "artifact": r["artifact"][7:19],
+            "made": r["jobs_made"], "open": r["jobs_open"]} for r in rows], ["soc", "sdk", "artifact", "made", "open"])
+    print("agents take these jobs by SoC and by runtime: each SDK's artifact goes to devices whose QNN runtime "
+          "resolve answers it (docs/device-lab.md)")
     return 0
 
 
@@ -148,7 +179,8 @@ def _local(args: argparse.Namespace, settings: Settings, name: str, tag: str) ->
         with reg.db.session() as s:
             if args.rollback:
                 return rollback(s, name, tag, by=user())
-            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=user())
+            return promote(s, name, tag, args.to, args.require, allow_simulator=args.allow_simulator, by=user(),
+                           prefer_fastest=settings.resolve_prefer_fastest)
     finally:
         reg.close()
 

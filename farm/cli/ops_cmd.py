@@ -224,6 +224,7 @@ def _print_older_failures(page_of: Any, newest: dict[str, str], shown: int = 20)
 
 def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     """Local or through the service, the same JSON (schemas/coverage.json) and the same tables."""
+    from registry.lab import cell_label
     if args.json:
         print(json.dumps(cov, indent=2))
         return 0
@@ -245,6 +246,8 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
             label += f" \u2713device\u00d7{c['devices']}"
         if c.get("unverified"):  # built only as groups / multi-SoC binaries: nothing here can load it
             label += " unverified"
+        if lab := cell_label(c.get("device_lab")):  # the device lab: enrolled devices, speed per SDK
+            label += f" {lab}"
         if c.get("via"):  # built as a multi-SoC binary, as the page and the JSON say
             label += " via " + ",".join(v.partition(":")[2] for v in c["via"])
         if c.get("twin"):  # an LLM: the greedy tokens its twin matched
@@ -272,6 +275,10 @@ def _print_coverage(cov: dict[str, Any], args: argparse.Namespace) -> int:
     if any(c.get("unverified") for c in cov["cells"]):
         print("unverified: built only as weight-shared graph groups or multi-SoC binaries, which the x86_64 simulator "
               "can't load (--json says why per cell); via: the multi-SoC build it counts")
+    if any(c.get("device_lab") for c in cov["cells"]):
+        print("lab\u00d7N: N enrolled devices of the SoC ran a built artifact of the cell (p50: their median); slower: "
+              "its SDK is 1.2x or more slower than another SDK on that SoC; sim: simulator reports, never device "
+              "evidence (docs/device-lab.md)")
     _llm_legend(cov)
     return 0
 

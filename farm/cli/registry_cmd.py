@@ -289,3 +289,35 @@ def _show_evidence(info: dict[str, Any]) -> None:
         err = f", last error: {printable(d['last_error'][:80])}" if d.get("last_error") else ""
         print(f"devices   {d['runtime']} {d['soc']}: {d['loads']} load, {d['fails']} fail, {d['crashed']} crashed "
               f"({d['devices']} device(s)){times}{err}")
+    for cell in info.get("device_lab") or []:
+        print(f"lab       {_lab_text(cell)}")
+        if len(cell.get("sdks") or []) > 1:  # speed per SDK on this SoC
+            print("  sdks    " + "; ".join(f"QNN {x['toolchain']} p50 {x['p50_ms']:g} ms ({x['devices']} device(s))"
+                                          + (f" {slower_text(x['slower'])}" if x.get("slower") else "")
+                                          for x in cell["sdks"] if x.get("p50_ms") is not None))
+
+
+def _lab_text(cell: dict[str, Any]) -> str:
+    """``SM8650: confirmed by 2 enrolled device(s), p50 48 ms, PSNR 61 dB, load 110 ms; slower: 1.6x vs
+    QNN 2.49.40; 1 simulator report (not device evidence)``"""
+    from farm.core.untrusted import clean_text
+
+    figures = [f"{label} {cell[key]:g}{unit}" for key, label, unit in
+               (("p50_ms", "p50", " ms"), ("psnr_db", "PSNR", " dB"), ("load_ms", "load", " ms"))
+               if isinstance(cell.get(key), int | float)]
+    parts = [f"{clean_text(cell['soc'], 64)}: confirmed by {cell['devices']} enrolled device(s)"
+             + (", " + ", ".join(figures) if figures and cell["devices"] else "")]
+    if cell.get("failed"):
+        parts.append(f"failed on {cell['failed']}")
+    if cell.get("slower"):
+        parts.append(slower_text(cell["slower"]))
+    if cell.get("simulator_reports"):
+        parts.append(f"{cell['simulator_reports']} simulator report(s) (not device evidence)")
+    return "; ".join(parts)
+
+
+def slower_text(flag: dict[str, Any]) -> str:
+    """``slower: 1.6x vs QNN 2.49.40`` (registry.lab.slower_text, on a document that may come from a service)."""
+    from farm.core.untrusted import clean_text
+
+    return f"slower: {float(flag['ratio']):g}x vs QNN {clean_text(flag['vs'], 64)}"

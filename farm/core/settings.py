@@ -100,6 +100,9 @@ class Settings:
     # The device lab: a verification job's lease (the agent renews it at a third of this while it
     # runs the job); one that ran out goes to the next agent.
     device_lease_s: int = 600
+    # Resolve: among the artifacts the compatibility rule serves a device, pick the one enrolled
+    # devices of its SoC measured fastest (median p50) instead of the rule's first; off by default.
+    resolve_prefer_fastest: bool = False
 
     @property
     def worker_stale_after(self) -> float:
@@ -191,6 +194,7 @@ class Settings:
             quota_releases=integer("FARM_QUOTA_RELEASES", 64),
             upload_ttl_s=number("FARM_UPLOAD_TTL_S", 86400.0),
             device_lease_s=integer("FARM_DEVICE_LEASE_S", 600),
+            resolve_prefer_fastest=parse_bool("FARM_RESOLVE_PREFER_FASTEST", env.get("FARM_RESOLVE_PREFER_FASTEST")),
         )
 
 

@@ -50,6 +50,9 @@ class Cell:
     # Why no runtime here can verify the cell (built only by graph groups or multi-SoC binaries).
     unverified: str | None = None
     devices: int = 0  # distinct devices that reported a built artifact of the cell loads (its own SoC)
+    # The device lab (registry.lab.LabCell.to_dict): enrolled devices of this SoC on the cell's
+    # active artifacts, their medians, and the speed-per-SDK flag; None where the lab has no report.
+    lab: dict[str, Any] | None = None
     # An LLM (genai package): its twin's figure (``16/16``), and its parts' cells of the same
     # target and toolchain ({"part", "model", "state"}), counted under it (registry.coverage.llm).
     twin: str | None = None
@@ -114,7 +117,7 @@ class Coverage:
                        "builds": c.builds, "codes": sorted(set(c.codes)), "probe_verified": c.verified,
                        "via": sorted(set(c.via)), "partial_offload": c.partial_offload,
                        "cpu_op_types": sorted(set(c.cpu_op_types)), "unverified": c.unverified, "devices": c.devices,
-                       "twin": c.twin, "parts": c.parts,
+                       "twin": c.twin, "parts": c.parts, "device_lab": c.lab,
                        "verdicts": [{"runtime_backend": rb, "runtime": rv, "verdict": e.verdict, "loads": e.loads,
                                      "fails": e.fails, "last_probed_at": iso(e.last)}
                                     for (rb, rv), e in sorted(c.evidence.items(),
@@ -199,6 +202,11 @@ def coverage(session: Session, *, backend: str | None = None, models: list[str] 
         if (cell := cells.get((m, f"{be}:{soc}", tc))) is not None and cell.state == "built":
             cell.unverified = why
     _device_confirmations(session, cells, backend, digests)
+    from registry.lab import of_models as lab_cells
+
+    for (m, be, soc, tc), lab in lab_cells(rows_of(session), digests, backend).items():
+        if (lab_cell := cells.get((m, f"{be}:{soc}", tc))) is not None:
+            lab_cell.lab = lab.to_dict()
     for (m, be, target, tc), label in twins(rows_of(session), sorted(seen), backend).items():
         if (package_cell := cells.get((m, f"{be}:{target}", tc))) is not None:
             package_cell.twin = label

@@ -239,6 +239,13 @@ def _page_models(rows: Rows, found: list[tuple[str, str]], be: str | None, tg: s
             ev["verdict"] = "mixed" if ev["loads"] and ev["fails"] else ("loads" if ev["loads"] else "fails")
             probed["verdicts"].append(ev)
     _device_evidence(rows, placeholders, params, be is not None, index)
+    from registry.lab import of_models as lab_cells
+
+    for cell in index.values():
+        cell["device_lab"] = None
+    for (m, b, soc, tc), lab in lab_cells(rows, digests, be).items():
+        if (lab_cell := index.get((m, b, soc, tc))) is not None:
+            lab_cell["device_lab"] = lab.to_dict()
     # Partial offload: the page's active artifacts that leave nodes on the CPU.
     only = (" AND a.backend = :f_backend AND (a.target = :f_target OR a.target LIKE :f_multi)"
             if be is not None else "")

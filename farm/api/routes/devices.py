@@ -6,6 +6,7 @@
 - ``POST /v1/device-jobs/{id}/renew`` (the same token): keep the lease while the job runs.
 - ``POST /v1/device-jobs/{id}/report`` (the same token): the signed report (``registry.verification``).
 - ``GET /v1/devices``, ``POST /v1/devices``, ``DELETE /v1/devices/{name}`` (admin).
+- ``POST /v1/device-jobs`` (admin): ``farm device verify``, jobs on every SDK's artifact of a model.
 - ``POST /v1/promotions`` (admin): ``farm promote`` (409 ``promotion-unmet`` with ``account``).
 """
 
@@ -58,6 +59,11 @@ class ReportIn(_Strict):
     signature: str = Field(max_length=128)
 
 
+class SdkJobsIn(_Strict):
+    model: str = Field(max_length=300, description="NAME:TAG, NAME or a model digest")
+    devices: int = Field(default=2, ge=1, le=16, description="jobs per SoC and SDK, each done by a distinct device")
+
+
 class PromotionIn(_Strict):
     model: str = Field(max_length=255, description="NAME:FROM (or, with rollback, NAME:TAG)")
     to: str | None = Field(default=None, max_length=128)
@@ -93,7 +99,8 @@ async def lease(body: LeaseIn, request: Request, reg: RegistryDep, settings: Set
 
     def attempt() -> dict[str, Any] | None:
         with reg.db.session() as s:
-            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s)
+            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s,
+                       prefer_fastest=settings.resolve_prefer_fastest)
             return got.to_dict() if got is not None else None
 
     deadline = time.monotonic() + body.wait_s
@@ -164,8 +171,21 @@ def revoke(name: str, reg: RegistryDep) -> dict[str, Any]:
     return {"revoked": name, "struck": struck}
 
 
+@router.post("/v1/device-jobs", status_code=201)
+def sdk_jobs(body: SdkJobsIn, reg: RegistryDep, settings: SettingsDep,
+             who: Annotated[Caller, caller("admin")]) -> dict[str, Any]:
+    """``farm device verify``: jobs on the artifact each SDK's runtime is answered, per SoC, so the
+    lab times every SDK of the model (speed per SDK, docs/device-lab.md)."""
+    from registry.lab import sdk_jobs as make
+
+    with reg.db.session() as s:
+        rows = make(s, body.model, body.devices, prefer_fastest=settings.resolve_prefer_fastest)
+    return {"model": body.model, "jobs": rows}
+
+
 @router.post("/v1/promotions")
-def promotions(body: PromotionIn, reg: RegistryDep, who: Annotated[Caller, caller("admin")]) -> Any:
+def promotions(body: PromotionIn, reg: RegistryDep, settings: SettingsDep,
+               who: Annotated[Caller, caller("admin")]) -> Any:
     """``farm promote``: 200 with the move, or 409 ``promotion-unmet`` with the per-SoC ``account``."""
     from farm.core.errors import UsageError
     from farm.core.names import check_tag, split_ref
@@ -182,7 +202,7 @@ def promotions(body: PromotionIn, reg: RegistryDep, who: Annotated[Caller, calle
     check_tag(body.to)
     with reg.db.session() as s:
         out = promote(s, name, tag, body.to, body.require, allow_simulator=body.allow_simulator,
-                      by=token_name(s, who.token_id))
+                      by=token_name(s, who.token_id), prefer_fastest=settings.resolve_prefer_fastest)
     if out["met"]:
         return out
     err = unmet(out, body.model)

@@ -191,7 +191,7 @@ def _reader_of(state: Any, reg: Registry) -> Any:
 _READER_LOCK = threading.Lock()
 # What a resolve answer reads: each warmed connection has planned a read of every one.
 _TABLES = ("tags", "models", "model_generations", "artifacts", "artifact_targets", "artifact_files", "signatures",
-           "compat_verdicts", "builds", "device_reports", "workers")
+           "compat_verdicts", "builds", "device_reports", "workers", "device_verifications", "devices")
 
 
 def warm(state: Any, reg: Registry) -> None:
@@ -290,6 +290,7 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
     key = _key(base, model, device, with_manifest)
     cache = _answers(request)
     fail_devices = request.app.state.settings.report_fail_devices
+    prefer_fastest = request.app.state.settings.resolve_prefer_fastest
 
     def work(rows: Any) -> Answer | None:
         found = model_generation(rows, model)
@@ -299,7 +300,7 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
         hit = cache.get(key, digest, generation)
         if hit is None:
             try:
-                hit = _fresh(reg, rows, base, model, digest, generation, device, with_manifest, fail_devices)
+                hit = _fresh(reg, rows, base, model, digest, generation, device, with_manifest, fail_devices, prefer_fastest)
             except E.NoMatchError as exc:
                 cache.miss(key, digest, generation, exc)
                 raise
@@ -317,7 +318,7 @@ def _answer(request: Request, reg: Registry, model: str, soc: str | None, qnn: s
         # are); should it find a model after all (it was just recorded), answer without keeping it.
         with reg.db.session() as s:
             digest = resolve_model_ref(s, model)
-            hit = _fresh(reg, SessionRows(s), base, model, digest, -1, device, with_manifest, fail_devices)
+            hit = _fresh(reg, SessionRows(s), base, model, digest, -1, device, with_manifest, fail_devices, prefer_fastest)
     hit.raise_miss()
     return hit
 
@@ -381,12 +382,13 @@ class LoopReader(LoopConnection):
 
 
 def _fresh(reg: Registry, rows: Any, base: str, model: str, digest: str, generation: int, device: Any,
-           with_manifest: bool, fail_devices: int) -> Answer:
+           with_manifest: bool, fail_devices: int, prefer_fastest: bool = False) -> Answer:
     from registry.resolve import describe
     from registry.resolve import resolve as resolve_artifact
 
     # Plain SQL, no ORM objects (registry.reads): candidates, device reports, the winner's files and signatures.
-    artifact, verdict = resolve_artifact(rows, digest, device, model_label=model, fail_devices=fail_devices)
+    artifact, verdict = resolve_artifact(rows, digest, device, model_label=model, fail_devices=fail_devices,
+                                         prefer_fastest=prefer_fastest)
     files = [{"name": f.name, "digest": f.digest, "size": f.size, "url": f"{base}/v1/blobs/{f.digest}"}
              for f in artifact.files if f.role in ("ctx-model", "context")]
     sigs = artifact.signatures
