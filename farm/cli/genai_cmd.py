@@ -69,7 +69,6 @@ class PackageProgress(BuildProgress):
 def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> int:
     """``build_json``: farm build --json's document of one report (farm.cli.build_cmd)."""
     from farm.core.errors import UsageError
-    from farm.pipeline.genai import build_package
 
     if args.model or args.graph or args.group_file:
         raise UsageError("--genai DIR is the whole model: give no model paths or --graph with it",
@@ -81,6 +80,16 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
         raise UsageError("--require-twin gates on the twin that --no-twin skips: give one of them")
     options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
     start = time.perf_counter()
+    # The compile host and the capability probe start now (interpreters and runtime imports), beside
+    # this process's pipeline imports and index; the probe is waited for before anything is read.
+    from farm.cli.build_cmd import prestart_hosts
+    from workers.backends import probe_soon
+
+    prestart_hosts(list(args.target), 2)
+    if any(str(t).strip().lower().startswith("qnn:") for t in args.target):
+        probe_soon("qnn")
+    from farm.pipeline.genai import build_package
+
     answered: list[int] = []
 
     def answer(report: Any) -> None:
