@@ -61,6 +61,13 @@ def probe_soon(backend: str) -> None:
     start(backend)
 
 
+def prestart_genai_check() -> None:
+    """Spawn the warm genai folder-check host now (``workers.qnn.genai.prestart_check``)."""
+    from workers.qnn.genai import prestart_check
+
+    prestart_check()
+
+
 def open_context(ctx_model: Path) -> ContextModel:
     """A context model read the way a runtime is about to load it: the file checks every backend
     shares (``workers.epcontext.open_context``: not-found, invalid-model, not-a-context)."""

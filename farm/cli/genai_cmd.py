@@ -80,14 +80,16 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
         raise UsageError("--require-twin gates on the twin that --no-twin skips: give one of them")
     options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
     start = time.perf_counter()
-    # The compile host and the capability probe start now (interpreters and runtime imports), beside
-    # this process's pipeline imports and index; the probe is waited for before anything is read.
+    # The compile host, the capability probe and the folder check's host start now (interpreters and
+    # runtime imports), beside this process's pipeline imports and index; the probe is waited for
+    # before anything is read.
     from farm.cli.build_cmd import prestart_hosts
-    from workers.backends import probe_soon
+    from workers.backends import prestart_genai_check, probe_soon
 
     prestart_hosts(list(args.target), 2)
     if any(str(t).strip().lower().startswith("qnn:") for t in args.target):
         probe_soon("qnn")
+        prestart_genai_check()  # the folder check's host too: its imports done long before the check
     from farm.pipeline.genai import build_package
 
     answered: list[int] = []
