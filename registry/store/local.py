@@ -19,6 +19,7 @@ from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 RACY_NS = 1_000_000_000
+VERIFIED_MAX = 65536  # blobs a store object remembers having hashed
 
 
 class LocalBlobStore:
@@ -131,7 +132,7 @@ class LocalBlobStore:
                                       hint="the stored blob was altered or corrupted; run `farm registry verify`")
         # Not remembered when changed within the filesystem's timestamp granularity ("racy git").
         if _sig(path.stat()) == _sig(st) and st.st_mtime_ns < began - RACY_NS:
-            self._verified[digest] = _sig(st)
+            self._remember(digest, path)
         return path
 
     def hashed(self, digest: str, st: os.stat_result) -> bool:
@@ -141,9 +142,14 @@ class LocalBlobStore:
 
     def _remember(self, digest: str, path: Path) -> None:
         try:
-            self._verified[digest] = _sig(path.stat())
+            sig = _sig(path.stat())
         except OSError:
             self._verified.pop(digest, None)
+            return
+        if len(self._verified) >= VERIFIED_MAX:  # a long-lived service's store: the oldest go first
+            for old in list(self._verified)[:VERIFIED_MAX // 4]:
+                self._verified.pop(old, None)
+        self._verified[digest] = sig
 
 
 def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
