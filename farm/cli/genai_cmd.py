@@ -83,11 +83,13 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
     # The compile host, the capability probe and the folder check's host start now (interpreters and
     # runtime imports), beside this process's pipeline imports and index; the probe is waited for
     # before anything is read.
-    from farm.cli.build_cmd import prestart_hosts
-    from workers.backends import prestart_genai_check, probe_soon
-
-    prestart_hosts(list(args.target), 2)
     if any(str(t).strip().lower().startswith("qnn:") for t in args.target):
+        import os
+
+        from workers.backends import prestart_genai_check, prestart_qnn_hosts, probe_soon
+
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        prestart_qnn_hosts(min(cpus, 2))  # the parts compile side by side (a host has a slot per CPU)
         probe_soon("qnn")
         prestart_genai_check()  # the folder check's host too: its imports done long before the check
     from farm.pipeline.genai import build_package
