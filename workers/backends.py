@@ -53,6 +53,21 @@ def prestart_qnn_hosts(count: int) -> None:
     pool_for("workers.qnn.child").prestart(count)
 
 
+def probe_soon(backend: str) -> None:
+    """Start this process's capability probe of ``backend`` now (``workers.capabilities.probe_soon``):
+    the embedded genai build checks it before it records anything, and need not wait for it then."""
+    from workers.capabilities import probe_soon as start
+
+    start(backend)
+
+
+def prestart_genai_check() -> None:
+    """Spawn the warm genai folder-check host now (``workers.qnn.genai.prestart_check``)."""
+    from workers.qnn.genai import prestart_check
+
+    prestart_check()
+
+
 def open_context(ctx_model: Path) -> ContextModel:
     """A context model read the way a runtime is about to load it: the file checks every backend
     shares (``workers.epcontext.open_context``: not-found, invalid-model, not-a-context)."""

@@ -8,9 +8,10 @@ asked to assemble a genai package it can't make refuses with ``capability-missin
 
 from __future__ import annotations
 
-import functools
 import logging
 import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from farm.core.capabilities import Capabilities, from_probe
@@ -43,7 +44,39 @@ def detect(backend: str, *, python: str | None = None) -> Capabilities:
     return from_probe(facts, backend)
 
 
-@functools.lru_cache(maxsize=4)
+_PROBED: dict[str, Future[Capabilities]] = {}
+_PROBED_LOCK = threading.Lock()
+
+
 def here(backend: str) -> Capabilities:
-    """This process's environment, probed once."""
-    return detect(backend)
+    """This process's environment, probed once (a probe ``probe_soon`` started is waited for)."""
+    fut, mine = _probe(backend)
+    if mine:
+        _run(backend, fut)
+    return fut.result()
+
+
+def probe_soon(backend: str) -> None:
+    """Start this process's probe of ``backend`` now, in a thread: the child's interpreter start
+    and runtime imports (~0.3 s) run beside the caller's own imports; ``here`` then waits for it."""
+    fut, mine = _probe(backend)
+    if mine:
+        threading.Thread(target=_run, args=(backend, fut), name=f"probe-{backend}", daemon=True).start()
+
+
+def _probe(backend: str) -> tuple[Future[Capabilities], bool]:
+    with _PROBED_LOCK:
+        fut = _PROBED.get(backend)
+        if fut is not None:
+            return fut, False
+        fut = _PROBED[backend] = Future()
+        return fut, True
+
+
+def _run(backend: str, fut: Future[Capabilities]) -> None:
+    try:
+        fut.set_result(detect(backend))
+    except BaseException as exc:
+        with _PROBED_LOCK:  # not remembered: the next call probes again
+            _PROBED.pop(backend, None)
+        fut.set_exception(exc)

@@ -69,7 +69,6 @@ class PackageProgress(BuildProgress):
 def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> int:
     """``build_json``: farm build --json's document of one report (farm.cli.build_cmd)."""
     from farm.core.errors import UsageError
-    from farm.pipeline.genai import build_package
 
     if args.model or args.graph or args.group_file:
         raise UsageError("--genai DIR is the whole model: give no model paths or --graph with it",
@@ -81,6 +80,20 @@ def run_build(args: argparse.Namespace, settings: Settings, build_json: Any) -> 
         raise UsageError("--require-twin gates on the twin that --no-twin skips: give one of them")
     options = list(args.option) + (["require_full_offload=true"] if args.require_full_offload else [])
     start = time.perf_counter()
+    # The compile host, the capability probe and the folder check's host start now (interpreters and
+    # runtime imports), beside this process's pipeline imports and index; the probe is waited for
+    # before anything is read.
+    if any(str(t).strip().lower().startswith("qnn:") for t in args.target):
+        import os
+
+        from workers.backends import prestart_genai_check, prestart_qnn_hosts, probe_soon
+
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        prestart_qnn_hosts(min(cpus, 2))  # the parts compile side by side (a host has a slot per CPU)
+        probe_soon("qnn")
+        prestart_genai_check()  # the folder check's host too: its imports done long before the check
+    from farm.pipeline.genai import build_package
+
     answered: list[int] = []
 
     def answer(report: Any) -> None:

@@ -7,6 +7,8 @@ before any row or blob is written, so bad input leaves the registry untouched.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +140,7 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelBundle:
         rel = info["location"]
         if rel not in external:
             ext_path = _resolve_inside(root, rel, p)
-            digest, size = sha256_file(ext_path)
+            digest, size = hashed_file(ext_path)
             external[rel] = BundleFile(rel, digest, size)
         _check_range(info, external[rel].size, p)
         if len(external) > MAX_EXTERNAL_FILES:
@@ -166,6 +168,49 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelBundle:
         node_count=len(model.graph.node),
         op_types=tuple(sorted({n.op_type for n in model.graph.node})),
     )
+
+
+_HASHED: dict[tuple[Any, ...], str] = {}
+_HASHED_LOCK = threading.Lock()
+HASHED_MAX = 256
+# A file written this recently may change again within its filesystem's timestamp granularity
+# without its mtime moving ("racy git"): hashed, but not remembered.
+RACY_NS = 1_000_000_000
+
+
+def _stat_key(path: Path) -> tuple[Any, ...]:
+    st = os.stat(path)
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def hashed_file(path: Path) -> tuple[str, int]:
+    """``sha256_file``, remembered in this process by the file's stat (path, inode, size, mtime,
+    ctime), as git's index remembers what it hashed: an external-data file that a prefill and a
+    decode graph share, or that a check reads again a moment later, is read once per call. A
+    file that changed while it was hashed, or had changed within a second before, is not
+    remembered. What is remembered only names the
+    bundle: the store hashes every byte it takes and refuses a file whose digest differs
+    (``registry.store``), and the compile reads that stored copy."""
+    try:
+        key = _stat_key(path)
+    except OSError:
+        return sha256_file(path)
+    with _HASHED_LOCK:
+        digest = _HASHED.get(key)
+    if digest is not None:
+        return digest, int(key[3])
+    began = time.time_ns()
+    digest, size = sha256_file(path)
+    try:
+        same = _stat_key(path) == key and size == key[3] and key[4] < began - RACY_NS
+    except OSError:
+        same = False
+    if same:
+        with _HASHED_LOCK:
+            if len(_HASHED) >= HASHED_MAX:
+                _HASHED.clear()
+            _HASHED[key] = digest
+    return digest, size
 
 
 def model_file(p: Path) -> os.stat_result:

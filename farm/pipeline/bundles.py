@@ -80,15 +80,57 @@ def download_bundle(store: Any, files: list[dict[str, Any]], dest: Path) -> Path
     return dest / files[0]["path"]
 
 
-def verify(files: list[dict[str, Any]], dest: Path) -> bool:
-    """Every file present under ``dest`` with its recorded size and sha256."""
+def verify(files: list[dict[str, Any]], dest: Path, store: Any = None) -> bool:
+    """Every file present under ``dest`` with its recorded size and sha256. A file hard-linked
+    under several names (a group's prefill and decode sharing one external-data file) is read
+    once: the names are one inode, one content. ``store``: a local store's blob that this very
+    store object hashed as it wrote it (``LocalBlobStore.hashed``: the same inode, unchanged
+    since) is not read again through its link."""
+    read: dict[tuple[int, int], str] = {}
+    hashed = getattr(store, "hashed", None)
     try:
         for f, path in lay_out(dest, files):
-            if path.is_symlink() or not path.is_file() or path.stat().st_size != int(f["size"]):
+            if path.is_symlink() or not path.is_file():
                 return False
-            if sha256_file(path)[0] != f["digest"]:
+            st = path.stat()
+            if st.st_size != int(f["size"]):
+                return False
+            if hashed is not None and hashed(f["digest"], st):
+                continue
+            got = read.get((st.st_dev, st.st_ino))
+            if got is None:
+                got = read[(st.st_dev, st.st_ino)] = sha256_file(path)[0]
+            if got != f["digest"]:
                 return False
     except OSError:
+        return False
+    return True
+
+
+def link_from_store(store: Any, files: list[dict[str, Any]], dest: Path) -> bool:
+    """Lay the snapshot out in ``dest`` as hard links of a local store's blobs (``path_of``): no
+    copy of the weights. Each link is made read-only (it is the store's blob: the same inode).
+    Nothing is verified here: whoever uses ``dest`` verifies what it reads (``verify``), as it
+    would a copy. False (and nothing left in ``dest``) when the store is not local, a blob is
+    missing or its size differs, or links can't be made (another filesystem): the caller
+    downloads instead."""
+    path_of = getattr(store, "path_of", None)
+    if path_of is None:
+        return False
+    made: list[Path] = []
+    try:
+        for f, path in lay_out(dest, files):
+            src = path_of(f["digest"])
+            if src.stat().st_size != int(f["size"]):
+                raise OSError(f"blob {f['digest']} has another size")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            os.link(src, path)
+            made.append(path)
+            os.chmod(path, 0o444)
+    except (OSError, ValueError, StorageError):
+        for path in made:
+            path.unlink(missing_ok=True)
         return False
     return True
 
@@ -111,7 +153,7 @@ class BundleCache:
         whether it came from the cache). Every file in ``dest`` is verified either way."""
         check_files(files)
         entry = self.entry(model_digest)
-        if self._link(entry, files, dest):
+        if self._link(entry, files, dest, store):
             self.hits += 1
             _touch(entry / LISTING)
             return dest / files[0]["path"], True
@@ -122,7 +164,7 @@ class BundleCache:
             log.warning("bundle cache at %s unusable (%s): fetching into the job dir", self.root, exc)
             shutil.rmtree(dest, ignore_errors=True)
             return download_bundle(store, files, dest), False
-        if not self._link(entry, files, dest):
+        if not self._link(entry, files, dest, store):
             # Evicted or replaced under us (a near-full cache shared by busy executors): fetch
             # this job's copy straight from the store.
             shutil.rmtree(dest, ignore_errors=True)
@@ -142,7 +184,7 @@ class BundleCache:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _link(self, entry: Path, files: list[dict[str, Any]], dest: Path) -> bool:
+    def _link(self, entry: Path, files: list[dict[str, Any]], dest: Path, store: Any = None) -> bool:
         """Hard-link (or copy) the entry's files into ``dest`` and verify them there."""
         if not (entry / LISTING).is_file():
             return False
@@ -157,7 +199,7 @@ class BundleCache:
                     shutil.copyfile(src, dst)
         except OSError:
             return False  # evicted or being replaced meanwhile
-        if verify(files, dest):
+        if verify(files, dest, store):
             return True
         log.warning("bundle cache entry %s does not match its digests: fetching it again", entry.name)
         for _, dst in lay_out(dest, files):
@@ -171,7 +213,9 @@ class BundleCache:
                 # We hold the digest's lock now: another executor may have placed it meanwhile.
                 if (entry / LISTING).is_file() and verify(files, entry):
                     raise _PlacedMeanwhile
-                download_bundle(store, files, staging)
+                # A local store's blobs are linked, not copied (the job verifies its links).
+                if not link_from_store(store, files, staging):
+                    download_bundle(store, files, staging)
                 for _, path in lay_out(staging, files):
                     os.chmod(path, 0o444)  # a job's hard link must not be able to change the entry
                 (staging / LISTING).write_text(json.dumps(files, sort_keys=True))

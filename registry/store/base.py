@@ -136,6 +136,30 @@ def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = No
         raise
 
 
+def place(store: BlobStore, digest: str, dest: Path, *, size: int | None = None) -> bool:
+    """A blob at ``dest`` for reading (a folder laid out to be checked, never handed out): a
+    read-only hard link of a local store's blob, verified once per blob by the store
+    (``LocalBlobStore.verified_path``: a blob it wrote or hashed before is not read again), else a
+    verified copy (``download``, not made durable: a scratch folder). Returns whether it linked."""
+    import os
+
+    verified_path = getattr(store, "verified_path", None)
+    if verified_path is not None:
+        src = verified_path(digest)
+        if size is None or src.stat().st_size == size:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.unlink(missing_ok=True)
+            try:
+                os.link(src, dest)
+            except OSError:  # another filesystem, or links not allowed here
+                pass
+            else:
+                os.chmod(dest, 0o444)  # the store's inode: nothing reading the folder may change it
+                return True
+    download(store, digest, dest, size=size, durable=False)
+    return False
+
+
 def _umask() -> int:
     import os
 

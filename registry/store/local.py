@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -17,6 +18,8 @@ from farm.core.keys import CHUNK
 from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+RACY_NS = 1_000_000_000
+VERIFIED_MAX = 65536  # blobs a store object remembers having hashed
 
 
 class LocalBlobStore:
@@ -24,6 +27,10 @@ class LocalBlobStore:
         self.root = Path(root)
         self.url = f"file://{self.root}"
         self._tmp = self.root / "tmp"
+        # Blobs this object hashed (as it wrote them, or as ``verified_path`` read them), by the
+        # stat of the file it hashed: a blob whose file is still that one is not read again.
+        self._verified: dict[str, tuple[int, int, int, int]] = {}
+        self.hashes = 0  # blobs ``verified_path`` had to read (tests count them)
         try:
             self._tmp.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -54,6 +61,7 @@ class LocalBlobStore:
             # Same content, same name: replacing an existing blob is harmless and keeps it whole.
             os.replace(tmp, final)
             _fsync_dir(final.parent)
+            self._remember(digest, final)
             return BlobInfo(digest, size)
         except OSError as exc:
             raise StorageError(f"writing blob failed: {exc}") from None
@@ -101,6 +109,52 @@ class LocalBlobStore:
     def path_of(self, digest: str) -> Path:
         """Local path of a blob (local store only; lets fetch hard-link or copy cheaply)."""
         return self._path(digest)
+
+    def verified_path(self, digest: str) -> Path:
+        """The blob's file once its content is known to match ``digest``: hashed here unless
+        this object hashed that very file before (as ``put_stream`` wrote it, or read here when
+        it was over a second old) and its stat (inode, size, mtime) has not changed since. ``BlobNotFound``, or
+        ``DigestMismatchError`` for a blob altered in place (``farm registry verify`` finds it)."""
+        from farm.core.keys import sha256_file
+
+        path = self._path(digest)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} not in {self.url}") from None
+        if self._verified.get(digest) == _sig(st):
+            return path
+        self.hashes += 1
+        began = time.time_ns()
+        got, _ = sha256_file(path)
+        if got != digest:
+            raise DigestMismatchError(f"blob {digest} does not match its digest (tampered or corrupt)",
+                                      hint="the stored blob was altered or corrupted; run `farm registry verify`")
+        # Not remembered when changed within the filesystem's timestamp granularity ("racy git").
+        if _sig(path.stat()) == _sig(st) and st.st_mtime_ns < began - RACY_NS:
+            self._remember(digest, path)
+        return path
+
+    def hashed(self, digest: str, st: os.stat_result) -> bool:
+        """Whether ``st`` is the stat of this store's blob ``digest`` as this object hashed it
+        (a hard link of it, unchanged since): its content is known without reading it."""
+        return self._verified.get(digest) == _sig(st)
+
+    def _remember(self, digest: str, path: Path) -> None:
+        try:
+            sig = _sig(path.stat())
+        except OSError:
+            self._verified.pop(digest, None)
+            return
+        if len(self._verified) >= VERIFIED_MAX:  # a long-lived service's store: the oldest go first
+            for old in list(self._verified)[:VERIFIED_MAX // 4]:
+                self._verified.pop(old, None)
+        self._verified[digest] = sig
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
+    # Not ctime: a hard link or a chmod (a read-only link of the blob) changes it, not the bytes.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -279,9 +279,23 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
             **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
 
 
+def _preload_check() -> None:
+    """A warm check host's start (``genai_child host``, ``workers.qnn.genai.check_folder``):
+    onnxruntime-genai imported with the QNN EP registered, onnx and the System API reader
+    imported, once; each folder check is a job forked from it (``workers.host``), so a package's
+    check, and each further target's, starts without an interpreter and those imports."""
+    import onnx  # noqa: F401 - farm.core.genai.inspect_folder reads the stages with it
+
+    import workers.qnn.sysapi  # noqa: F401
+
+    _register_qnn()
+
+
 def main(argv: list[str]) -> int:
     from workers.childproc import run_commands
 
+    if len(argv) == 2 and argv[1] == "host":  # the folder check only: the twin runs in a child of its own
+        return run_commands(argv, {"check": check}, preload=_preload_check)
     if not (len(argv) == 4 and argv[1] in ("check", "twin")):
         print("usage: python -m workers.qnn.genai_child check|twin REQUEST.json RESULT.json", file=sys.stderr)
         return 2

@@ -207,8 +207,11 @@ def rename_contexts(data: bytes, renamed: dict[str, str]) -> bytes:
 
 
 def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
-    """The folder on disk, for the checks: every blob under its name."""
-    from registry.store.base import download
+    """The folder on disk, for the checks: every blob under its name. From a local store, a
+    read-only hard link of each stored blob, verified once per blob (``registry.store.base.place``:
+    the carried files every target's folder holds, and the binaries the parts just stored, are not
+    read again per target); otherwise a verified copy."""
+    from registry.store.base import place
 
     folder.mkdir(parents=True)
     for f in layout.files:
@@ -217,7 +220,7 @@ def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
         if f["digest"] in layout.blobs:
             target.write_bytes(layout.blobs[f["digest"]])
         else:
-            download(reg.store, f["digest"], target, size=int(f["size"]))
+            place(reg.store, f["digest"], target, size=int(f["size"]))
 
 
 def check_folder(folder: Path, layout: Layout) -> None:

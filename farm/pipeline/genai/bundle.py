@@ -6,6 +6,7 @@ store (``package_from_snapshot``); and the one answer for a package (``PackageRe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -112,8 +113,7 @@ def inspect_package(settings: Settings, export_dir: str | Path, *, display: str 
 
     export = genai.read_export(Path(export_dir))
     label = display or export.root.name or "genai"
-    parts = tuple(load_group(settings, export.group_members(i), display=f"{label}.{part_dir(i)}")
-                  for i in range(len(export.parts)))
+    parts = _load_parts(settings, export, label, load_group)
     carried: list[tuple[str, Path, BundleFile]] = []
     names = [*export.carried_files(), genai.CONFIG_FILE]
     # Remembered by stat, as each part's graphs are (load_group): an unchanged CPU stage's data
@@ -129,6 +129,53 @@ def inspect_package(settings: Settings, export_dir: str | Path, *, display: str 
     tmp = Path(tempfile.mkdtemp(prefix="ctxfarm-genai-"))
     (tmp / PACKAGE_FILE).write_bytes(desc)
     return PackageBundle(parts, tuple(carried), export, desc, digest, entry, label, tmp)
+
+
+def _load_parts(settings: Settings, export: Any, label: str, load_group: Any) -> tuple[Any, ...]:
+    """Each part's group (``load_group``), the parts at once: hashing a part's weights (hashlib
+    and reads release the GIL) is most of it, and the parts' files are disjoint. The first part
+    in order that fails raises, as one after the other would; the groups already made are
+    cleaned up then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = len(export.parts)
+    if n <= 1:
+        return tuple(load_group(settings, export.group_members(i), display=f"{label}.{part_dir(i)}")
+                     for i in range(n))
+    with ThreadPoolExecutor(max_workers=min(n, os.cpu_count() or 1, 4), thread_name_prefix="inspect") as pool:
+        futures = [pool.submit(load_group, settings, export.group_members(i), display=f"{label}.{part_dir(i)}")
+                   for i in range(n)]
+        done: list[Any] = []
+        try:
+            for f in futures:
+                done.append(f.result())
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            for f in futures:
+                if not f.cancelled() and f.exception() is None:
+                    f.result().cleanup()
+            raise
+    return tuple(done)
+
+
+def store_package(reg: Any, pkg: PackageBundle) -> list[dict[str, Any]]:
+    """Store the package's snapshot and each part's group snapshot at once
+    (``farm.pipeline.plan.store_snapshot``: every blob verified by the store as it is written);
+    returns the package's listing. The parts' weights are most of the bytes and their files are
+    disjoint: stored side by side, not one after the other (``build_many`` then finds each part's
+    blobs stored). Nothing is recorded here: a blob without a row is unreferenced, never
+    published."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from farm.pipeline.plan import store_snapshot
+
+    snapshots: list[Any] = [pkg, *pkg.parts]
+    with ThreadPoolExecutor(max_workers=min(len(snapshots), os.cpu_count() or 1, 4),
+                            thread_name_prefix="store") as pool:
+        futures = [pool.submit(store_snapshot, reg, b) for b in snapshots]
+        listings = [f.result() for f in futures]
+    return listings[0]
 
 
 def read_package(files: list[dict[str, Any]], store: Any) -> dict[str, Any] | None:

@@ -14,7 +14,13 @@ from typing import Any, cast
 from farm.core.errors import FarmError
 from farm.core.settings import Settings
 from farm.pipeline.genai.assembly import _fail, assemble
-from farm.pipeline.genai.bundle import PackageBundle, PackageReport, inspect_package, package_from_snapshot
+from farm.pipeline.genai.bundle import (
+    PackageBundle,
+    PackageReport,
+    inspect_package,
+    package_from_snapshot,
+    store_package,
+)
 from farm.pipeline.genai.links import link_parts, ready_packages
 from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status, verify_twin
 from farm.pipeline.submission import BuildReport, Progress, no_progress
@@ -46,7 +52,6 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         outcome_from_row,
         parse_build_request,
         record_snapshot,
-        store_snapshot,
     )
     from registry.index import Registry
     from workers.backends import get_runner
@@ -62,7 +67,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
                     for t in req.targets}
         check_support([(t, versions[t.backend]) for t in req.targets], group=True, llm=True)
-        files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
+        files = store_package(reg, pkg)  # a snapshot like a model's (digest, sources), and each part's
         planned = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, req.name, req.tag,

@@ -175,3 +175,25 @@ def test_external_tensor_without_location(ext):
         tensor.external_data.extend(kept)
     ext.write_bytes(model.SerializeToString())
     assert "refused" in invalid(ext).message
+
+
+def test_a_data_file_two_graphs_share_is_read_once_while_unchanged(tmp_path, monkeypatch):
+    """The prefill and decode graphs of a part share one external-data file: inspecting both reads
+    it once (remembered by its stat in this process); a file written since is read again."""
+    import os
+
+    import farm.core.bundle as bundle
+
+    a = save_external(matmul_add(size=16), tmp_path / "bundle" / "a.onnx")
+    b = tmp_path / "bundle" / "b.onnx"
+    shutil.copyfile(a, b)
+    data = tmp_path / "bundle" / "w.data"
+    os.utime(data, ns=(1_000_000_000, 1_000_000_000))  # written a while ago
+    read = []
+    monkeypatch.setattr(bundle, "sha256_file", lambda p: (read.append(p), sha256_file(p))[1])
+    first, second = inspect_model(a), inspect_model(b)
+    assert first.external == second.external and read == [data]
+    raw = bytearray(data.read_bytes())
+    raw[5] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert inspect_model(b).external[0].digest == sha256_file(data)[0] != first.external[0].digest

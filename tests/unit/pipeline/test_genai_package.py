@@ -172,3 +172,69 @@ def test_the_farm_refuses_to_publish_a_folder_that_does_not_hold_together(tmp_pa
         {"c": {"filename": "context_0_ctx.onnx"}}]}}}))
     with pytest.raises(GenaiFolderError, match="iterator_0_ctx.onnx"):
         check_folder(d, _layout(stages, parts))
+
+
+def _blob_layout(files: list[tuple[str, str, int]]) -> Any:
+    from farm.pipeline.genai import Layout
+
+    return Layout([{"name": n, "role": "context", "digest": d, "size": s, "mediaType": "application/octet-stream"}
+                   for n, d, s in files], [], [], {}, {}, [], {}, 0.0, 0, 0)
+
+
+def test_each_target_folder_links_the_stored_blobs_and_each_blob_is_read_once(tmp_path: Path) -> None:
+    """The fan-in of two targets: the carried files (CPU stages, tokenizer: the same blobs in every
+    target's folder) are hard links of the store's blobs, each verified once for all targets, not
+    copied and hashed per target; a blob this store wrote (a part's binary) is not read again."""
+    from farm.core.errors import DigestMismatchError
+    from farm.pipeline.genai.assembly import _materialize
+    from registry.store.base import put_bytes
+    from registry.store.local import LocalBlobStore
+
+    root = tmp_path / "store"
+    carried = [(f"carried{i}.onnx.data", put_bytes(LocalBlobStore(root), os.urandom(8192)).digest, 8192)
+               for i in range(5)]
+
+    class Reg:
+        store = LocalBlobStore(root)  # another process's view: nothing it wrote itself
+
+    for _, d, _ in carried:  # stored a while ago
+        os.utime(Reg.store.path_of(d), ns=(1_000_000_000, 1_000_000_000))
+    bins = {soc: put_bytes(Reg.store, os.urandom(4096)).digest for soc in ("SM8650", "SM8750")}
+    for soc, digest in bins.items():
+        _materialize(Reg, _blob_layout([*carried, ("context_0_ctx_qnn.bin", digest, 4096)]), tmp_path / soc)
+        for name, d, _ in carried:
+            assert (tmp_path / soc / name).stat().st_ino == Reg.store.path_of(d).stat().st_ino
+    assert Reg.store.hashes == len(carried)  # once per carried digest, for both targets; the binaries never
+    # A blob altered in place after it was verified is read again and refused.
+    victim = Reg.store.path_of(carried[0][1])
+    victim.chmod(0o644)
+    victim.write_bytes(os.urandom(8192))
+    with pytest.raises(DigestMismatchError):
+        _materialize(Reg, _blob_layout(carried[:1]), tmp_path / "again")
+
+
+def test_the_bundle_cache_links_a_local_stores_blobs_and_reads_a_shared_file_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import farm.pipeline.bundles as bundles
+    from registry.store.base import put_bytes
+    from registry.store.local import LocalBlobStore
+
+    store = LocalBlobStore(tmp_path / "store")
+    data = put_bytes(store, os.urandom(4096)).digest
+    head = put_bytes(store, b"onnx").digest
+    files = [{"path": "group.json", "digest": head, "size": 4, "stored": True},
+             {"path": "g0/model.data", "digest": data, "size": 4096, "stored": True},
+             {"path": "g1/model.data", "digest": data, "size": 4096, "stored": True}]
+    read: list[Path] = []
+    real = bundles.sha256_file
+    monkeypatch.setattr(bundles, "sha256_file", lambda p: (read.append(p), real(p))[1])
+    cache = bundles.BundleCache(tmp_path / "cache", 1 << 20)
+    _, hit = cache.fetch(store, "sha256:" + "cd" * 32, files, tmp_path / "job")
+    assert not hit
+    job = tmp_path / "job" / "g1" / "model.data"
+    assert job.stat().st_ino == store.path_of(data).stat().st_ino  # no copy of the weights
+    # The store object that wrote the blobs hashed them as it did: nothing is read again.
+    assert read == []
+    # Another store object (another process) verifies what it did not write; the shared file once.
+    _, hit = cache.fetch(LocalBlobStore(tmp_path / "store"), "sha256:" + "cd" * 32, files, tmp_path / "job2")
+    assert hit and len(read) == 2
