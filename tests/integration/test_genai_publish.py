@@ -40,7 +40,7 @@ def test_the_package_resolves_before_its_twin_is_recorded(settings: Settings, fa
         assert proc.stderr is not None
         for line in proc.stderr:  # the progress lines, as they come
             seen.append(line)
-            if line.strip().startswith("twin qnn:SM8650: compiling"):
+            if line.strip().startswith("twin qnn:SM8650: checking"):
                 break
         # Held right after it said the twin starts (its answer printed before that): the twin
         # can't be recorded while the command is stopped, whatever its child does.
@@ -75,7 +75,7 @@ def test_the_package_resolves_before_its_twin_is_recorded(settings: Settings, fa
 
     # The same command again: answered from the index, and it runs the pending twin.
     again = farm(farm_env, *build)
-    assert " cached " in again.stdout and "twin qnn:SM8650: compiling" in again.stderr, again.stderr
+    assert " cached " in again.stdout and "twin qnn:SM8650: checking" in again.stderr, again.stderr
     assert _twin(farm_env)[0] == artifact
     twin = _twin(farm_env)[1]
     assert twin["status"] == "ok" and twin["tokens_matched"] == twin["tokens_compared"], twin

@@ -5,9 +5,11 @@ worker that takes one)."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,8 +18,11 @@ from farm.core.settings import Settings
 from farm.pipeline.genai.assembly import _fail, assemble
 from farm.pipeline.genai.bundle import PackageBundle, PackageReport, inspect_package, package_from_snapshot
 from farm.pipeline.genai.links import link_parts, ready_packages
-from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status, verify_twin
+from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_of, twin_status, verify_twin
+from farm.pipeline.genai.twin_builds import enqueue_twins, settle_twins, twin_spec
 from farm.pipeline.submission import BuildReport, Progress, no_progress
+
+log = logging.getLogger("ctxfarm.genai")
 
 
 def build_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str],
@@ -38,9 +43,10 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     the artifact stays published)."""
     from farm.core.capabilities import check_genai_backends, check_here
     from farm.pipeline import states
-    from farm.pipeline.execute import Executor, interruptible, wait_until_final_or_free
+    from farm.pipeline.execute import Executor, Interruption, interruptible, wait_until_final_or_free
     from farm.pipeline.plan import (
         _spec,
+        build_jobs,
         build_many,
         check_support,
         outcome_from_row,
@@ -58,9 +64,14 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         check_here(backend, get_runner(backend).toolchain().version, here(backend))
     pkg = inspect_package(settings, export_dir, display=name)
     reg = Registry.open(settings)
+    pool: ThreadPoolExecutor | None = None
+    stop = Interruption()
     try:
-        versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
-                    for t in req.targets}
+        executors: dict[str, Any] = {}
+        for t in req.targets:
+            if t.backend not in executors:
+                executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
+        versions = {b: ex.toolchain.version for b, ex in executors.items()}
         check_support([(t, versions[t.backend]) for t in req.targets], group=True, llm=True)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         planned = []
@@ -74,18 +85,37 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         report = BuildReport(pkg.digest, req.name or pkg.stem, req.tag, tag_moved=moved)
         with reg.db.session() as s:
             final = all(states.get_build(s, b).state in states.FINAL for _, _, b in planned)
+        # Each part's twin build per target whose twin will run, in the same pool behind the part
+        # builds (publication wins: the pool takes them last, they are admitted after any compile
+        # that waits, their children run niced): they start as soon as a thread is free.
+        twin_specs = _twins_wanted(reg, pkg, planned) if twin else {}
+        jobs_of: dict[int, tuple[list[Any], list[Future[Any]]]] = {}
+        after: list[Callable[[], Any]] = []
+        for k, specs in twin_specs.items():
+            ex = executors[planned[k][0].backend]
+            futures: list[Future[Any]] = []
+            for one in specs:
+                fut: Future[Any] = Future()
+                futures.append(fut)
+                after.append(_job(fut, lambda ex=ex, one=one: _twin_job(ex, one, stop)))
+            jobs_of[k] = (specs, futures)
+        builds = 0 if final else len(pkg.parts) * len(planned)
+        pool = ThreadPoolExecutor(max_workers=build_jobs(settings, builds + len(after)), thread_name_prefix="build")
         if final:
             # Answered by the index: nothing compiled, nothing assembled.
+            for job in after:
+                pool.submit(job)
             for t, _, build_id in planned:
                 o = _with_twin(reg, outcome_from_row(reg, build_id, t.ref, cached=True), False)
                 progress("finished", t.ref, o.to_dict())
                 report.outcomes.append(o)
-            return _then_twin(settings, reg, PackageReport(report, []), planned, Path(export_dir), twin=twin,
-                              require=require_twin, progress=progress, published=published)
+            with interruptible():
+                return _then_twin(settings, reg, PackageReport(report, []), planned, Path(export_dir), twin=twin,
+                                  require=require_twin, progress=progress, published=published, twins=jobs_of)
         listen = [part_progress(i) if part_progress else no_progress for i in range(len(pkg.parts))]
         with interruptible():
             parts = build_many(settings, list(pkg.parts), target_refs, option_pairs, progress=listen,
-                               registry=reg, retry_failed=retry_failed)
+                               registry=reg, retry_failed=retry_failed, executors=executors, pool=pool, after=after)
         with reg.db.session() as s:
             for k, (_, _, build_id) in enumerate(planned):
                 link_parts(s, build_id, [p.outcomes[k].build_id for p in parts])
@@ -111,11 +141,59 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             o = _with_twin(reg, o, False)
             progress("finished", t.ref, o.to_dict())
             report.outcomes.append(o)
-        return _then_twin(settings, reg, PackageReport(report, parts), planned, Path(export_dir), twin=twin,
-                          require=require_twin, progress=progress, published=published)
+        with interruptible():
+            return _then_twin(settings, reg, PackageReport(report, parts), planned, Path(export_dir), twin=twin,
+                              require=require_twin, progress=progress, published=published, twins=jobs_of)
+    except BaseException as exc:
+        stop.set(getattr(exc, "signum", 2))  # a twin build under way stops and gives its row back
+        raise
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         pkg.cleanup()
         reg.close()
+
+
+def _twins_wanted(reg: Any, pkg: PackageBundle, planned: Sequence[tuple[Any, Any, int]]) -> dict[int, list[Any]]:
+    """Per target (its index in ``planned``) whose twin will run (its package not final yet, or
+    published with its twin missing or pending): its parts' twin builds (their specs)."""
+    from farm.pipeline import states
+    from registry.index import artifact_for_build
+
+    out: dict[int, list[Any]] = {}
+    with reg.db.session() as s:
+        for k, (t, spec, build_id) in enumerate(planned):
+            b = states.get_build(s, build_id)
+            if b.state == states.BuildState.FAILED:
+                continue
+            if b.state == states.BuildState.SUCCEEDED:
+                art = artifact_for_build(s, build_id)
+                if art is None or twin_status(art.description) not in (None, "pending"):
+                    continue
+            out[k] = [twin_spec(g.digest, t.backend, t.name, spec.toolchain, spec.options) for g in pkg.parts]
+    return out
+
+
+def _twin_job(executor: Any, spec: Any, stop: Any) -> int:
+    """One part's twin build in the embedded pool: queued (or found by its key: compiled
+    already, or another process's; its part's group is recorded by now), then final. Returns
+    its id."""
+    with executor.registry.db.session() as s:
+        (twin_id, _), = enqueue_twins(s, [spec], None)
+    settle_twins(executor, [twin_id], stop=stop)
+    return twin_id
+
+
+def _job(fut: Future[Any], run: Callable[[], Any]) -> Callable[[], None]:
+    """``run`` as a pool job whose end (its result, or what it raised) lands in ``fut``."""
+    def job() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - the twin check reads it off its build's row
+            fut.set_exception(exc)
+    return job
 
 
 def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
@@ -154,7 +232,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         served_toolchains,
         store_snapshot,
     )
-    from farm.pipeline.queues import COMPILE_TASK, check_broker, genai_queue, send, shared_app
+    from farm.pipeline.queues import COMPILE_TASK, TWIN_TASK, check_broker, genai_queue, send, shared_app
     from farm.pipeline.submission import ReleaseRequest
     from registry.index import Registry, release_builds
     from registry.models import Build, Release, ReleaseBuild
@@ -192,6 +270,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                                                dispatch=dispatch).release_id)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         to_send: list[tuple[int, str]] = []
+        twins_to_send: list[tuple[int, str]] = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, request.name, request.tag,
                                     pkg.stem, force_tag=request.force_tag)
@@ -218,9 +297,21 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 if dispatch and pb is not None and pb.state == states.BuildState.QUEUED and all(
                         states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))
+                elif dispatch and pb is not None and pb.state == states.BuildState.SUCCEEDED and _twin_orphaned(
+                        settings, s, build_id):
+                    to_send.append((build_id, queue))  # its twin was left pending: a worker runs it
+                if pb is not None and pb.state != states.BuildState.FAILED and _twin_wanted(s, build_id):
+                    # Each part's twin build, sent now (they need nothing of the package): the
+                    # genai workers take them after the builds of their compile queue.
+                    specs = [twin_spec(g.digest, t.backend, t.name, version, part_request.options[t])
+                             for g in pkg.parts]
+                    twins_to_send += [(i, queue) for i, queued in enqueue_twins(s, specs, queue) if queued]
             release_id = release.id
         for build_id, queue in to_send:  # every part answered already (cached): assemble now
             send(app, COMPILE_TASK, [build_id], queue)
+        if dispatch:
+            for twin_id, queue in twins_to_send:
+                send(app, TWIN_TASK, [twin_id], queue)
         with reg.db.session() as s:
             out = _status(s, release_id, release_builds(s, release_id), reg.store)
         out.tag_moved = moved
@@ -262,7 +353,8 @@ def execute_package(executor: Any, build_id: int) -> Any:
         if parts is None:
             return None
         b = states.get_build(s, build_id)
-        if b.state in states.FINAL:
+        orphaned = b.state == states.BuildState.SUCCEEDED and _twin_orphaned(settings, s, build_id)
+        if b.state in states.FINAL and not orphaned:
             return Result("done", build_id)
         if not all(states.get_build(s, p).state in states.FINAL for p in parts):
             return Result("waiting", build_id)
@@ -272,6 +364,25 @@ def execute_package(executor: Any, build_id: int) -> Any:
 
         model = s.get(Model, b.model_digest)
         files = [dict(f) for f in (model.files if model else [])]
+        b_queue = b.queue
+    if orphaned:
+        if _capability_refusal(spec) is not None:
+            return Result("done", build_id)
+        # Published, its twin left pending by a worker that died during it: run it here.
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-export-") as tmp:
+            try:
+                pkg = package_from_snapshot(settings, reg, files, Path(tmp) / "export")
+            except FarmError:
+                log.warning("build %s: its export could not be laid out again for its twin", build_id, exc_info=True)
+                return Result("done", build_id)
+            with reg.db.session() as s:
+                from registry.index import artifact_for_build
+
+                art = artifact_for_build(s, build_id)
+                art_digest = art.digest if art is not None else None
+            if art_digest:
+                _twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
+        return Result("done", build_id)
     refusal = _capability_refusal(spec)
     if refusal is not None:  # a release routes around it; this is a queue served by mistake
         with reg.db.session() as s:
@@ -302,20 +413,64 @@ def execute_package(executor: Any, build_id: int) -> Any:
             art_digest = art.digest if art is not None else None
         executor.events.publish(build_id, state)
         if ran and art_digest and twin_status(_description(reg, art_digest)) == "pending":
-            # The release answered at publication (the row is final); this worker runs the twin
-            # right after, on the export it laid out, and records it on the artifact. Whatever
-            # befalls it is no verdict on the build: it stays pending, a later build runs it.
-            try:
-                verify_twin(settings, reg, art_digest, spec, pkg.export.root)
-            except Exception:  # noqa: BLE001 - logged; the published build's result stands
-                import logging
-
-                logging.getLogger("ctxfarm.genai").warning("the twin of build %s was not recorded", build_id,
-                                                           exc_info=True)
+            # The release answered at publication (the row is final); this worker records the
+            # twin right after, on the export it laid out.
+            _twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
     if not ran:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,
                   artifact_id=art.id if art is not None else None)
+
+
+def _twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, export_root: Path, artifact: str) -> None:
+    """The twin of a published package on a worker: its parts' twin builds final (sent when the
+    package was submitted, so other workers may have compiled them already; any still queued,
+    or whose holder died, is run here; one another worker holds is waited for), all within the
+    accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
+    it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
+    worker killed here leaves ``pending``, and the next submission of the package runs it."""
+    from farm.pipeline.genai.twin_builds import package_twins
+
+    reg, settings = executor.registry, executor.settings
+    try:
+        with reg.db.session() as s:
+            twins = package_twins(s, build_id, queue)
+        settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
+        verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
+    except Exception:  # noqa: BLE001 - logged; the published build's result stands
+        log.warning("the twin of build %s was not recorded", build_id, exc_info=True)
+
+
+def _twin_wanted(s: Any, build_id: int) -> bool:
+    """Whether a package build's twin will run: not published yet, or published with its twin
+    pending (a published package whose twin is recorded needs no twin build)."""
+    from farm.pipeline import states
+    from registry.index import artifact_for_build
+
+    b = states.get_build(s, build_id)
+    if b.state != states.BuildState.SUCCEEDED:
+        return True
+    art = artifact_for_build(s, build_id)
+    return art is not None and twin_status(art.description) == "pending"
+
+
+def _twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
+    """A published package whose twin is ``pending`` for longer than a twin may take (the
+    accuracy budget, and the lease for good measure): whoever ran it died; run it again."""
+    from datetime import UTC, datetime
+
+    from registry.index import artifact_for_build
+
+    art = artifact_for_build(s, build_id)
+    tw = twin_of(art.description if art is not None else None)
+    if tw is None or tw.get("status") != "pending":
+        return False
+    try:
+        since = datetime.fromisoformat(str(tw.get("since")))
+    except ValueError:
+        return True
+    age = (datetime.now(UTC) - (since if since.tzinfo else since.replace(tzinfo=UTC))).total_seconds()
+    return age > settings.accuracy_budget + settings.lease_seconds
 
 
 def _capability_refusal(spec: Any) -> FarmError | None:
