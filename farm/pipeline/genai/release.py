@@ -18,7 +18,16 @@ from farm.core.settings import Settings
 from farm.pipeline.genai.assembly import _fail, assemble
 from farm.pipeline.genai.bundle import PackageBundle, PackageReport, inspect_package, package_from_snapshot
 from farm.pipeline.genai.links import link_parts, ready_packages
-from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_of, twin_status, verify_twin
+from farm.pipeline.genai.twin import (
+    _description,
+    _then_twin,
+    _with_twin,
+    raised_twin,
+    record_twin,
+    twin_of,
+    twin_status,
+    verify_twin,
+)
 from farm.pipeline.genai.twin_builds import enqueue_twins, settle_twins, twin_spec
 from farm.pipeline.submission import BuildReport, Progress, no_progress
 
@@ -433,9 +442,14 @@ def _twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, expo
 
     reg, settings = executor.registry, executor.settings
     try:
-        with reg.db.session() as s:
-            twins = package_twins(s, build_id, queue)
-        settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
+        try:
+            with reg.db.session() as s:
+                twins = package_twins(s, build_id, queue)
+            settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
+        except Exception as exc:  # a bug: recorded on the artifact, never left pending with the cause lost
+            log.error("the twin builds of build %s raised", build_id, exc_info=True)
+            record_twin(reg, artifact, raised_twin("the twin builds", exc))
+            return
         verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
     except Exception:  # noqa: BLE001 - logged; the published build's result stands
         log.warning("the twin of build %s was not recorded", build_id, exc_info=True)

@@ -44,8 +44,16 @@ def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Seq
                 from farm.pipeline.genai.twin_builds import twin_ids
 
                 specs, jobs = twins[k]
-                for job in jobs:
-                    job.exception()  # each job records its end on its twin build's row
+                # Each job records its end on its twin build's row; one that raised (a bug) is
+                # what the twin records, never a pending twin with the cause lost.
+                raised = next((e for e in (j.exception() for j in jobs) if e is not None), None)
+                if raised is not None:
+                    if not isinstance(raised, Exception):
+                        raise raised  # Ctrl-C, SIGTERM: the twin stays pending
+                    tw = raised_twin("a twin build", raised)
+                    record_twin(reg, o.artifact, tw)
+                    progress("twin", t.ref, {"artifact": o.artifact, **tw})
+                    continue
                 ids = twin_ids(reg, specs)
             tw = verify_twin(settings, reg, o.artifact, spec, export_dir, nice=0, twins=ids)
             progress("twin", t.ref, {"artifact": o.artifact, **tw})
@@ -103,10 +111,16 @@ def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_d
         import logging
 
         logging.getLogger("ctxfarm.genai").error("the twin of %s raised", artifact[7:19], exc_info=True)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        tw = {"status": "unverified", "detail": f"internal-error: {type(exc).__name__}: {first}"}
+        tw = raised_twin("", exc)
     record_twin(reg, artifact, tw)
     return tw
+
+
+def raised_twin(what: str, exc: BaseException) -> dict[str, Any]:
+    """The twin of a package whose twin (``what`` of it) raised: ``unverified`` with what it raised."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return {"status": "unverified", "detail": f"internal-error: {what + ' raised ' if what else ''}"
+                                              f"{type(exc).__name__}: {first}"}
 
 
 def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:

@@ -1,0 +1,137 @@
+"""A genai part's twin compile is a build of its own (farm.pipeline.genai.twin_builds): keyed by
+the part's group, SoC, toolchain and options with the twin marker, cached like any build, never
+served. For real: the tiny export of tests/common/genai.py, its parts and their twins compiled by
+QNN 2.51.0 in the embedded farm, the twin check on the HTP simulator on those contexts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.core.settings import Settings
+from tests.common.cli import farm
+from tests.common.genai import make_export
+
+pytest.importorskip("onnxruntime_genai")
+pytest.importorskip("onnxruntime_qnn")
+
+
+def _twin_rows(settings: Settings) -> dict[int, dict[str, Any]]:
+    from sqlalchemy import select
+
+    from registry.index import Registry
+    from registry.models import TwinBuild
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            return {t.id: {"target": t.target, "state": t.state, "attempts": t.attempts, "options": dict(t.options),
+                           "finished_at": t.finished_at, "error_code": t.error_code,
+                           "digests": sorted(f["digest"] for f in (t.output or {}).get("files") or [])}
+                    for t in s.scalars(select(TwinBuild))}
+    finally:
+        reg.close()
+
+
+def _index(settings: Settings, sql: str) -> Any:
+    from sqlalchemy import text
+
+    from registry.index import Registry
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            return s.execute(text(sql)).scalar()
+    finally:
+        reg.close()
+
+
+def _twin_of(env: dict[str, str], ref: str) -> dict[str, Any]:
+    """The twin of REF's SM8650 package as ``farm resolve`` answers it."""
+    res = json.loads(farm(env, "resolve", "--model", ref, "--soc", "SM8650", "--qnn", "2.51.0", "--json").stdout)
+    return dict(res["twin"])
+
+
+def test_twin_builds_are_cached_per_soc_and_never_served(settings: Settings, farm_env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    export = str(make_export(tmp_path / "export"))
+    build = ("build", "--genai", export, "--name", "llm/tb", "--tag", "t", "--json")
+    farm(farm_env, *build, "-t", "qnn:SM8650")
+    tw = _twin_of(farm_env, "llm/tb:t")
+    # The check ran on the parts' twin builds: compiled as builds, nothing compiled in the check.
+    first = _twin_rows(settings)
+    assert tw["status"] == "ok" and tw["compiled"] == "given", tw
+    assert sorted(tw["twin_builds"]["builds"]) == sorted(first) and len(first) == 2
+    assert all(r["state"] == "succeeded" and r["target"] == "SM8650" and r["options"]["twin"]
+               and r["options"]["graph_optimization"] == 1 and r["digests"] for r in first.values()), first
+
+    # Never served: no artifact, no coverage cell counts it, no answer names its files.
+    assert _index(settings, "SELECT count(*) FROM artifacts") == _index(settings, "SELECT count(*) FROM builds") == 3
+    assert _index(settings, "SELECT sum(builds) FROM coverage_cells") == 3
+    twin_files = {d for r in first.values() for d in r["digests"]}
+    answers = [farm(farm_env, *argv).stdout for argv in (
+        ("resolve", "--model", "llm/tb:t", "--soc", "SM8650", "--qnn", "2.51.0", "--json"),
+        ("coverage", "--json"), ("ls", "--json"), ("show", "llm/tb:t", "--json"))]
+    assert not [d for d in twin_files if any(d in a for a in answers)]
+
+    # A twin left pending (Ctrl-C during it): the same command again runs the check on the
+    # twin builds it has, compiling none of them again.
+    from farm.pipeline.genai import twin_pending
+    from registry.index import Registry
+    from registry.models import Artifact
+
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            art = s.query(Artifact).filter(Artifact.ctx_model == "genai_config.json").one()
+            art.description = {**(art.description or {}), "twin": twin_pending()}
+    finally:
+        reg.close()
+    farm(farm_env, *build, "-t", "qnn:SM8650")
+    again = _twin_of(farm_env, "llm/tb:t")
+    assert again["status"] == "ok" and again["compiled"] == "given", again
+    assert _twin_rows(settings) == first
+
+    # The same export with a second SoC: only that SoC's twin parts compile.
+    farm(farm_env, *build, "-t", "qnn:SM8650", "-t", "qnn:SM8750")
+    rows = _twin_rows(settings)
+    assert {i: r for i, r in rows.items() if i in first} == first
+    assert sorted(r["target"] for i, r in rows.items() if i not in first) == ["SM8750", "SM8750"]
+
+
+def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_published(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    from farm.pipeline import states
+    from farm.pipeline.genai import package_twins
+    from registry.index import Registry
+    from registry.models import Build, TwinBuild
+
+    export = str(make_export(tmp_path / "export"))
+    build = ("build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tf", "--tag", "t", "--json")
+    first = json.loads(farm(farm_env, *build, "--no-twin").stdout)
+    (package,) = first["builds"]
+    # Part 0's twin build failed before (as one that ran out of memory does): a deterministic
+    # failure, answered again from the index.
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            pkg_id = next(b.id for b in s.query(Build).all() if states.part_builds(s, b.id) is not None)
+            twins = package_twins(s, pkg_id)
+        assert twins is not None
+        with reg.db.session() as s:
+            c = states.claim(s, twins[0], owner="test", lease_seconds=60, max_attempts=3, table=TwinBuild)
+            assert c.lease is not None
+            assert states.fail(s, c.lease, "resource-limit", "the compile passed its memory cap", None)
+    finally:
+        reg.close()
+    got = farm(farm_env, *build, "--require-twin", check=False)
+    assert got.returncode != 0 and "twin-mismatch" in got.stdout + got.stderr, got.stdout + got.stderr
+    res = json.loads(farm(farm_env, "resolve", "--model", "llm/tf:t", "--soc", "SM8650", "--qnn", "2.51.0",
+                          "--json").stdout)
+    assert res["artifact"] == package["artifact"]  # published, and still the answer
+    tw = res["twin"]
+    assert tw["status"] == "unverified" and "part 0's twin build" in tw["detail"] and "resource-limit" in tw["detail"]
+    assert _twin_rows(settings)[twins[0]]["state"] == "failed"
