@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -106,7 +107,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             for one in specs:
                 fut: Future[Any] = Future()
                 futures.append(fut)
-                after.append(_job(fut, lambda ex=ex, one=one: _twin_job(ex, one, stop)))
+                after.append(_job(fut, partial(_twin_job, ex, one, stop)))
             jobs_of[k] = (specs, futures)
         builds = 0 if final else len(pkg.parts) * len(planned)
         pool = ThreadPoolExecutor(max_workers=build_jobs(settings, builds + len(after)), thread_name_prefix="build")
