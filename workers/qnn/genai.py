@@ -84,12 +84,12 @@ def twin_compile_part(export_dir: Path, part_index: int, target: Target, options
 
 
 def cpu_slots(cpus: list[int], count: int) -> list[list[int]]:
-    """``cpus`` split into ``count`` disjoint sets for children that run at once (at least one
-    CPU each, at most ``HVX_THREADS``: the simulator runs a graph on that many threads); fewer
-    sets when there are fewer CPUs. A child's simulator threads stay on its set: on 2 shared
-    cores one CPU per simulator is faster than both (``genai_child._simulator_cpus``)."""
+    """``cpus`` split into ``count`` disjoint sets for children that run at once: ``HVX_THREADS``
+    CPUs each where there are enough (the simulator runs a graph on that many threads), else one
+    each (a child's simulator threads stay on its set: with fewer CPUs than its threads, one is
+    faster than several, ``genai_child._simulator_cpus``); fewer sets when there are fewer CPUs."""
     count = max(1, min(count, len(cpus)))
-    size = max(1, min(HVX_THREADS, len(cpus) // count))
+    size = HVX_THREADS if len(cpus) // count >= HVX_THREADS else 1
     return [cpus[i * size:(i + 1) * size] for i in range(count)]
 
 
@@ -155,7 +155,7 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
              tokens: int = TWIN_TOKENS, min_tokens: int = TWIN_MIN_TOKENS, generate_seconds: float | None = None,
              prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
              python: str | None = None, compiled: dict[str, str] | None = None,
-             concurrent: bool | None = None) -> dict[str, Any]:
+             concurrent: bool | None = None, prefill_on: str = "qnn") -> dict[str, Any]:
     """The twin check of an export folder for ``target`` (see the module docstring).
     ``compiled``: {stage name: absolute path of its twin context model} for every part stage
     (``twin_compile_part``'s files): nothing is compiled (``compiled: given``); else each part
@@ -198,23 +198,21 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
         compile_wall = time.perf_counter() - t
 
     concurrent = len(cpus) >= 2 if concurrent is None else concurrent
-    gen_cpus = [cpus[0]] if concurrent else None
-    rest = cpus[1:] if concurrent and len(cpus) > 1 else cpus
-    slots = cpu_slots(rest, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory())))
+    room = memory_bound(_part_bytes(export), _available_memory())
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
            "provider_options": twin_compile_options(target, options), "tokens": int(tokens), "prompt": prompt,
-           "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "cpus": gen_cpus,
+           "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "prefill_on": prefill_on,
            "generate_seconds": float(generate_seconds if generate_seconds is not None else timeout / GENERATE_SHARE)}
     phases: dict[str, float] = {}
+    t_checks = time.perf_counter()
 
-    def generation() -> Any:
+    def generation(slot: list[int] | None) -> Any:
         t = time.perf_counter()
         gen_dir = work_dir / "generate"
         gen_dir.mkdir(parents=True, exist_ok=True)
         try:
-            return run_child(MODULE, "twin", req, gen_dir, timeout=left(), memory_mb=memory_mb, python=python)
-        except Exception as exc:  # noqa: BLE001 - raised below, once the part checks are done
-            return exc
+            return run_child(MODULE, "twin", {**req, "cpus": slot}, gen_dir, timeout=left(), memory_mb=memory_mb,
+                             python=python)
         finally:
             phases["generate"] = time.perf_counter() - t
 
@@ -226,26 +224,24 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
             preq = {"export": req["export"], "part": index, "work": str(d.resolve()), "prompt": prompt,
                     "nice": int(nice), "cpus": slot,
                     "compiled": {st.name: given[st.name] for st in (p.prefill, p.decode)}}
-            result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
-                                     python=python)
+            try:
+                result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
+                                         python=python)
+            finally:
+                phases["parts_check"] = time.perf_counter() - t_checks
             return result
         return job
 
-    def checks() -> list[Any]:
-        t = time.perf_counter()
-        try:
-            return _pooled([part_job(p.index) for p in export.parts], slots)
-        finally:
-            phases["parts_check"] = time.perf_counter() - t
-
+    jobs = [part_job(p.index) for p in export.parts]
     if concurrent:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-generate") as pool:
-            gen_future = pool.submit(generation)
-            part_results = checks()
-            gen = gen_future.result()
+        # One pool, the generation first: it holds one CPU set while the parts take the others, one
+        # after the other, and the first set that frees takes the next part (on 2 CPUs: the
+        # generation on one, the parts on the other, then on both).
+        done = _pooled([generation, *jobs], cpu_slots(cpus, min(len(jobs) + 1, room + 1)))
+        gen, part_results = done[0], done[1:]
     else:
-        part_results = checks()
-        gen = generation()
+        part_results = _pooled(jobs, cpu_slots(cpus, min(len(jobs), room)))
+        gen = _pooled([lambda _slot: generation(None)], [cpus])[0]  # its own pinning (genai_child._pin)
 
     parts: list[dict[str, Any]] = []
     for p, r in zip(export.parts, part_results, strict=True):
@@ -262,7 +258,7 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
                                   "tokens_matched": 0, "prompt": prompt}
     elif isinstance(gen, BaseException):
         raise gen
-    else:
+    else:  # (result, wall, log)
         result, _, _ = gen
         result.pop("ok", None)
         result.pop("partial", None)

@@ -156,11 +156,12 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *
             "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
 
 
-def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
+def compare_runs(ref: dict[str, Any], twin: dict[str, Any], *, first: int = 0) -> dict[str, Any]:
     """Tokens matched (the common prefix: after a first difference the two runs see different
     text), where they first differ and by how much the reference preferred its token there (a
     near-tie flipped by the HTP's fp16 is a small gap; a broken graph a large one), the largest
-    logit error over the steps both ran on the same text, and the first step's logits PSNR."""
+    logit error over the steps both ran on the same text, and the logits PSNR of step ``first``
+    (``first_step``: the first step the HTP computed; 1 when the prefill ran on the CPU EP)."""
     import numpy as np
 
     from workers.qnn.accuracy import compare
@@ -175,7 +176,8 @@ def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
                            "first_mismatch": None if matched == len(a) else matched,
                            "mismatch_logit_gap": None,
                            "max_logit_error": round(max(errors), 6) if errors else None,
-                           "first_step": compare(ref["logits"][0], twin["logits"][0]) if a and b else None}
+                           "first_step": (compare(ref["logits"][first], twin["logits"][first])
+                                          if len(a) > first and len(b) > first else None)}
     if matched < len(a) and matched < len(b):
         lg = ref["logits"][matched]
         out["mismatch_logit_gap"] = round(float(lg[a[matched]] - lg[b[matched]]), 6)
@@ -533,9 +535,24 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
         compiled.update({name: Path(f).name for name, f in files.items()})
         how = "here"
     compile_seconds = time.perf_counter() - t0 if how == "here" else 0.0
-    _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
+    prefill_on = str(req.get("prefill_on") or "qnn")
+    carried = export.carried_files()
+    if prefill_on == "cpu":  # the prefill graphs as exported (their figures are the part checks')
+        for p in export.parts:
+            compiled[p.prefill.name] = p.prefill.graph.file
+            carried += [f for f in (p.prefill.graph.file, *p.prefill.graph.data) if f not in carried]
+        minimum += 1  # the first token comes from the prefill: ``minimum`` tokens from the HTP's decode steps
+        tokens = max(tokens, minimum)
+    for f in carried:
+        if not (twin_dir / f).exists():
+            _place(export.path(f), twin_dir / f)
+    cfg = genai.genai_config(export, compiled)  # QNN stages as the device runs them
+    if prefill_on == "cpu":
+        for p in export.parts:
+            cfg["model"]["decoder"]["pipeline"][0][p.prefill.name]["session_options"] = {"provider_options": []}
+    (twin_dir / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
-                            "compiled": how,
+                            "compiled": how, "prefill_on": prefill_on,
                             "compile_options": dict(req.get("provider_options") or {}),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
@@ -561,7 +578,8 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
         n = len(got["tokens"])
         ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
-            **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
+            **compare_runs(ref, got, first=1 if prefill_on == "cpu" else 0), "tokens_stopped": got["stopped"],
+            "timing": timing}
 
 
 def main(argv: list[str]) -> int:
