@@ -34,7 +34,10 @@ def test_the_twin_generates_the_cpu_tokens_on_the_simulator(export_dir: Path, tm
 
     twin = run_twin(export_dir, parse_target("qnn:SM8650"), {}, tmp_path / "work", tokens=16)
     assert twin["status"] == "ok", twin.get("detail")
-    assert twin["tokens_compared"] == 16 and twin["tokens_matched"] == 16, twin
+    # At least 4 tokens from the simulator's decode steps (the first is the CPU prefill's), more
+    # while the part checks run beside the generation, up to 16: every one compared and matched.
+    assert 5 <= twin["tokens_compared"] <= 16 and twin["tokens_matched"] == twin["tokens_compared"], twin
+    assert twin["tokens_stopped"] in ("tokens", "parts-done") and twin["prefill_on"] == "cpu"
     assert twin["twin_tokens"] == twin["reference_tokens"] and twin["first_mismatch"] is None
     # Every part graph ran on the HTP: one EPContext node each, nothing left on the CPU.
     assert set(twin["graphs"]) == {"part0.prefill", "part0.decode", "part1.prefill", "part1.decode"}
@@ -103,7 +106,8 @@ def test_a_broken_part_gives_a_low_psnr_naming_the_part(export_dir: Path, tmp_pa
     raw.tofile(data)
     files = {**_twin_contexts(export_dir, tmp_path / "ok", (0,)), **_twin_contexts(broken, tmp_path / "bad", (1,))}
     twin = run_twin(export_dir, parse_target("qnn:SM8650"), {}, tmp_path / "work", tokens=4, compiled=files,
-                    prefill_on="cpu")
+                    prefill_on="qnn")  # the generation's prefill on the simulator too (the other mode)
+    assert twin["prefill_on"] == "qnn" and twin["compiled"] == "given"
     p0, p1 = twin["parts"]
     assert p0["worst"]["psnr_db"] > TWIN_MIN_PSNR and p1["worst"]["psnr_db"] < TWIN_MIN_PSNR, twin["parts"]
     assert twin["worst_part"]["part"] == 1
@@ -119,7 +123,7 @@ def test_the_twin_of_what_olive_itself_wrote(tmp_path: Path) -> None:
     export = Path(__file__).resolve().parents[1] / "data" / "genai" / "olive-qwen2-tiny"
     twin = run_twin(export, parse_target("qnn:SM8650"), {}, tmp_path / "work", tokens=16)
     assert twin["status"] == "ok", twin.get("detail")
-    assert (twin["tokens_compared"], twin["tokens_matched"]) == (16, 16), twin
+    assert twin["tokens_compared"] >= 5 and twin["tokens_matched"] == twin["tokens_compared"], twin
     assert all(g["ep_nodes"] >= 1 and g["cpu_op_types"] == ["GroupQueryAttention"] for g in twin["graphs"].values())
     assert twin["first_step"]["psnr_db"] > 30.0
     # Olive's parts pass the residual stream as two tensors and a scalar total_seq_len: each part

@@ -155,13 +155,16 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
              tokens: int = TWIN_TOKENS, min_tokens: int = TWIN_MIN_TOKENS, generate_seconds: float | None = None,
              prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
              python: str | None = None, compiled: dict[str, str] | None = None,
-             concurrent: bool | None = None, prefill_on: str = "qnn") -> dict[str, Any]:
+             concurrent: bool | None = None, prefill_on: str = "cpu") -> dict[str, Any]:
     """The twin check of an export folder for ``target`` (see the module docstring).
     ``compiled``: {stage name: absolute path of its twin context model} for every part stage
     (``twin_compile_part``'s files): nothing is compiled (``compiled: given``); else each part
     is compiled here first, the parts at once (``here``). Then each part's check
     (``parts``) and the end-to-end generation run in their own children; ``concurrent`` (default:
-    with 2 CPUs or more) runs the generation beside the part checks, on a CPU of its own.
+    with 2 CPUs or more) runs the generation beside the part checks, on a CPU of its own, going on
+    past ``min_tokens`` while they run (else it follows them). ``prefill_on``: ``cpu`` runs the
+    generation's prefill stages on the CPU EP (the part checks ran each prefill graph on the
+    simulator), so its tokens past the first come from the simulator's decode steps.
     ``nice``: the children's niceness (a worker's twin yields to its compiles; a command that
     waits on its twin gives 0). Raises ``BadGenaiError`` for an export that can't be mapped,
     ``ToolchainError`` when the EP compiles no node; a runtime that dies while generating is
@@ -234,11 +237,20 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
 
     jobs = [part_job(p.index) for p in export.parts]
     if concurrent:
-        # One pool, the generation first: it holds one CPU set while the parts take the others, one
-        # after the other, and the first set that frees takes the next part (on 2 CPUs: the
-        # generation on one, the parts on the other, then on both).
-        done = _pooled([generation, *jobs], cpu_slots(cpus, min(len(jobs) + 1, room + 1)))
-        gen, part_results = done[0], done[1:]
+        # The generation on a CPU of its own, the part checks on the others (each part one set,
+        # as many at once as there are sets). Past its minimum the generation goes on only while
+        # the part checks run (its CPU is not theirs: those tokens cost no wall time), within
+        # ``generate_seconds``.
+        stop = work_dir / "parts-done"
+        stop.unlink(missing_ok=True)
+        req["stop_file"] = str(stop.resolve())
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-generate") as pool:
+            gen_future = pool.submit(lambda: _pooled([generation], [[cpus[0]]])[0])
+            try:
+                part_results = _pooled(jobs, cpu_slots(cpus[1:], min(len(jobs), room)))
+            finally:
+                stop.touch()
+            gen = gen_future.result()
     else:
         part_results = _pooled(jobs, cpu_slots(cpus, min(len(jobs), room)))
         gen = _pooled([lambda _slot: generation(None)], [cpus])[0]  # its own pinning (genai_child._pin)

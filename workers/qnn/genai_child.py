@@ -112,12 +112,14 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
 
 
 def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *, minimum: int | None = None,
-             seconds: float | None = None) -> dict[str, Any]:
+             seconds: float | None = None, stop_file: Path | None = None) -> dict[str, Any]:
     """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
     where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
     tokens, each step's logits (the distribution the token was taken from), and the timings.
     ``minimum`` and ``seconds``: past ``minimum`` tokens, stop before a step that would take the
-    generation (prefill included) past ``seconds`` (``stopped``: ``budget``; else ``tokens``)."""
+    generation (prefill included) past ``seconds`` (``stopped``: ``budget``), or once ``stop_file``
+    exists (``stopped``: ``parts-done``: the parent's part checks finished, so a further token
+    would cost wall time, not use a CPU that was free); else ``tokens``."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -147,10 +149,13 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *
         logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
-        if (minimum is not None and seconds is not None and minimum <= len(out) < tokens
-                and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds):
-            stopped = "budget"
-            break
+        if minimum is not None and minimum <= len(out) < tokens:
+            if seconds is not None and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds:
+                stopped = "budget"
+                break
+            if stop_file is not None and stop_file.exists():
+                stopped = "parts-done"
+                break
     decode = time.perf_counter() - t
     return {"prompt_ids": ids, "tokens": out, "logits": logits, "load_seconds": load, "prefill_seconds": prefill,
             "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
@@ -569,12 +574,13 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     base["simulator_cpus"] = _pin(req.get("cpus"))
     try:
         got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
-                       seconds=float(seconds) if seconds is not None else None)
+                       seconds=float(seconds) if seconds is not None else None,
+                       stop_file=Path(req["stop_file"]) if req.get("stop_file") else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
-    if got["stopped"] == "budget":  # compared on the tokens the simulator had time for
+    if got["stopped"] != "tokens":  # compared on the tokens the simulator had time for
         n = len(got["tokens"])
         ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
