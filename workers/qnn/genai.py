@@ -84,12 +84,12 @@ def twin_compile_part(export_dir: Path, part_index: int, target: Target, options
 
 
 def cpu_slots(cpus: list[int], count: int) -> list[list[int]]:
-    """``cpus`` split into ``count`` disjoint sets for children that run at once (at least one
-    CPU each, at most ``HVX_THREADS``: the simulator runs a graph on that many threads); fewer
-    sets when there are fewer CPUs. A child's simulator threads stay on its set: on 2 shared
-    cores one CPU per simulator is faster than both (``genai_child._simulator_cpus``)."""
+    """``cpus`` split into ``count`` disjoint sets for children that run at once: ``HVX_THREADS``
+    CPUs each where there are enough (the simulator runs a graph on that many threads), else one
+    each (a child's simulator threads stay on its set: with fewer CPUs than its threads, one is
+    faster than several, ``genai_child._simulator_cpus``); fewer sets when there are fewer CPUs."""
     count = max(1, min(count, len(cpus)))
-    size = max(1, min(HVX_THREADS, len(cpus) // count))
+    size = HVX_THREADS if len(cpus) // count >= HVX_THREADS else 1
     return [cpus[i * size:(i + 1) * size] for i in range(count)]
 
 
@@ -155,13 +155,16 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
              tokens: int = TWIN_TOKENS, min_tokens: int = TWIN_MIN_TOKENS, generate_seconds: float | None = None,
              prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
              python: str | None = None, compiled: dict[str, str] | None = None,
-             concurrent: bool | None = None) -> dict[str, Any]:
+             concurrent: bool | None = None, prefill_on: str = "cpu") -> dict[str, Any]:
     """The twin check of an export folder for ``target`` (see the module docstring).
     ``compiled``: {stage name: absolute path of its twin context model} for every part stage
     (``twin_compile_part``'s files): nothing is compiled (``compiled: given``); else each part
     is compiled here first, the parts at once (``here``). Then each part's check
     (``parts``) and the end-to-end generation run in their own children; ``concurrent`` (default:
-    with 2 CPUs or more) runs the generation beside the part checks, on a CPU of its own.
+    with 2 CPUs or more) runs the generation beside the part checks, on a CPU of its own, going on
+    past ``min_tokens`` while they run (else it follows them). ``prefill_on``: ``cpu`` runs the
+    generation's prefill stages on the CPU EP (the part checks ran each prefill graph on the
+    simulator), so its tokens past the first come from the simulator's decode steps.
     ``nice``: the children's niceness (a worker's twin yields to its compiles; a command that
     waits on its twin gives 0). Raises ``BadGenaiError`` for an export that can't be mapped,
     ``ToolchainError`` when the EP compiles no node; a runtime that dies while generating is
@@ -198,23 +201,21 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
         compile_wall = time.perf_counter() - t
 
     concurrent = len(cpus) >= 2 if concurrent is None else concurrent
-    gen_cpus = [cpus[0]] if concurrent else None
-    rest = cpus[1:] if concurrent and len(cpus) > 1 else cpus
-    slots = cpu_slots(rest, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory())))
+    room = memory_bound(_part_bytes(export), _available_memory())
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
            "provider_options": twin_compile_options(target, options), "tokens": int(tokens), "prompt": prompt,
-           "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "cpus": gen_cpus,
+           "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "prefill_on": prefill_on,
            "generate_seconds": float(generate_seconds if generate_seconds is not None else timeout / GENERATE_SHARE)}
     phases: dict[str, float] = {}
+    t_checks = time.perf_counter()
 
-    def generation() -> Any:
+    def generation(slot: list[int] | None) -> Any:
         t = time.perf_counter()
         gen_dir = work_dir / "generate"
         gen_dir.mkdir(parents=True, exist_ok=True)
         try:
-            return run_child(MODULE, "twin", req, gen_dir, timeout=left(), memory_mb=memory_mb, python=python)
-        except Exception as exc:  # noqa: BLE001 - raised below, once the part checks are done
-            return exc
+            return run_child(MODULE, "twin", {**req, "cpus": slot}, gen_dir, timeout=left(), memory_mb=memory_mb,
+                             python=python)
         finally:
             phases["generate"] = time.perf_counter() - t
 
@@ -226,26 +227,33 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
             preq = {"export": req["export"], "part": index, "work": str(d.resolve()), "prompt": prompt,
                     "nice": int(nice), "cpus": slot,
                     "compiled": {st.name: given[st.name] for st in (p.prefill, p.decode)}}
-            result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
-                                     python=python)
+            try:
+                result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
+                                         python=python)
+            finally:
+                phases["parts_check"] = time.perf_counter() - t_checks
             return result
         return job
 
-    def checks() -> list[Any]:
-        t = time.perf_counter()
-        try:
-            return _pooled([part_job(p.index) for p in export.parts], slots)
-        finally:
-            phases["parts_check"] = time.perf_counter() - t
-
+    jobs = [part_job(p.index) for p in export.parts]
     if concurrent:
+        # The generation on a CPU of its own, the part checks on the others (each part one set,
+        # as many at once as there are sets). Past its minimum the generation goes on only while
+        # the part checks run (its CPU is not theirs: those tokens cost no wall time), within
+        # ``generate_seconds``.
+        stop = work_dir / "parts-done"
+        stop.unlink(missing_ok=True)
+        req["stop_file"] = str(stop.resolve())
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-generate") as pool:
-            gen_future = pool.submit(generation)
-            part_results = checks()
+            gen_future = pool.submit(lambda: _pooled([generation], [[cpus[0]]])[0])
+            try:
+                part_results = _pooled(jobs, cpu_slots(cpus[1:], min(len(jobs), room)))
+            finally:
+                stop.touch()
             gen = gen_future.result()
     else:
-        part_results = checks()
-        gen = generation()
+        part_results = _pooled(jobs, cpu_slots(cpus, min(len(jobs), room)))
+        gen = _pooled([lambda _slot: generation(None)], [cpus])[0]  # its own pinning (genai_child._pin)
 
     parts: list[dict[str, Any]] = []
     for p, r in zip(export.parts, part_results, strict=True):
@@ -262,7 +270,7 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
                                   "tokens_matched": 0, "prompt": prompt}
     elif isinstance(gen, BaseException):
         raise gen
-    else:
+    else:  # (result, wall, log)
         result, _, _ = gen
         result.pop("ok", None)
         result.pop("partial", None)

@@ -112,12 +112,14 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
 
 
 def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *, minimum: int | None = None,
-             seconds: float | None = None) -> dict[str, Any]:
+             seconds: float | None = None, stop_file: Path | None = None) -> dict[str, Any]:
     """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
     where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
     tokens, each step's logits (the distribution the token was taken from), and the timings.
     ``minimum`` and ``seconds``: past ``minimum`` tokens, stop before a step that would take the
-    generation (prefill included) past ``seconds`` (``stopped``: ``budget``; else ``tokens``)."""
+    generation (prefill included) past ``seconds`` (``stopped``: ``budget``), or once ``stop_file``
+    exists (``stopped``: ``parts-done``: the parent's part checks finished, so a further token
+    would cost wall time, not use a CPU that was free); else ``tokens``."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -147,20 +149,24 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *
         logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
-        if (minimum is not None and seconds is not None and minimum <= len(out) < tokens
-                and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds):
-            stopped = "budget"
-            break
+        if minimum is not None and minimum <= len(out) < tokens:
+            if seconds is not None and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds:
+                stopped = "budget"
+                break
+            if stop_file is not None and stop_file.exists():
+                stopped = "parts-done"
+                break
     decode = time.perf_counter() - t
     return {"prompt_ids": ids, "tokens": out, "logits": logits, "load_seconds": load, "prefill_seconds": prefill,
             "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
 
 
-def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
+def compare_runs(ref: dict[str, Any], twin: dict[str, Any], *, first: int = 0) -> dict[str, Any]:
     """Tokens matched (the common prefix: after a first difference the two runs see different
     text), where they first differ and by how much the reference preferred its token there (a
     near-tie flipped by the HTP's fp16 is a small gap; a broken graph a large one), the largest
-    logit error over the steps both ran on the same text, and the first step's logits PSNR."""
+    logit error over the steps both ran on the same text, and the logits PSNR of step ``first``
+    (``first_step``: the first step the HTP computed; 1 when the prefill ran on the CPU EP)."""
     import numpy as np
 
     from workers.qnn.accuracy import compare
@@ -175,7 +181,8 @@ def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
                            "first_mismatch": None if matched == len(a) else matched,
                            "mismatch_logit_gap": None,
                            "max_logit_error": round(max(errors), 6) if errors else None,
-                           "first_step": compare(ref["logits"][0], twin["logits"][0]) if a and b else None}
+                           "first_step": (compare(ref["logits"][first], twin["logits"][first])
+                                          if len(a) > first and len(b) > first else None)}
     if matched < len(a) and matched < len(b):
         lg = ref["logits"][matched]
         out["mismatch_logit_gap"] = round(float(lg[a[matched]] - lg[b[matched]]), 6)
@@ -533,9 +540,24 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
         compiled.update({name: Path(f).name for name, f in files.items()})
         how = "here"
     compile_seconds = time.perf_counter() - t0 if how == "here" else 0.0
-    _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
+    prefill_on = str(req.get("prefill_on") or "qnn")
+    carried = export.carried_files()
+    if prefill_on == "cpu":  # the prefill graphs as exported (their figures are the part checks')
+        for p in export.parts:
+            compiled[p.prefill.name] = p.prefill.graph.file
+            carried += [f for f in (p.prefill.graph.file, *p.prefill.graph.data) if f not in carried]
+        minimum += 1  # the first token comes from the prefill: ``minimum`` tokens from the HTP's decode steps
+        tokens = max(tokens, minimum)
+    for f in carried:
+        if not (twin_dir / f).exists():
+            _place(export.path(f), twin_dir / f)
+    cfg = genai.genai_config(export, compiled)  # QNN stages as the device runs them
+    if prefill_on == "cpu":
+        for p in export.parts:
+            cfg["model"]["decoder"]["pipeline"][0][p.prefill.name]["session_options"] = {"provider_options": []}
+    (twin_dir / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
-                            "compiled": how,
+                            "compiled": how, "prefill_on": prefill_on,
                             "compile_options": dict(req.get("provider_options") or {}),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
@@ -552,16 +574,18 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     base["simulator_cpus"] = _pin(req.get("cpus"))
     try:
         got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
-                       seconds=float(seconds) if seconds is not None else None)
+                       seconds=float(seconds) if seconds is not None else None,
+                       stop_file=Path(req["stop_file"]) if req.get("stop_file") else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
-    if got["stopped"] == "budget":  # compared on the tokens the simulator had time for
+    if got["stopped"] != "tokens":  # compared on the tokens the simulator had time for
         n = len(got["tokens"])
         ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
-            **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
+            **compare_runs(ref, got, first=1 if prefill_on == "cpu" else 0), "tokens_stopped": got["stopped"],
+            "timing": timing}
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import FarmError
+from farm.core.genai import TWIN_MIN_PSNR
 from farm.core.settings import Settings
 from farm.pipeline.genai.bundle import PackageReport
 from farm.pipeline.submission import BuildOutcome, Progress
@@ -132,13 +133,31 @@ def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:
         art.description = {**(art.description or {}), "twin": tw}
 
 
-def twin_refusal(tw: dict[str, Any] | None, artifact: str) -> FarmError | None:
-    """The --require-twin gate: None when every compared token matched."""
+def twin_refusal(tw: dict[str, Any] | None, artifact: str, *, min_psnr: float = TWIN_MIN_PSNR) -> FarmError | None:
+    """The --require-twin gate: None when every compared token matched and every output of every
+    part's check (``parts``: prefill and one decode step on the simulator against the CPU EP) is
+    at or above ``min_psnr`` dB; the refusal names the part and the output (checked first: it
+    says where a mismatch of the tokens comes from). A twin recorded
+    before the part checks existed (no ``parts``) is gated on its tokens."""
     from farm.core.errors import TwinMismatchError
 
     if not tw or tw.get("status") != "ok":
         why = (tw or {}).get("detail") or "no twin check ran"
         return TwinMismatchError(f"artifact {artifact[7:19]}: no twin figures to gate on ({why})")
+    for part in tw.get("parts") or []:
+        index = part.get("part") if isinstance(part, dict) else None
+        if not isinstance(part, dict) or part.get("status") != "ok":
+            why = (part.get("detail") if isinstance(part, dict) else None) or "no figures"
+            return TwinMismatchError(f"artifact {artifact[7:19]}: the twin's check of part {index} did not run "
+                                     f"({str(why)[:300]})")
+        for phase in ("prefill", "decode"):
+            for output, psnr in (part.get(phase) or {}).items():
+                if not isinstance(psnr, int | float) or psnr < min_psnr:
+                    return TwinMismatchError(
+                        f"artifact {artifact[7:19]}: part {index}'s {phase} graph on the simulator: output {output!r} "
+                        f"at {psnr} dB PSNR against the CPU EP, below {min_psnr:g} dB",
+                        hint="the package is built and published; the HTP runs float graphs in fp16: check that "
+                             "part for values beyond fp16's range (65,504); drop --require-twin to accept it")
     if not tw.get("tokens_compared") or tw.get("tokens_matched") != tw.get("tokens_compared"):
         return TwinMismatchError(f"artifact {artifact[7:19]}: the twin matched {tw.get('tokens_matched')} of "
                                  f"{tw.get('tokens_compared')} greedy tokens against the CPU EP")
