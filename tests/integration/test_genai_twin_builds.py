@@ -102,19 +102,15 @@ def test_twin_builds_are_cached_per_soc_and_never_served(settings: Settings, far
     assert sorted(r["target"] for i, r in rows.items() if i not in first) == ["SM8750", "SM8750"]
 
 
-def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_published(
-        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+def fail_twin_build(settings: Settings, *, part: int) -> int:
+    """The twin build of ``part`` of the (one) package build in the index, failed as a previous
+    run's that passed its memory cap would be (``resource-limit``: deterministic, answered again
+    from the index), through the state machine's own transitions. Returns its id."""
     from farm.pipeline import states
     from farm.pipeline.genai import package_twins
     from registry.index import Registry
     from registry.models import Build, TwinBuild
 
-    export = str(make_export(tmp_path / "export"))
-    build = ("build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tf", "--tag", "t", "--json")
-    first = json.loads(farm(farm_env, *build, "--no-twin").stdout)
-    (package,) = first["builds"]
-    # Part 0's twin build failed before (as one that ran out of memory does): a deterministic
-    # failure, answered again from the index.
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:
@@ -122,16 +118,26 @@ def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_pub
             twins = package_twins(s, pkg_id)
         assert twins is not None
         with reg.db.session() as s:
-            c = states.claim(s, twins[0], owner="test", lease_seconds=60, max_attempts=3, table=TwinBuild)
+            c = states.claim(s, twins[part], owner="test", lease_seconds=60, max_attempts=3, table=TwinBuild)
             assert c.lease is not None
             assert states.fail(s, c.lease, "resource-limit", "the compile passed its memory cap", None)
+        return twins[part]
     finally:
         reg.close()
-    got = farm(farm_env, *build, "--require-twin", check=False)
-    assert got.returncode != 0 and "twin-mismatch" in got.stdout + got.stderr, got.stdout + got.stderr
+
+
+def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_published(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    export = str(make_export(tmp_path / "export"))
+    build = ("build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tf", "--tag", "t", "--json")
+    first = json.loads(farm(farm_env, *build, "--no-twin").stdout)
+    (package,) = first["builds"]
+    failed = fail_twin_build(settings, part=0)
+    farm(farm_env, *build)  # the twin is evidence: the command succeeds, the package stays the answer
     res = json.loads(farm(farm_env, "resolve", "--model", "llm/tf:t", "--soc", "SM8650", "--qnn", "2.51.0",
                           "--json").stdout)
-    assert res["artifact"] == package["artifact"]  # published, and still the answer
+    assert res["artifact"] == package["artifact"]
     tw = res["twin"]
     assert tw["status"] == "unverified" and "part 0's twin build" in tw["detail"] and "resource-limit" in tw["detail"]
-    assert _twin_rows(settings)[twins[0]]["state"] == "failed"
+    rows = _twin_rows(settings)
+    assert rows[failed]["state"] == "failed" and len(rows) == 2

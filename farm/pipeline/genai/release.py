@@ -159,6 +159,10 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         raise
     finally:
         if pool is not None:
+            # Every twin this command checks is recorded by now: a twin build still running is one
+            # no check waits for (its package failed): it stops and gives its row back.
+            if not stop.is_set():
+                stop.set(2)
             pool.shutdown(wait=True, cancel_futures=True)
         pkg.cleanup()
         reg.close()
