@@ -19,17 +19,17 @@ from farm.core.settings import Settings
 from farm.pipeline.genai.assembly import _fail, assemble
 from farm.pipeline.genai.bundle import PackageBundle, PackageReport, inspect_package, package_from_snapshot
 from farm.pipeline.genai.links import link_parts, ready_packages
-from farm.pipeline.genai.twin import (
-    _description,
-    _then_twin,
-    _with_twin,
-    raised_twin,
-    record_twin,
-    twin_of,
-    twin_status,
-    verify_twin,
+from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status
+from farm.pipeline.genai.twin_builds import (
+    enqueue_twins,
+    pool_job,
+    twin_after,
+    twin_job,
+    twin_orphaned,
+    twin_spec,
+    twin_wanted,
+    twins_wanted,
 )
-from farm.pipeline.genai.twin_builds import enqueue_twins, settle_twins, twin_spec
 from farm.pipeline.submission import BuildReport, Progress, no_progress
 
 log = logging.getLogger("ctxfarm.genai")
@@ -98,7 +98,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         # Each part's twin build per target whose twin will run, in the same pool behind the part
         # builds (publication wins: the pool takes them last, they are admitted after any compile
         # that waits, their children run niced): they start as soon as a thread is free.
-        twin_specs = _twins_wanted(reg, pkg, planned) if twin else {}
+        twin_specs = twins_wanted(reg, pkg, planned) if twin else {}
         jobs_of: dict[int, tuple[list[Any], list[Future[Any]]]] = {}
         after: list[Callable[[], Any]] = []
         for k, specs in twin_specs.items():
@@ -107,7 +107,7 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             for one in specs:
                 fut: Future[Any] = Future()
                 futures.append(fut)
-                after.append(_job(fut, partial(_twin_job, ex, one, stop)))
+                after.append(pool_job(fut, partial(twin_job, ex, one, stop)))
             jobs_of[k] = (specs, futures)
         builds = 0 if final else len(pkg.parts) * len(planned)
         pool = ThreadPoolExecutor(max_workers=build_jobs(settings, builds + len(after)), thread_name_prefix="build")
@@ -168,46 +168,10 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         reg.close()
 
 
-def _twins_wanted(reg: Any, pkg: PackageBundle, planned: Sequence[tuple[Any, Any, int]]) -> dict[int, list[Any]]:
-    """Per target (its index in ``planned``) whose twin will run (its package not final yet, or
-    published with its twin missing or pending): its parts' twin builds (their specs)."""
-    from farm.pipeline import states
-    from registry.index import artifact_for_build
-
-    out: dict[int, list[Any]] = {}
-    with reg.db.session() as s:
-        for k, (t, spec, build_id) in enumerate(planned):
-            b = states.get_build(s, build_id)
-            if b.state == states.BuildState.FAILED:
-                continue
-            if b.state == states.BuildState.SUCCEEDED:
-                art = artifact_for_build(s, build_id)
-                if art is None or twin_status(art.description) not in (None, "pending"):
-                    continue
-            out[k] = [twin_spec(g.digest, t.backend, t.name, spec.toolchain, spec.options) for g in pkg.parts]
-    return out
 
 
-def _twin_job(executor: Any, spec: Any, stop: Any) -> int:
-    """One part's twin build in the embedded pool: queued (or found by its key: compiled
-    already, or another process's; its part's group is recorded by now), then final. Returns
-    its id."""
-    with executor.registry.db.session() as s:
-        (twin_id, _), = enqueue_twins(s, [spec], None)
-    settle_twins(executor, [twin_id], stop=stop)
-    return twin_id
 
 
-def _job(fut: Future[Any], run: Callable[[], Any]) -> Callable[[], None]:
-    """``run`` as a pool job whose end (its result, or what it raised) lands in ``fut``."""
-    def job() -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(run())
-        except BaseException as exc:  # noqa: BLE001 - the twin check reads it off its build's row
-            fut.set_exception(exc)
-    return job
 
 
 def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
@@ -311,10 +275,10 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 if dispatch and pb is not None and pb.state == states.BuildState.QUEUED and all(
                         states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))
-                elif dispatch and pb is not None and pb.state == states.BuildState.SUCCEEDED and _twin_orphaned(
+                elif dispatch and pb is not None and pb.state == states.BuildState.SUCCEEDED and twin_orphaned(
                         settings, s, build_id):
                     to_send.append((build_id, queue))  # its twin was left pending: a worker runs it
-                if pb is not None and pb.state != states.BuildState.FAILED and _twin_wanted(s, build_id):
+                if pb is not None and pb.state != states.BuildState.FAILED and twin_wanted(s, build_id):
                     # Each part's twin build, sent now (they need nothing of the package): the
                     # genai workers take them after the builds of their compile queue.
                     specs = [twin_spec(g.digest, t.backend, t.name, version, part_request.options[t])
@@ -367,7 +331,7 @@ def execute_package(executor: Any, build_id: int) -> Any:
         if parts is None:
             return None
         b = states.get_build(s, build_id)
-        orphaned = b.state == states.BuildState.SUCCEEDED and _twin_orphaned(settings, s, build_id)
+        orphaned = b.state == states.BuildState.SUCCEEDED and twin_orphaned(settings, s, build_id)
         if b.state in states.FINAL and not orphaned:
             return Result("done", build_id)
         if not all(states.get_build(s, p).state in states.FINAL for p in parts):
@@ -395,7 +359,7 @@ def execute_package(executor: Any, build_id: int) -> Any:
                 art = artifact_for_build(s, build_id)
                 art_digest = art.digest if art is not None else None
             if art_digest:
-                _twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
+                twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
         return Result("done", build_id)
     refusal = _capability_refusal(spec)
     if refusal is not None:  # a release routes around it; this is a queue served by mistake
@@ -429,67 +393,17 @@ def execute_package(executor: Any, build_id: int) -> Any:
         if ran and art_digest and twin_status(_description(reg, art_digest)) == "pending":
             # The release answered at publication (the row is final); this worker records the
             # twin right after, on the export it laid out.
-            _twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
+            twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
     if not ran:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,
                   artifact_id=art.id if art is not None else None)
 
 
-def _twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, export_root: Path, artifact: str) -> None:
-    """The twin of a published package on a worker: its parts' twin builds final (sent when the
-    package was submitted, so other workers may have compiled them already; any still queued,
-    or whose holder died, is run here; one another worker holds is waited for), all within the
-    accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
-    it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
-    worker killed here leaves ``pending``, and the next submission of the package runs it."""
-    from farm.pipeline.genai.twin_builds import package_twins
-
-    reg, settings = executor.registry, executor.settings
-    try:
-        try:
-            with reg.db.session() as s:
-                twins = package_twins(s, build_id, queue)
-            settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
-        except Exception as exc:  # a bug: recorded on the artifact, never left pending with the cause lost
-            log.error("the twin builds of build %s raised", build_id, exc_info=True)
-            record_twin(reg, artifact, raised_twin("the twin builds", exc))
-            return
-        verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
-    except Exception:  # noqa: BLE001 - logged; the published build's result stands
-        log.warning("the twin of build %s was not recorded", build_id, exc_info=True)
 
 
-def _twin_wanted(s: Any, build_id: int) -> bool:
-    """Whether a package build's twin will run: not published yet, or published with its twin
-    pending (a published package whose twin is recorded needs no twin build)."""
-    from farm.pipeline import states
-    from registry.index import artifact_for_build
-
-    b = states.get_build(s, build_id)
-    if b.state != states.BuildState.SUCCEEDED:
-        return True
-    art = artifact_for_build(s, build_id)
-    return art is not None and twin_status(art.description) == "pending"
 
 
-def _twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
-    """A published package whose twin is ``pending`` for longer than a twin may take (the
-    accuracy budget, and the lease for good measure): whoever ran it died; run it again."""
-    from datetime import UTC, datetime
-
-    from registry.index import artifact_for_build
-
-    art = artifact_for_build(s, build_id)
-    tw = twin_of(art.description if art is not None else None)
-    if tw is None or tw.get("status") != "pending":
-        return False
-    try:
-        since = datetime.fromisoformat(str(tw.get("since")))
-    except ValueError:
-        return True
-    age = (datetime.now(UTC) - (since if since.tzinfo else since.replace(tzinfo=UTC))).total_seconds()
-    return age > settings.accuracy_budget + settings.lease_seconds
 
 
 def _capability_refusal(spec: Any) -> FarmError | None:

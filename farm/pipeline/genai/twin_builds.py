@@ -21,13 +21,17 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from farm.core.errors import DETERMINISTIC_FAILURES, FarmError, Interrupted, LeaseLostError, NoWorkerError
 from farm.core.keys import build_key, options_digest, sha256_file
+from farm.core.settings import Settings
 from farm.pipeline import states
+from farm.pipeline.genai.bundle import PackageBundle
+from farm.pipeline.genai.twin import raised_twin, record_twin, twin_of, twin_status, verify_twin
 
 log = logging.getLogger("ctxfarm.genai")
 TWIN_MARK = "twin"
@@ -289,3 +293,103 @@ def twin_figures(reg: Any, twin_ids: Sequence[int]) -> dict[str, Any]:
         rows = [states.get_build(s, i, TwinBuild) for i in twin_ids]
         return {"builds": [int(r.id) for r in rows],
                 "compile_seconds": round(sum(float((r.output or {}).get("compile_seconds") or 0.0) for r in rows), 3)}
+
+
+# ---- scheduling: which twin builds a package wants, and running them -------------------------------
+
+def twins_wanted(reg: Any, pkg: PackageBundle, planned: Sequence[tuple[Any, Any, int]]) -> dict[int, list[Any]]:
+    """Per target (its index in ``planned``) whose twin will run (its package not final yet, or
+    published with its twin missing or pending): its parts' twin builds (their specs)."""
+    from farm.pipeline import states
+    from registry.index import artifact_for_build
+
+    out: dict[int, list[Any]] = {}
+    with reg.db.session() as s:
+        for k, (t, spec, build_id) in enumerate(planned):
+            b = states.get_build(s, build_id)
+            if b.state == states.BuildState.FAILED:
+                continue
+            if b.state == states.BuildState.SUCCEEDED:
+                art = artifact_for_build(s, build_id)
+                if art is None or twin_status(art.description) not in (None, "pending"):
+                    continue
+            out[k] = [twin_spec(g.digest, t.backend, t.name, spec.toolchain, spec.options) for g in pkg.parts]
+    return out
+
+
+def twin_job(executor: Any, spec: Any, stop: Any) -> int:
+    """One part's twin build in the embedded pool: queued (or found by its key: compiled
+    already, or another process's; its part's group is recorded by now), then final. Returns
+    its id."""
+    with executor.registry.db.session() as s:
+        (twin_id, _), = enqueue_twins(s, [spec], None)
+    settle_twins(executor, [twin_id], stop=stop)
+    return twin_id
+
+
+def pool_job(fut: Future[Any], run: Callable[[], Any]) -> Callable[[], None]:
+    """``run`` as a pool job whose end (its result, or what it raised) lands in ``fut``."""
+    def job() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - the twin check reads it off its build's row
+            fut.set_exception(exc)
+    return job
+
+
+def twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, export_root: Path, artifact: str) -> None:
+    """The twin of a published package on a worker: its parts' twin builds final (sent when the
+    package was submitted, so other workers may have compiled them already; any still queued,
+    or whose holder died, is run here; one another worker holds is waited for), all within the
+    accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
+    it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
+    worker killed here leaves ``pending``, and the next submission of the package runs it."""
+    from farm.pipeline.genai.twin_builds import package_twins
+
+    reg, settings = executor.registry, executor.settings
+    try:
+        try:
+            with reg.db.session() as s:
+                twins = package_twins(s, build_id, queue)
+            settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
+        except Exception as exc:  # a bug: recorded on the artifact, never left pending with the cause lost
+            log.error("the twin builds of build %s raised", build_id, exc_info=True)
+            record_twin(reg, artifact, raised_twin("the twin builds", exc))
+            return
+        verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
+    except Exception:  # noqa: BLE001 - logged; the published build's result stands
+        log.warning("the twin of build %s was not recorded", build_id, exc_info=True)
+
+
+def twin_wanted(s: Any, build_id: int) -> bool:
+    """Whether a package build's twin will run: not published yet, or published with its twin
+    pending (a published package whose twin is recorded needs no twin build)."""
+    from farm.pipeline import states
+    from registry.index import artifact_for_build
+
+    b = states.get_build(s, build_id)
+    if b.state != states.BuildState.SUCCEEDED:
+        return True
+    art = artifact_for_build(s, build_id)
+    return art is not None and twin_status(art.description) == "pending"
+
+
+def twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
+    """A published package whose twin is ``pending`` for longer than a twin may take (the
+    accuracy budget, and the lease for good measure): whoever ran it died; run it again."""
+    from datetime import UTC, datetime
+
+    from registry.index import artifact_for_build
+
+    art = artifact_for_build(s, build_id)
+    tw = twin_of(art.description if art is not None else None)
+    if tw is None or tw.get("status") != "pending":
+        return False
+    try:
+        since = datetime.fromisoformat(str(tw.get("since")))
+    except ValueError:
+        return True
+    age = (datetime.now(UTC) - (since if since.tzinfo else since.replace(tzinfo=UTC))).total_seconds()
+    return age > settings.accuracy_budget + settings.lease_seconds
