@@ -141,3 +141,46 @@ def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_pub
     assert tw["status"] == "unverified" and "part 0's twin build" in tw["detail"] and "resource-limit" in tw["detail"]
     rows = _twin_rows(settings)
     assert rows[failed]["state"] == "failed" and len(rows) == 2
+
+
+def test_a_worker_killed_during_the_twin_leaves_it_pending_and_the_next_worker_records_it(
+        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+    """What a worker killed mid-twin leaves: the package published with its twin ``pending``
+    (since long ago), one twin build running under a lease that lapsed. The package's build sent
+    again (what the next submission does once the twin is pending past the budget) finds it on a
+    worker's executor: the lapsed twin build is taken over, the other one built, the twin recorded."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from farm.pipeline import states
+    from farm.pipeline.execute import Executor
+    from farm.pipeline.genai import execute_package, package_twins, twin_pending
+    from registry.index import Registry
+    from registry.models import Artifact, Build, TwinBuild
+
+    export = str(make_export(tmp_path / "export"))
+    farm(farm_env, "build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tk", "--tag", "t", "--no-twin")
+    reg = Registry.open(settings)
+    try:
+        with reg.db.session() as s:
+            pkg_id = next(b.id for b in s.query(Build).all() if states.part_builds(s, b.id) is not None)
+            twins = package_twins(s, pkg_id)
+            art = s.query(Artifact).filter(Artifact.build_id == pkg_id).one()
+            long_ago = (states.now() - timedelta(hours=1)).isoformat(timespec="seconds")
+            art.description = {**(art.description or {}), "twin": {**twin_pending(), "since": long_ago}}
+        assert twins is not None
+        with reg.db.session() as s:
+            dead = states.claim(s, twins[0], owner="killed", lease_seconds=60, max_attempts=3, table=TwinBuild)
+            assert dead.lease is not None
+            s.execute(update(TwinBuild).where(TwinBuild.id == twins[0])
+                      .values(lease_expires_at=states.now() - timedelta(seconds=1)))
+        result = execute_package(Executor(settings, reg), pkg_id)
+        assert result is not None and result.outcome == "done"
+        with reg.db.session() as s:
+            tw = s.query(Artifact).filter(Artifact.build_id == pkg_id).one().description["twin"]
+            rows = {t.id: (t.state, t.attempts) for t in s.query(TwinBuild).all()}
+    finally:
+        reg.close()
+    assert tw["status"] == "ok" and tw["compiled"] == "given", tw
+    assert rows == {twins[0]: ("succeeded", 2), twins[1]: ("succeeded", 1)}
