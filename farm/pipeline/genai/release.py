@@ -168,12 +168,6 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         reg.close()
 
 
-
-
-
-
-
-
 def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str], sdks: Sequence[str] = (),
                    option_pairs: Sequence[str] | Mapping[str, Any] = (), *, name: str | None = None,
                    tag: str | None = None, allow_queue: bool = False, retry_failed: bool = False,
@@ -398,12 +392,6 @@ def execute_package(executor: Any, build_id: int) -> Any:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,
                   artifact_id=art.id if art is not None else None)
-
-
-
-
-
-
 
 
 def _capability_refusal(spec: Any) -> FarmError | None:

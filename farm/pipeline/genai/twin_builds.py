@@ -346,8 +346,6 @@ def twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, expor
     accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
     it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
     worker killed here leaves ``pending``, and the next submission of the package runs it."""
-    from farm.pipeline.genai.twin_builds import package_twins
-
     reg, settings = executor.registry, executor.settings
     try:
         try:
