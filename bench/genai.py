@@ -306,8 +306,13 @@ def embedded(export: Path, env: dict[str, str], *, require: bool = False, twin: 
     assembling = _at(lines, ": assembling")
     folder = _at(lines, "checking (folder)")
     published = _at(lines, f"published {TARGET}")
-    twin_start = _at(lines, f"twin {TARGET}: compiling")
-    twin_line = next((x for _, x in lines if x.strip().startswith(f"twin {TARGET}: ") and "compiling" not in x), "")
+    # "twin ...: checking" (the parts' twin builds, then the simulator); "compiling" before the
+    # twin's compiles were builds of their own (farm.pipeline.genai.twin_builds).
+    twin_start = _at(lines, f"twin {TARGET}: checking")
+    if twin_start is None:
+        twin_start = _at(lines, f"twin {TARGET}: compiling")
+    twin_line = next((x for _, x in lines if x.strip().startswith(f"twin {TARGET}: ")
+                      and "compiling" not in x and "checking" not in x), "")
     timing = tw.get("timing") or {}
     sim, ref = timing.get("twin") or {}, timing.get("reference") or {}
     steps = max(0, int(tw.get("tokens_compared") or 0) - 1)  # the prompt's step gives the first token
@@ -318,7 +323,11 @@ def embedded(export: Path, env: dict[str, str], *, require: bool = False, twin: 
                           "assembly_s": _d(folder, assembling),
                           "folder_check_s": _d(published, folder),
                           "twin_s": _d(wall, twin_start) if twin_start is not None else None,
-                          "twin_compiles_s": tw.get("compile_seconds"),
+                          # The twin builds' compiles (run in the pool beside the package's own
+                          # work), else the check's own compiles (before they were builds).
+                          "twin_compiles_s": (tw.get("twin_builds") or {}).get("compile_seconds",
+                                                                               tw.get("compile_seconds")),
+                          "twin_check_s": tw.get("wall_seconds"),
                           "simulator_load_s": sim.get("load_seconds"), "simulator_prefill_s": sim.get("prefill_seconds"),
                           "simulator_per_step_s": sim.get("decode_seconds_per_token"), "simulator_steps": steps,
                           "cpu_reference_s": (ref.get("load_seconds") or 0) + (ref.get("prefill_seconds") or 0)

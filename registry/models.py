@@ -287,6 +287,50 @@ class GenaiPart(Base):
     part_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
 
 
+class TwinBuild(Base):
+    """A genai part's twin compile (farm.pipeline.genai.twin_builds): the part's prefill and decode
+    compiled alone, without weight sharing, with the quickest finalization: what the twin check
+    runs on the simulator. A build like any other (keyed, queued, leased, its transitions the
+    guarded ones of ``farm.pipeline.states``: the same columns as ``builds``), kept in a table of
+    its own so that nothing that serves devices ever sees it: no artifact row, no coverage cell,
+    no tag; its output is content-addressed blobs listed in ``output`` (kept by ``registry gc``)."""
+
+    __tablename__ = "twin_builds"
+    __table_args__ = (
+        UniqueConstraint("build_key"),
+        CheckConstraint("length(build_key) = 64", name="build_key_shape"),
+        CheckConstraint(f"state IN {BUILD_STATES!r}", name="state_known"),
+        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
+        Index(None, "state", "queue"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    build_key: Mapped[str] = mapped_column(String(64))
+    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))  # the part's graph group
+    backend: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(64))
+    toolchain: Mapped[str] = mapped_column(String(64))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    options_digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    error_code: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    log: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queue: Mapped[str | None] = mapped_column(String(128))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    phases: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What it compiled: each file (name, role, digest, size, mediaType) and each graph's context
+    # model by its group name (``part0.prefill``), with the compile's figures; None until it succeeded.
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
 # ``report``: devices posting load reports; outside the read < submit < admin ladder.
 TOKEN_SCOPES = ("read", "submit", "admin", "report")
 

@@ -118,8 +118,8 @@ class GcReport:
 
 def referenced_digests(session: Session) -> set[str]:
     """Every blob digest the index points at: artifact files (incl. manifests and logs), broken
-    artifacts too (their evidence), stored model bundle files, and every file of an ORT model
-    package (its record too)."""
+    artifacts too (their evidence), stored model bundle files, every file of an ORT model
+    package (its record too), and the files a genai part's twin build compiled."""
     refs = set(session.scalars(select(ArtifactFile.digest)))
     for files in session.scalars(select(Model.files)):
         refs.update(f["digest"] for f in files if f.get("stored"))
@@ -127,6 +127,10 @@ def referenced_digests(session: Session) -> set[str]:
 
     for files in session.scalars(select(ModelPackageRow.files)):  # ORT model packages
         refs.update(f["digest"] for f in files)
+    from registry.models import TwinBuild
+
+    for output in session.scalars(select(TwinBuild.output).where(TwinBuild.output.is_not(None))):
+        refs.update(f["digest"] for f in (output or {}).get("files") or [])  # genai parts' twin builds
     return refs
 
 

@@ -115,7 +115,21 @@ def check_genai_folder(folder: Path, work_dir: Path, **kw: Any) -> dict[str, Any
 
 def genai_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, **kw: Any) -> dict[str, Any]:
     """The twin of a genai package (``workers.qnn.genai.run_twin``): its parts compiled without
-    sharing, generated from on the simulator against the source pipeline on the CPU EP."""
+    sharing (or given: ``compiled={stage name: context model}``, from ``genai_twin_compile_part``),
+    each part's prefill and one decode step checked on the simulator against the CPU EP (``parts``:
+    PSNR per output), and greedy tokens generated on the simulator against the source pipeline
+    on the CPU EP."""
     from workers.qnn.genai import run_twin
 
     return run_twin(export_dir, target, options, work_dir, **kw)
+
+
+def genai_twin_compile_part(export_dir: Path, part_index: int, target: Target, options: dict[str, Any],
+                            out_dir: Path, **kw: Any) -> dict[str, Any]:
+    """One part's twin contexts: its prefill and decode graph compiled WITHOUT sharing into
+    ``out_dir`` (``workers.qnn.genai.twin_compile_part``), as its own job. Returns ``{"files":
+    {stage name: context model path}, "graphs", "compile_seconds", ...}``; every part's files
+    together are ``genai_twin(..., compiled=...)``, which then compiles nothing."""
+    from workers.qnn.genai import twin_compile_part
+
+    return twin_compile_part(export_dir, part_index, target, options, out_dir, **kw)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from farm.core.settings import Settings
-from farm.pipeline.queues import COMPILE_TASK, PACKAGE_TASK, PROBE_TASK, make_app, send
+from farm.pipeline.queues import COMPILE_TASK, PACKAGE_TASK, PROBE_TASK, TWIN_TASK, make_app, send
 
 settings = Settings.from_env()
 app = make_app(settings)
@@ -201,6 +201,42 @@ def _published(ex: Any, queue: str | None, result: Any, taken: bool = False) -> 
     _finish(ex, queue, result, taken)
     if not executing.is_set():
         _busy(False)
+
+
+@app.task(name=TWIN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def compile_twin(self: Any, twin_id: int) -> str:
+    """A genai part's twin build (farm.pipeline.genai.twin_builds). Publication wins: the builds
+    queued on this toolchain's compile queue (the parts a package waits on) are taken from the
+    index first; then the twin compiles, niced and admitted after any compile that waits."""
+    if not isinstance(twin_id, int) or isinstance(twin_id, bool) or not 0 < twin_id < 2**31:
+        return "refused"
+    queue = self.request.delivery_info.get("routing_key") if self.request.delivery_info else None
+    if _draining() and queue:
+        send(app, TWIN_TASK, [twin_id], queue)
+        return "drained"
+    from farm.pipeline.genai.twin_builds import execute_twin
+    from farm.pipeline.queues import compile_queue
+    from registry.models import TwinBuild
+
+    ex = executor()
+    with ex.registry.db.session() as s:
+        row = s.get(TwinBuild, twin_id)
+        first = compile_queue(row.backend, row.toolchain) if row is not None and row.state == "queued" else None
+    try:
+        if first:
+            _next_builds(ex, first)
+    finally:
+        ex.idle()
+    executing.set()
+    _busy(True)
+    try:
+        result = execute_twin(ex, twin_id)
+    finally:
+        executing.clear()
+        _busy(False)
+    if result.outcome == "retry" and queue:
+        send(app, TWIN_TASK, [twin_id], queue, countdown=result.countdown)
+    return str(result.outcome)
 
 
 @app.task(name=PROBE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=3)

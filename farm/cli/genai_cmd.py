@@ -43,8 +43,9 @@ class PackageProgress(BuildProgress):
             self.say(f"published {target} {str(info['artifact'])[7:19]} at {info['at']}{pending}")
         elif event == "checking" and info.get("what") == "twin":
             self.settle()
-            self.say(f"twin {target}: compiling the parts without sharing, generating on the simulator "
-                     "(Ctrl-C leaves it pending; the same command again runs it)")
+            self.say(f"twin {target}: checking: the parts' twin builds (compiled without sharing, behind the "
+                     "package's own compiles), then the simulator against the CPU EP (Ctrl-C leaves it pending; "
+                     "the same command again runs it)")
         elif event == "twin":
             self.say(f"twin {target}: {twin_cell(info) or 'no figures'}"
                      + (f" ({str(info.get('detail'))[:300]})" if info.get("status") != "ok" and info.get("detail")

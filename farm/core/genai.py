@@ -80,6 +80,11 @@ _OPTION_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # The twin's fixed prompt (greedy generation from it on the CPU EP and on the simulator).
 TWIN_PROMPT = "The farm builds context binaries"
 TWIN_TOKENS = 16
+# The --require-twin gate on each part's check (prefill and one decode step on the simulator
+# against the CPU EP): every output at or above this PSNR. fp16 rounding of a well-scaled graph
+# gives 60-100 dB (the bench export, hidden 1024: 73.5-96 dB; the tiny test export likewise); a
+# broken graph or an fp16 overflow falls far below it. The figure --min-psnr's own hint gives.
+TWIN_MIN_PSNR = 30.0
 HINT = ("an export folder as Olive's QNN recipe or AI Hub leaves it: genai_config.json (decoder-pipeline), "
         "tokenizer files, CPU stages and per part a prefill and a decode graph (docs/shipping-llm.md)")
 

@@ -171,6 +171,7 @@ class MemoryGate:
         self.capacity_mb = capacity_mb
         self.reserved_mb = 0
         self.running = 0
+        self.waiting = 0  # admissions of normal priority waiting for room: a low one lets them go first
         self._measure = measure
         self._cond = threading.Condition()
 
@@ -197,20 +198,32 @@ class MemoryGate:
                      "fitted on this toolchain's recorded peaks (docs/large-models.md)")
 
     @contextmanager
-    def admit(self, need_mb: int, what: str, stop: Any = None, poll: float = 0.5) -> Iterator[None]:
+    def admit(self, need_mb: int, what: str, stop: Any = None, poll: float = 0.5, *,
+              low: bool = False) -> Iterator[None]:
         """Hold ``need_mb`` while the block runs; wait until it fits beside those running (``stop``:
-        an Event-like flag that ends the wait by raising Interrupted)."""
+        an Event-like flag that ends the wait by raising Interrupted). ``low`` (a genai part's twin
+        build): it also waits while an admission of normal priority waits, so a compile that a
+        publication waits on is never kept out by one that only follows it."""
         self.check(need_mb, what)
         with self._cond:
-            while (self.capacity_mb is not None and self.running
-                   and self.reserved_mb + need_mb > self.capacity_mb):
-                if stop is not None and stop.is_set():
-                    from farm.core.errors import Interrupted, LeaseLostError
+            counted = False
+            try:
+                while ((low and self.waiting > 0) or (self.capacity_mb is not None and self.running
+                                                      and self.reserved_mb + need_mb > self.capacity_mb)):
+                    if not low and not counted:
+                        self.waiting += 1
+                        counted = True
+                    if stop is not None and stop.is_set():
+                        from farm.core.errors import Interrupted, LeaseLostError
 
-                    if getattr(stop, "signum", None):
-                        raise Interrupted(stop.signum)
-                    raise LeaseLostError(f"{what}: stopped while waiting for memory")
-                self._cond.wait(poll)
+                        if getattr(stop, "signum", None):
+                            raise Interrupted(stop.signum)
+                        raise LeaseLostError(f"{what}: stopped while waiting for memory")
+                    self._cond.wait(poll)
+            finally:
+                if counted:
+                    self.waiting -= 1
+                    self._cond.notify_all()
             self.reserved_mb += need_mb
             self.running += 1
         try:

@@ -165,14 +165,19 @@ def build(settings: Settings, model: str | Path | GroupBundle, target_refs: Sequ
 def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], target_refs: Sequence[str],
                option_pairs: Sequence[str] = (), *, name: str | None = None, tag: str | None = None,
                progress: Sequence[Progress] = (), registry: Registry | None = None, retry_failed: bool = False,
-               force_tag: bool = False, require_full_offload: bool = False, early: Any = None) -> list[BuildReport]:
+               force_tag: bool = False, require_full_offload: bool = False, early: Any = None,
+               executors: dict[str, Any] | None = None, pool: Any = None,
+               after: Sequence[Callable[[], Any]] = ()) -> list[BuildReport]:
     """Embedded, several models: every (model, target) build shares one pool of ``build_jobs``
     (12 builds on 2 CPUs run 2 at a time across models, not model by model). A report per model,
     in the order given; ``progress[i]`` hears models[i]'s events. Everything is validated and
     every model's snapshot and builds are recorded before the first compile starts, except the
     compiles ``early`` (``farm.pipeline.early.start``, the CLI's) started before the pipeline:
     a claimed build adopts the one that is exactly its own compile. The caller closes ``early``.
-    ``name``/``tag`` name one model: with several, a usage error."""
+    ``name``/``tag`` name one model: with several, a usage error. ``executors`` (by backend) and
+    ``pool`` (a thread pool the caller owns and shuts down): the caller's, shared with the work
+    it queues behind these builds, ``after`` (a genai package's twin builds): submitted to the
+    pool once every build is, never waited for here."""
     from farm.pipeline.execute import Executor, interruptible
     from workers.backends import get_runner
 
@@ -183,7 +188,7 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
                          hint="build the named model in its own `farm build --name N --tag T`")
     req = parse_build_request(target_refs, option_pairs, name, tag, require_full_offload)
     name, tag, targets, options, gated = req.name, req.tag, req.targets, req.options, req.gated
-    executors: dict[str, Executor] = {}
+    executors = dict(executors or {})
     own = registry is None
     reg = registry or Registry.open(settings)
     try:
@@ -213,7 +218,7 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
                     planned.append((t, spec, build_id, listen))
             reports.append(BuildReport(bundle.digest, name or bundle.stem, tag, tag_moved=moved_from))
         with interruptible():
-            outcomes = _run_all(settings, reg, executors, planned, gate=gated)
+            outcomes = _run_all(settings, reg, executors, planned, gate=gated, pool=pool, after=after)
         for i, report in enumerate(reports):
             report.outcomes.extend(outcomes[i * len(targets):(i + 1) * len(targets)])
         return reports
@@ -223,8 +228,8 @@ def build_many(settings: Settings, models: Sequence[str | Path | GroupBundle], t
 
 
 def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
-             planned: list[tuple[Target, states.BuildSpec, int, Progress]], *, gate: bool = False
-             ) -> list[BuildOutcome]:
+             planned: list[tuple[Target, states.BuildSpec, int, Progress]], *, gate: bool = False,
+             pool: Any = None, after: Sequence[Callable[[], Any]] = ()) -> list[BuildOutcome]:
     """Run the planned builds here, ``build_jobs`` at a time (each compile in its own warm host,
     workers.host: no process started per target). Outcomes in the order planned.
 
@@ -233,7 +238,7 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     lease in its own thread, builds not yet started do not start, and once all have unwound the
     main thread raises the signal on."""
     jobs = build_jobs(settings, len(planned))
-    if jobs <= 1:
+    if jobs <= 1 and pool is None:
         return [_run_here(reg, executors[t.backend], t, spec, build_id, progress, gate=gate)
                 for t, spec, build_id, progress in planned]
     from concurrent.futures import ThreadPoolExecutor, wait
@@ -250,11 +255,14 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
             raise Interrupted(stop.signum)
         return _run_here(reg, executors[t.backend], t, spec, build_id, progress, stop=stop, gate=gate)
 
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build")
+    owned = pool is None
+    pool = pool or ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build")
     futures = []
     try:
         for t, spec, build_id, progress in planned:
             futures.append(pool.submit(one, t, spec, build_id, progress))
+        for job in after:  # behind every build: taken by the pool's threads as they come free
+            pool.submit(job)
         wait(futures)
     except BaseException as exc:
         stop.set(getattr(exc, "signum", 2))
@@ -263,7 +271,8 @@ def _run_all(settings: Settings, reg: Registry, executors: dict[str, Any],
     else:
         return [f.result() for f in futures]
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
         for ex in executors.values():
             ex.interrupt = None
 

@@ -19,6 +19,9 @@ PROBE_TASK = "ctxfarm.probe_artifact"
 # An ORT model package made by a worker for a service without onnxruntime >= 1.32 (sent to the
 # probe queue of a worker that has it: farm.pipeline.package_jobs).
 PACKAGE_TASK = "ctxfarm.make_package"
+# A genai part's twin build (farm.pipeline.genai.twin_builds), sent to the genai queue of its SDK:
+# only the workers that make packages (and run their twin) take it.
+TWIN_TASK = "ctxfarm.compile_twin"
 
 
 def compile_queue(backend: str, toolchain: str, target: str | None = None) -> str:
@@ -126,9 +129,9 @@ _PRIORITY_SEP = "\x06\x16"
 PENDING_SCAN_LIMIT = 10000
 
 
-def _build_id_of(raw: bytes | str) -> int | None:
-    """The build id of a compile message as kombu's Redis transport stores it; None for any
-    other message."""
+def _build_id_of(raw: bytes | str, task: str = COMPILE_TASK) -> int | None:
+    """The build id of a compile message (``task``: of a twin build's) as kombu's Redis transport
+    stores it; None for any other message."""
     import base64
     import json
 
@@ -138,7 +141,7 @@ def _build_id_of(raw: bytes | str) -> int | None:
         if msg.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args = json.loads(body)[0]
-        if msg.get("headers", {}).get("task") == COMPILE_TASK and args:
+        if msg.get("headers", {}).get("task") == task and args:
             return int(args[0])
     except (ValueError, KeyError, TypeError, IndexError):
         pass
@@ -160,10 +163,11 @@ def unlist(client: Any, queue: str, build_id: int) -> bool:
     return False
 
 
-def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDING_SCAN_LIMIT) -> set[int]:
-    """Build ids whose compile message still waits in one of these broker lists (not taken by
-    any worker). The reconciler re-sends only builds that have none, so a backlog is never
-    multiplied. Reads at most ``limit`` messages per list."""
+def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDING_SCAN_LIMIT,
+                      task: str = COMPILE_TASK) -> set[int]:
+    """Build ids whose compile message (``task``: twin builds') still waits in one of these
+    broker lists (not taken by any worker). The reconciler re-sends only builds that have none,
+    so a backlog is never multiplied. Reads at most ``limit`` messages per list."""
     import redis
 
     client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
@@ -173,7 +177,7 @@ def pending_build_ids(broker_url: str, queues: list[str], *, limit: int = PENDIN
             keys = [queue, *(k.decode() for k in client.scan_iter(match=f"{queue}{_PRIORITY_SEP}*", count=100))]
             for key in keys:
                 for raw in client.lrange(key, 0, limit - 1):
-                    build_id = _build_id_of(raw)
+                    build_id = _build_id_of(raw, task)
                     if build_id is not None:
                         out.add(build_id)
         return out

@@ -14,7 +14,15 @@ from typing import Any
 
 from farm.core.settings import Settings
 from farm.pipeline import states
-from farm.pipeline.queues import COMPILE_TASK, PROBE_TASK, pending_build_ids, probe_queue, send, shared_app
+from farm.pipeline.queues import (
+    COMPILE_TASK,
+    PROBE_TASK,
+    TWIN_TASK,
+    pending_build_ids,
+    probe_queue,
+    send,
+    shared_app,
+)
 from registry.index import Registry
 
 log = logging.getLogger("ctxfarm.reconcile")
@@ -30,6 +38,15 @@ def reconcile(settings: Settings, registry: Registry, app: Any, queues: list[str
     for build_id, queue in taken:
         log.warning("re-sending build %s to %s (no live message or executor)", build_id, queue)
         send(app, COMPILE_TASK, [build_id], queue)
+    # A genai part's twin builds (on the genai queues): the same rules, their own task.
+    from registry.models import TwinBuild
+
+    pending = pending_build_ids(settings.broker_url, queues, task=TWIN_TASK)
+    with registry.db.session() as s:
+        twins = states.take_orphans(s, queues, resend_after=settings.resend_after, pending=pending, table=TwinBuild)
+    for twin_id, queue in twins:
+        log.warning("re-sending twin build %s to %s (no live message or executor)", twin_id, queue)
+        send(app, TWIN_TASK, [twin_id], queue)
     return taken
 
 

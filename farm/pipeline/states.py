@@ -19,6 +19,10 @@ transition of that attempt is an UPDATE whose WHERE repeats all three plus the e
 and its row count is checked: an executor whose lease lapsed and was taken over changes nothing
 (``LeaseLostError``). Interruptions give the attempt back, so Ctrl-C never eats the budget that
 caps dead workers (``max_attempts``, then ``worker-lost``).
+
+The same machine runs a genai part's twin builds (``registry.models.TwinBuild``: the columns of
+``builds`` in a table of their own, which nothing that serves devices reads): a transition
+takes the table (``table=``), and a lease remembers the table of its row.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class Lease:
     build_id: int
     owner: str
     attempt: int
+    table: Any = Build  # the row's table: ``builds``, or ``twin_builds``
 
 
 @dataclass(frozen=True)
@@ -100,12 +105,13 @@ def _changed(session: Session, stmt: Any) -> int:
 
 
 def _guard(lease: Lease) -> tuple[Any, ...]:
-    return (Build.id == lease.build_id, Build.state == BuildState.RUNNING.value, Build.lease_owner == lease.owner,
-            Build.attempts == lease.attempt)
+    T = lease.table
+    return (T.id == lease.build_id, T.state == BuildState.RUNNING.value, T.lease_owner == lease.owner,
+            T.attempts == lease.attempt)
 
 
-def get_build(session: Session, build_id: int) -> Build:
-    row = session.get(Build, build_id)
+def get_build(session: Session, build_id: int, table: Any = Build) -> Any:
+    row = session.get(table, build_id)
     if row is None:
         raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
     return row
@@ -118,16 +124,18 @@ def lease_expired(build: Build, at: datetime | None = None) -> bool:
 
 # ---- transitions --------------------------------------------------------------------------------
 
-def enqueue(session: Session, spec: BuildSpec, queue: str | None, *, retry_failed: bool = False) -> tuple[int, bool]:
+def enqueue(session: Session, spec: BuildSpec, queue: str | None, *, retry_failed: bool = False,
+            table: Any = Build) -> tuple[int, bool]:
     """Insert the build row as ``queued`` (the UNIQUE build key dedupes) or reopen it.
 
     Reopened: a failure for an infrastructure reason (a new submission is a new chance, with a
     fresh attempt budget), any failure with ``retry_failed``, and a success whose artifact was
     marked broken. Returns (build id, whether work was queued by this call).
     """
-    row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+    T = table
+    row = session.scalar(select(T).where(T.build_key == spec.build_key))
     if row is None:
-        row = Build(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
+        row = T(build_key=spec.build_key, model_digest=spec.model_digest, backend=spec.backend,
                     target=spec.target, toolchain=spec.toolchain, options=spec.options,
                     options_digest=spec.options_digest, state=BuildState.QUEUED.value, attempts=0, queue=queue,
                     enqueued_at=now())
@@ -137,29 +145,30 @@ def enqueue(session: Session, spec: BuildSpec, queue: str | None, *, retry_faile
             return row.id, True
         except IntegrityError:
             # Lost the race on the UNIQUE key: the winner queued it (and sends its message).
-            row = session.scalar(select(Build).where(Build.build_key == spec.build_key))
+            row = session.scalar(select(T).where(T.build_key == spec.build_key))
             if row is None:
                 raise
             return row.id, False
     reopen = False
     if row.state == BuildState.FAILED:
         reopen = retry_failed or row.error_code not in DETERMINISTIC_FAILURES
-    elif row.state == BuildState.SUCCEEDED:
+    elif row.state == BuildState.SUCCEEDED and T is Build:
         status = session.scalar(select(Artifact.status).where(Artifact.build_id == row.id))
         reopen = status == "broken"
     if not reopen:
         return row.id, False
-    n = _changed(session, update(Build).where(Build.id == row.id, Build.state == row.state,
-                                               Build.attempts == row.attempts)
+    n = _changed(session, update(T).where(T.id == row.id, T.state == row.state, T.attempts == row.attempts)
                  .values(state=BuildState.QUEUED.value, attempts=0, error_code=None, error_message=None,
                          queue=queue, enqueued_at=now(), finished_at=None, lease_owner=None, lease_expires_at=None))
     return row.id, n == 1
 
 
-def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int) -> Claim:
+def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, max_attempts: int,
+          table: Any = Build) -> Claim:
     """Take a queued build, or one whose holder's lease ran out (it died), for one attempt."""
+    T = table
     # One SELECT that also overwrites a stale copy in the session (what get + refresh did in two).
-    row = session.get(Build, build_id, populate_existing=True)
+    row = session.get(T, build_id, populate_existing=True)
     if row is None:
         raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
     if row.state in FINAL:
@@ -167,11 +176,11 @@ def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, 
     t = now()
     if row.state == BuildState.RUNNING and not lease_expired(row, t):
         return Claim("busy", row.id)
-    expected = (Build.id == row.id, Build.state == row.state, Build.attempts == row.attempts,
-                Build.lease_owner.is_(None) if row.lease_owner is None else Build.lease_owner == row.lease_owner)
+    expected = (T.id == row.id, T.state == row.state, T.attempts == row.attempts,
+                T.lease_owner.is_(None) if row.lease_owner is None else T.lease_owner == row.lease_owner)
     if row.attempts >= max_attempts:
         # Every attempt so far died with its executor (a poison model, or a flaky host).
-        n = _changed(session, update(Build).where(*expected).values(
+        n = _changed(session, update(T).where(*expected).values(
             state=BuildState.FAILED.value, error_code="worker-lost",
             error_message=f"gave up after {row.attempts} attempt(s): the executor was lost each time"
                           + (f" (last: {row.error_message})" if row.error_message else ""),
@@ -179,12 +188,12 @@ def claim(session: Session, build_id: int, *, owner: str, lease_seconds: float, 
         return Claim("exhausted" if n else "busy", row.id)
     token = f"{owner}#{uuid.uuid4().hex[:8]}"
     attempt = row.attempts + 1
-    n = _changed(session, update(Build).where(*expected).values(
+    n = _changed(session, update(T).where(*expected).values(
         state=BuildState.RUNNING.value, attempts=attempt, lease_owner=token,
         lease_expires_at=t + timedelta(seconds=lease_seconds), started_at=t, finished_at=None, worker=owner))
     if n != 1:
         return Claim("busy", row.id)
-    return Claim("run", row.id, Lease(row.id, token, attempt))
+    return Claim("run", row.id, Lease(row.id, token, attempt, T))
 
 
 def part_builds(session: Session, package_build_id: int) -> list[int] | None:
@@ -216,14 +225,14 @@ def next_queued(session: Session, queue: str, *, lock: bool = True) -> int | Non
 
 def renew(session: Session, lease: Lease, lease_seconds: float) -> bool:
     """Extend our lease; False means it is no longer ours (stop working, publish nothing)."""
-    return _changed(session, update(Build).where(*_guard(lease))
+    return _changed(session, update(lease.table).where(*_guard(lease))
                     .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))) == 1
 
 
 def succeed(session: Session, lease: Lease, *, log: str | None, phases: dict[str, Any] | None = None) -> None:
     """running -> succeeded, in the publishing transaction (raises LeaseLostError, which rolls
     the artifact insert back with it). ``phases``: where the attempt's time went."""
-    n = _changed(session, update(Build).where(*_guard(lease)).values(
+    n = _changed(session, update(lease.table).where(*_guard(lease)).values(
         state=BuildState.SUCCEEDED.value, log=log, error_code=None, error_message=None, finished_at=now(),
         lease_owner=None, lease_expires_at=None, phases=phases))
     if n != 1:
@@ -233,7 +242,7 @@ def succeed(session: Session, lease: Lease, *, log: str | None, phases: dict[str
 def fail(session: Session, lease: Lease, code: str, message: str, log: str | None,
          phases: dict[str, Any] | None = None) -> bool:
     """running -> failed (deterministic failure, or the attempt cap reached)."""
-    return _changed(session, update(Build).where(*_guard(lease)).values(
+    return _changed(session, update(lease.table).where(*_guard(lease)).values(
         state=BuildState.FAILED.value, error_code=code, error_message=message, log=log, finished_at=now(),
         lease_owner=None, lease_expires_at=None, phases=phases)) == 1
 
@@ -242,7 +251,7 @@ def requeue(session: Session, lease: Lease, code: str, message: str, log: str | 
             phases: dict[str, Any] | None = None) -> bool:
     """running -> queued after an infrastructure failure with attempts left; the error is kept
     for status, and ``enqueued_at`` (not before) holds the reconciler off during the backoff."""
-    return _changed(session, update(Build).where(*_guard(lease)).values(
+    return _changed(session, update(lease.table).where(*_guard(lease)).values(
         state=BuildState.QUEUED.value, error_code=code, error_message=message, log=log, lease_owner=None,
         lease_expires_at=None, enqueued_at=now() + timedelta(seconds=delay), phases=phases)) == 1
 
@@ -250,7 +259,7 @@ def requeue(session: Session, lease: Lease, code: str, message: str, log: str | 
 def release(session: Session, lease: Lease, reason: str) -> bool:
     """running -> queued at once (SIGTERM/SIGINT): the next executor takes over without waiting
     for the lease to lapse, and the attempt is given back (an interruption is not a death)."""
-    return _changed(session, update(Build).where(*_guard(lease)).values(
+    return _changed(session, update(lease.table).where(*_guard(lease)).values(
         state=BuildState.QUEUED.value, attempts=lease.attempt - 1, error_code="interrupted",
         error_message=f"attempt {lease.attempt} interrupted ({reason}) at {now().isoformat(timespec='seconds')}",
         lease_owner=None, lease_expires_at=None, enqueued_at=now())) == 1
@@ -302,24 +311,25 @@ def abandon(session: Session, build_id: int, owner: str, code: str, message: str
 # ---- what the reconciler re-sends -----------------------------------------------------------------
 
 def take_orphans(session: Session, queues: list[str], *, resend_after: float, pending: set[int],
-                 limit: int = 200) -> list[tuple[int, str]]:
+                 limit: int = 200, table: Any = Build) -> list[tuple[int, str]]:
     """(build id, queue) of builds on these queues that have no live message, taken for a
     re-send: running under an expired lease (its executor died mid-build), or queued for
     ``resend_after`` seconds with no message waiting in the broker (``pending``: the worker that
     took it died before claiming, or the broker lost it). A compare-and-set on ``enqueued_at``
     makes one reconciler of many send each, at most once per ``resend_after``."""
+    T = table
     t = now()
     cutoff = t - timedelta(seconds=resend_after)
-    stale = Build.enqueued_at.is_(None) | (Build.enqueued_at <= cutoff)
-    dead = ((Build.state == BuildState.RUNNING.value) & (Build.lease_expires_at <= t)
-            & (stale | (Build.enqueued_at <= Build.lease_expires_at)))
-    waiting = (Build.state == BuildState.QUEUED.value) & stale
-    rows = session.execute(select(Build.id, Build.queue, Build.state).where(Build.queue.in_(queues), dead | waiting)
-                           .order_by(Build.id).limit(limit)).all()
+    stale = T.enqueued_at.is_(None) | (T.enqueued_at <= cutoff)
+    dead = ((T.state == BuildState.RUNNING.value) & (T.lease_expires_at <= t)
+            & (stale | (T.enqueued_at <= T.lease_expires_at)))
+    waiting = (T.state == BuildState.QUEUED.value) & stale
+    rows = session.execute(select(T.id, T.queue, T.state).where(T.queue.in_(queues), dead | waiting)
+                           .order_by(T.id).limit(limit)).all()
     taken: list[tuple[int, str]] = []
     for build_id, queue, state in rows:
         if state == BuildState.QUEUED and build_id in pending:
             continue  # its message waits behind a backlog: sending another only multiplies work
-        if _changed(session, update(Build).where(Build.id == build_id, dead | waiting).values(enqueued_at=now())):
+        if _changed(session, update(T).where(T.id == build_id, dead | waiting).values(enqueued_at=now())):
             taken.append((build_id, str(queue)))
     return taken

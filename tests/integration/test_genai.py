@@ -82,7 +82,7 @@ def test_an_export_ships_as_one_folder_that_genai_opens(settings: Settings, farm
     assert res["artifact"] == pkg["artifact"] and res["verdict"] == "unverified"
     twin = res["twin"]
     assert twin["status"] == "ok", twin
-    assert twin["tokens_compared"] >= 8 and twin["tokens_matched"] == twin["tokens_compared"]
+    assert twin["tokens_compared"] >= 5 and twin["tokens_matched"] == twin["tokens_compared"]
     assert twin["first_step"]["psnr_db"] > 20
 
     shown = farm(farm_env, "show", pkg["artifact"]).stdout

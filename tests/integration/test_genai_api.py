@@ -265,10 +265,15 @@ RAISING_STAGES = [
     ("farm.pipeline.genai.assembly", "check_folder"),
     ("workers.backends", "check_genai_folder"),
     ("farm.pipeline.genai.twin", "run_twin"),
+    ("farm.pipeline.genai.twin_builds", "execute_twin"),     # a part's twin build, after publication
+    ("farm.pipeline.genai.twin_builds", "collect_compiled"),  # the twin builds' contexts for the check
     ("farm.pipeline.genai.assembly", "_publish"),
     ("farm.pipeline.genai", "ready_packages"),              # the fan-in
     ("farm.pipeline.accuracy", "after_publish"),
 ]
+
+
+TWIN_STAGES = ("run_twin", "execute_twin", "collect_compiled")  # after publication: the twin's own
 
 
 @pytest.mark.parametrize("module,attr", RAISING_STAGES, ids=[a for _, a in RAISING_STAGES])
@@ -319,20 +324,25 @@ def test_a_stage_that_raises_ends_its_build_finishes_the_release_and_frees_the_q
         assert all(b["state"] in ("succeeded", "failed") for b in st["builds"]), st
         failed = [b for b in st["builds"] if b["state"] == "failed"]
         assert all(b["error_code"] and b["error_message"] for b in failed), failed
-        if attr not in ("after_publish", "run_twin"):  # those raise after publication: the builds are sound
+        after_publication = ("after_publish", *TWIN_STAGES)
+        if attr not in after_publication:  # those raise after publication: the builds are sound
             assert failed and failed[-1]["error_code"] == "internal-error", st
-        if attr == "run_twin":  # the package is published; its twin is recorded with what it raised
+        if attr in TWIN_STAGES:  # the package is published; its twin is recorded with what it raised
             assert not failed, st
-            reg = Registry.open(settings)
-            try:
-                from registry.models import Artifact
+            from registry.models import Artifact
 
-                with reg.db.session() as s:
-                    twins = [(a.description or {}).get("twin") for a in s.query(Artifact).all()]
+            reg = Registry.open(settings)
+            deadline = time.monotonic() + 120  # the twin follows publication: its builds first
+            try:
+                while True:
+                    with reg.db.session() as s:
+                        tw = next(t for a in s.query(Artifact).all() if (t := (a.description or {}).get("twin")))
+                    if tw["status"] != "pending" or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
             finally:
                 reg.close()
-            tw = next(t for t in twins if t)
-            assert tw["status"] == "unverified" and "run_twin raised" in tw["detail"], tw
+            assert tw["status"] == "unverified" and f"{attr} raised" in tw["detail"], tw
         # The quota is free: the token's next release is taken (and ends as well).
         again = release(c, {"files": files, "targets": ["qnn:SM8650"]})
         assert again["done"], again

@@ -48,11 +48,33 @@ def test_submit_genai_fans_out_to_workers_and_answers_one_folder(farm_cluster: F
             break
         time.sleep(0.5)
     assert res["twin"]["status"] == "ok" and res["twin"]["tokens_matched"] == res["twin"]["tokens_compared"]
+    # The twin ran on its parts' twin builds (sent at submission, compiled by the workers as
+    # builds of their own), nothing compiled in the check itself; no twin build is a build.
+    twins = _twin_rows(farm_cluster)
+    assert res["twin"]["compiled"] == "given" and sorted(res["twin"]["twin_builds"]["builds"]) == sorted(twins)
+    assert len(twins) == 2 and all(t["state"] == "succeeded" and t["options"]["twin"] for t in twins.values())
+    assert len(farm_cluster.builds()) == 3
 
     # Submitted again: every build answered from the index, shown as cached, nothing sent.
     again = farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/tiny", "--tag",
                              "c", "--wait")
     assert again.stdout.count("cached") == 3 and "succeeded" not in again.stdout, again.stdout
+    assert _twin_rows(farm_cluster) == twins  # no twin build queued or run again
+
+
+def _twin_rows(farm: Farm) -> dict[int, dict[str, object]]:
+    """The farm's twin builds by id: state, attempts, options, when they finished."""
+    from sqlalchemy import select
+
+    from registry.models import TwinBuild
+
+    reg = farm.db()
+    try:
+        with reg.db.session() as s:
+            return {t.id: {"state": t.state, "attempts": t.attempts, "options": dict(t.options),
+                           "finished_at": t.finished_at} for t in s.scalars(select(TwinBuild))}
+    finally:
+        reg.close()
 
 
 def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811

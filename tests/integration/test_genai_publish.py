@@ -40,7 +40,7 @@ def test_the_package_resolves_before_its_twin_is_recorded(settings: Settings, fa
         assert proc.stderr is not None
         for line in proc.stderr:  # the progress lines, as they come
             seen.append(line)
-            if line.strip().startswith("twin qnn:SM8650: compiling"):
+            if line.strip().startswith("twin qnn:SM8650: checking"):
                 break
         # Held right after it said the twin starts (its answer printed before that): the twin
         # can't be recorded while the command is stopped, whatever its child does.
@@ -75,7 +75,7 @@ def test_the_package_resolves_before_its_twin_is_recorded(settings: Settings, fa
 
     # The same command again: answered from the index, and it runs the pending twin.
     again = farm(farm_env, *build)
-    assert " cached " in again.stdout and "twin qnn:SM8650: compiling" in again.stderr, again.stderr
+    assert " cached " in again.stdout and "twin qnn:SM8650: checking" in again.stderr, again.stderr
     assert _twin(farm_env)[0] == artifact
     twin = _twin(farm_env)[1]
     assert twin["status"] == "ok" and twin["tokens_matched"] == twin["tokens_compared"], twin
@@ -86,16 +86,19 @@ def test_the_package_resolves_before_its_twin_is_recorded(settings: Settings, fa
 
 
 def test_require_twin_answers_twin_mismatch_on_a_published_package(farm_env: dict[str, str], tmp_path: Path) -> None:
-    """A twin that could not run (here: a budget it can't fit in) is recorded evidence on the
-    published package; with --require-twin it is the command's answer."""
+    """A twin that could not run (here: a part's twin build failed before, as one past its memory
+    cap does) is recorded evidence on the published package; with --require-twin it is the
+    command's answer."""
+    from tests.integration.test_genai_twin_builds import fail_twin_build
+
     export = make_export(tmp_path / "export")
     build = ("build", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/tw", "--tag", "t")
     first = farm(farm_env, *build, "--no-twin")
     assert "twin not run (--no-twin)" in first.stderr
-    # The twin child's own watchdog stops it at 0.05 s: before it has imported its runtime.
-    got = farm({**farm_env, "FARM_ACCURACY_BUDGET": "0.05"}, *build, "--require-twin", "--json", check=False)
+    fail_twin_build(Settings.from_env(farm_env), part=0)
+    got = farm(farm_env, *build, "--require-twin", "--json", check=False)
     assert got.returncode == 1, (got.stdout, got.stderr)
     (b,) = json.loads(got.stdout)["builds"]
     assert b["error_code"] == "twin-mismatch" and b["artifact"], b
     artifact, twin = _twin(farm_env)  # still published, the twin's failure recorded on it
-    assert artifact == b["artifact"] and twin["status"] == "unverified", twin
+    assert artifact == b["artifact"] and twin["status"] == "unverified" and "part 0's twin build" in twin["detail"], twin

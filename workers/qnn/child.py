@@ -156,12 +156,18 @@ def compile_group(req: dict[str, Any]) -> dict[str, Any]:
     from its own directory by its own fixed file name (see ``compile_model``)."""
     ort, _ = _session_options(None)
     members = req["group"]
+    # A twin build (``share`` false): each graph alone, a binary of its own (what the simulator
+    # runs), at a lower priority than the compiles a publication waits on (``nice``).
+    share = bool(req.get("share", True))
+    if int(req.get("nice", 0)) > 0:
+        os.nice(int(req["nice"]))
     graphs = []
     start = time.perf_counter()
     for i, m in enumerate(members):
         _, so = _session_options(req["provider_options"])
-        so.add_session_config_entry("ep.share_ep_contexts", "1")
-        if m.get("stop", i == len(members) - 1):  # the last graph of a part ends its binaries
+        if share:
+            so.add_session_config_entry("ep.share_ep_contexts", "1")
+        if share and m.get("stop", i == len(members) - 1):  # the last graph of a part ends its binaries
             so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
         os.chdir(os.path.dirname(os.path.abspath(m["model"])))
         name = os.path.basename(m["model"])

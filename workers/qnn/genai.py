@@ -20,17 +20,23 @@
 
 from __future__ import annotations
 
+import os
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from farm.core.catalog import Target
-from farm.core.errors import WorkerLostError
+from farm.core.errors import FarmError, WorkerLostError
 from farm.core.genai import TWIN_PROMPT, TWIN_TOKENS
 from workers.runner import run_child
 
 MODULE = "workers.qnn.genai_child"
 TWIN_MIN_TOKENS = 4  # compared, always (fewer only where the KV cache can't hold them)
 GENERATE_SHARE = 20  # the twin's generation past the minimum: within timeout / GENERATE_SHARE
+HVX_THREADS = 4  # the threads the HTP simulator runs a graph on (genai_child.HVX_THREADS)
 
 
 def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None, timeout: float = 300.0,
@@ -60,39 +66,252 @@ def prestart_check(*, python: str | None = None) -> None:
     pool_for(MODULE, python=python).prestart(1)
 
 
-def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, *,
-             tokens: int = TWIN_TOKENS, min_tokens: int = TWIN_MIN_TOKENS, generate_seconds: float | None = None,
-             prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
-             python: str | None = None) -> dict[str, Any]:
-    """The twin check of an export folder for ``target`` (compiled with the build's own
-    provider options, ``workers.qnn.runner.provider_options``, but the quickest finalization).
-    ``nice``: the child's niceness (a worker's twin yields to its compiles; a command that waits
-    on its twin gives 0). Raises
-    ``BadGenaiError`` for an export that can't be mapped, ``ToolchainError`` when the EP compiles
-    no node; a runtime that dies while generating is ``status: runtime-crashed`` with the steps
-    it finished."""
+def twin_compile_options(target: Target, options: dict[str, Any]) -> dict[str, str]:
+    """The provider options the twin's graphs are compiled with: the build's own
+    (``workers.qnn.runner.provider_options``) but the quickest finalization."""
     from workers.qnn.runner import provider_options
 
-    work_dir.mkdir(parents=True, exist_ok=True)
     # The twin checks what the graphs compute, which the finalization mode does not change: mode 1
     # (the quickest prepare) gave bit-identical outputs on the simulator for a prefill and a decode
     # graph (hidden 1024, 4 layers) against the default, in 0.81-0.86 s of CPU against 1.32-1.45
     # s a compile; its runs took 1.06 s against 0.94 (decode) and 3.09 against 3.12 (prefill).
-    compile_options = {**provider_options(target, options), "htp_graph_finalization_optimization_mode": "1"}
-    req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
-           "provider_options": compile_options, "tokens": int(tokens), "prompt": prompt,
-           "min_tokens": int(min_tokens), "nice": int(nice),
-           "generate_seconds": float(generate_seconds if generate_seconds is not None else timeout / GENERATE_SHARE)}
-    try:
-        result, wall, _ = run_child(MODULE, "twin", req, work_dir, timeout=timeout, memory_mb=memory_mb,
-                                    python=python)
-    except WorkerLostError as exc:  # died before its first checkpoint: during the compile
-        return {"status": "runtime-crashed", "detail": exc.message, "tokens_compared": int(tokens),
-                "tokens_matched": 0, "prompt": prompt}
+    return {**provider_options(target, options), "htp_graph_finalization_optimization_mode": "1"}
+
+
+def twin_compile_part(export_dir: Path, part_index: int, target: Target, options: dict[str, Any], out_dir: Path, *,
+                      timeout: float = 600.0, nice: int = 10, memory_mb: int = 0, python: str | None = None,
+                      cpus: list[int] | None = None) -> dict[str, Any]:
+    """Part ``part_index``'s prefill and decode graph compiled WITHOUT sharing into ``out_dir``
+    (a child process; the twin's contexts, so a farm build can run one part's as its own job).
+    Returns ``{"part", "files": {stage name: absolute path of the context model, its .bin
+    beside it}, "graphs": {role: compile seconds and placement}, "compile_seconds",
+    "wall_seconds"}``; pass the files of every part as ``run_twin(compiled=...)``. Raises
+    ``BadGenaiError`` (no such part, an export that can't be mapped), ``ToolchainError`` (the
+    EP compiled no node), ``worker-lost`` / ``resource-limit`` for a child that dies."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    req = {"export": str(Path(export_dir).resolve()), "part": int(part_index), "out_dir": str(out_dir.resolve()),
+           "provider_options": twin_compile_options(target, options), "nice": int(nice), "cpus": cpus}
+    result, wall, _ = run_child(MODULE, "compile_part", req, out_dir, timeout=timeout, memory_mb=memory_mb,
+                                python=python)
     result.pop("ok", None)
-    result.pop("partial", None)
-    if result.get("crashed"):
-        result["status"] = "runtime-crashed"
-        result["detail"] = f"{result.get('detail')}: {result.pop('crashed')}"
     result["wall_seconds"] = round(wall, 3)
     return result
+
+
+def cpu_slots(cpus: list[int], count: int) -> list[list[int]]:
+    """``cpus`` split into ``count`` disjoint sets for children that run at once: ``HVX_THREADS``
+    CPUs each where there are enough (the simulator runs a graph on that many threads), else one
+    each (a child's simulator threads stay on its set: with fewer CPUs than its threads, one is
+    faster than several, ``genai_child._simulator_cpus``); fewer sets when there are fewer CPUs."""
+    count = max(1, min(count, len(cpus)))
+    size = HVX_THREADS if len(cpus) // count >= HVX_THREADS else 1
+    return [cpus[i * size:(i + 1) * size] for i in range(count)]
+
+
+def memory_bound(part_bytes: list[int], available: int) -> int:
+    """How many part checks fit in ``available`` bytes at once: each holds its part's weights
+    about three times (the CPU EP session, the context binary, the simulator's copy), the
+    largest part counted for each; at least one."""
+    need = 3 * max(part_bytes, default=0)
+    return max(1, available // need) if need else len(part_bytes) or 1
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
+def _pooled(jobs: list[Callable[[list[int] | None], Any]], slots: list[list[int]]) -> list[Any]:
+    """Run ``jobs`` on threads, at most one per slot at a time, each given a free slot (its
+    CPUs); returns each job's result or the exception it raised, in order."""
+    free: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+    for slot in slots:
+        free.put(slot)
+
+    def one(job: Callable[[list[int] | None], Any]) -> Any:
+        slot = free.get()
+        try:
+            return job(slot)
+        except Exception as exc:  # noqa: BLE001 - handed back to the caller, who records it
+            return exc
+        finally:
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="twin") as pool:
+        return list(pool.map(one, jobs))
+
+
+def _part_failure(index: int, exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, WorkerLostError):
+        return {"part": index, "status": "runtime-crashed", "detail": f"part {index}: {exc.message[:1000]}"}
+    if isinstance(exc, FarmError):
+        return {"part": index, "status": "unverified", "detail": f"part {index}: {exc.code}: {exc.message[:1000]}"}
+    raise exc
+
+
+def worst_part(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The lowest PSNR over every part's prefill and decode outputs: ``{"part", "phase",
+    "output", "psnr_db"}`` (None without figures)."""
+    rows = [(v, p.get("part"), phase, name) for p in parts for phase in ("prefill", "decode")
+            for name, v in (p.get(phase) or {}).items() if isinstance(v, int | float)]
+    if not rows:
+        return None
+    v, part, phase, name = min(rows, key=lambda r: r[0])
+    return {"part": part, "phase": phase, "output": name, "psnr_db": v}
+
+
+def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir: Path, *,
+             tokens: int = TWIN_TOKENS, min_tokens: int = TWIN_MIN_TOKENS, generate_seconds: float | None = None,
+             prompt: str = TWIN_PROMPT, timeout: float = 900.0, nice: int = 10, memory_mb: int = 0,
+             python: str | None = None, compiled: dict[str, str] | None = None,
+             concurrent: bool | None = None, prefill_on: str = "cpu") -> dict[str, Any]:
+    """The twin check of an export folder for ``target`` (see the module docstring).
+    ``compiled``: {stage name: absolute path of its twin context model} for every part stage
+    (``twin_compile_part``'s files): nothing is compiled (``compiled: given``); else each part
+    is compiled here first, the parts at once (``here``). Then each part's check
+    (``parts``) and the end-to-end generation run in their own children; ``concurrent`` (default:
+    with 2 CPUs or more) runs the generation beside the part checks, on a CPU of its own, going on
+    past ``min_tokens`` while they run (else it follows them). ``prefill_on``: ``cpu`` runs the
+    generation's prefill stages on the CPU EP (the part checks ran each prefill graph on the
+    simulator), so its tokens past the first come from the simulator's decode steps.
+    ``nice``: the children's niceness (a worker's twin yields to its compiles; a command that
+    waits on its twin gives 0). Raises ``BadGenaiError`` for an export that can't be mapped,
+    ``ToolchainError`` when the EP compiles no node; a runtime that dies while generating is
+    ``status: runtime-crashed`` with the steps it finished."""
+    from farm.core.genai import read_export
+
+    start = time.perf_counter()
+    deadline = start + timeout
+    export = read_export(export_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stages = [st for p in export.parts for st in (p.prefill, p.decode)]
+    given = {k: str(v) for k, v in (compiled or {}).items()}
+    cpus = sorted(os.sched_getaffinity(0))
+    graphs: dict[str, Any] = {}
+    how = "given"
+    compile_wall = 0.0
+    left = lambda: max(1.0, deadline - time.perf_counter())  # noqa: E731
+    if not all(given.get(st.name) for st in stages):
+        how, given = "here", {}
+        t = time.perf_counter()
+        # The compiles are single-threaded: one part a CPU, all at once.
+        done = _pooled([lambda slot, i=p.index: twin_compile_part(
+            export_dir, i, target, options, work_dir / "twin-compile" / f"part{i}", timeout=left(), nice=nice,
+            memory_mb=memory_mb, python=python, cpus=slot) for p in export.parts],
+            cpu_slots(cpus, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory()))))
+        for r in done:
+            if isinstance(r, WorkerLostError):  # died during the compile
+                return {"status": "runtime-crashed", "detail": r.message, "tokens_compared": int(tokens),
+                        "tokens_matched": 0, "prompt": prompt, "compiled": how}
+            if isinstance(r, BaseException):
+                raise r
+            given.update(r["files"])
+            graphs.update(r["graphs"])
+        compile_wall = time.perf_counter() - t
+
+    concurrent = len(cpus) >= 2 if concurrent is None else concurrent
+    room = memory_bound(_part_bytes(export), _available_memory())
+    req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
+           "provider_options": twin_compile_options(target, options), "tokens": int(tokens), "prompt": prompt,
+           "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "prefill_on": prefill_on,
+           "generate_seconds": float(generate_seconds if generate_seconds is not None else timeout / GENERATE_SHARE)}
+    phases: dict[str, float] = {}
+    t_checks = time.perf_counter()
+
+    def generation(slot: list[int] | None) -> Any:
+        t = time.perf_counter()
+        gen_dir = work_dir / "generate"
+        gen_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return run_child(MODULE, "twin", {**req, "cpus": slot}, gen_dir, timeout=left(), memory_mb=memory_mb,
+                             python=python)
+        finally:
+            phases["generate"] = time.perf_counter() - t
+
+    def part_job(index: int) -> Callable[[list[int] | None], Any]:
+        def job(slot: list[int] | None) -> Any:
+            d = work_dir / "parts" / f"part{index}"
+            d.mkdir(parents=True, exist_ok=True)
+            p = export.parts[index]
+            preq = {"export": req["export"], "part": index, "work": str(d.resolve()), "prompt": prompt,
+                    "nice": int(nice), "cpus": slot,
+                    "compiled": {st.name: given[st.name] for st in (p.prefill, p.decode)}}
+            try:
+                result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
+                                         python=python)
+            finally:
+                phases["parts_check"] = time.perf_counter() - t_checks
+            return result
+        return job
+
+    jobs = [part_job(p.index) for p in export.parts]
+    if concurrent:
+        # The generation on a CPU of its own, the part checks on the others (each part one set,
+        # as many at once as there are sets). Past its minimum the generation goes on only while
+        # the part checks run (its CPU is not theirs: those tokens cost no wall time), within
+        # ``generate_seconds``.
+        stop = work_dir / "parts-done"
+        stop.unlink(missing_ok=True)
+        req["stop_file"] = str(stop.resolve())
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-generate") as pool:
+            gen_future = pool.submit(lambda: _pooled([generation], [[cpus[0]]])[0])
+            try:
+                part_results = _pooled(jobs, cpu_slots(cpus[1:], min(len(jobs), room)))
+            finally:
+                stop.touch()
+            gen = gen_future.result()
+    else:
+        part_results = _pooled(jobs, cpu_slots(cpus, min(len(jobs), room)))
+        gen = _pooled([lambda _slot: generation(None)], [cpus])[0]  # its own pinning (genai_child._pin)
+
+    parts: list[dict[str, Any]] = []
+    for p, r in zip(export.parts, part_results, strict=True):
+        if isinstance(r, BaseException):
+            parts.append(_part_failure(p.index, r))
+            continue
+        r.pop("ok", None)
+        if r.pop("partial", None) or r.get("crashed"):
+            r["status"] = "runtime-crashed"
+            r["detail"] = f"{r.get('detail')}: {r.pop('crashed', '')}"
+        parts.append(r)
+    if isinstance(gen, WorkerLostError):  # died before its first checkpoint
+        result: dict[str, Any] = {"status": "runtime-crashed", "detail": gen.message, "tokens_compared": int(tokens),
+                                  "tokens_matched": 0, "prompt": prompt}
+    elif isinstance(gen, BaseException):
+        raise gen
+    else:  # (result, wall, log)
+        result, _, _ = gen
+        result.pop("ok", None)
+        result.pop("partial", None)
+        if result.get("crashed"):
+            result["status"] = "runtime-crashed"
+            result["detail"] = f"{result.get('detail')}: {result.pop('crashed')}"
+    if how == "here":
+        result["graphs"] = graphs
+        result["compile_seconds"] = round(compile_wall, 3)
+    result["compiled"] = how
+    result["parts"] = parts
+    result["worst_part"] = worst_part(parts)
+    failed = next((p for p in parts if p.get("status") != "ok"), None)
+    if failed is not None and result.get("status") == "ok":  # a part that can't be checked: no verdict
+        result["status"], result["detail"] = failed["status"], failed.get("detail")
+    timing = result.setdefault("timing", {})
+    timing.update({"compile": round(compile_wall, 3), "parts_check": round(phases.get("parts_check", 0.0), 3),
+                   "generate": round(phases.get("generate", 0.0), 3), "concurrent": bool(concurrent)})
+    result["wall_seconds"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _part_bytes(export: Any) -> list[int]:
+    """Each part's weights in bytes (its graphs and their external data)."""
+    out = []
+    for p in export.parts:
+        files = {p.prefill.graph.file, p.decode.graph.file, *p.data}
+        out.append(sum(export.path(f).stat().st_size for f in files))
+    return out

@@ -4,6 +4,8 @@ imports onnxruntime_genai.
 
     python -m workers.qnn.genai_child check REQUEST.json RESULT.json
     python -m workers.qnn.genai_child twin  REQUEST.json RESULT.json
+    python -m workers.qnn.genai_child part_check REQUEST.json RESULT.json
+    python -m workers.qnn.genai_child compile_part REQUEST.json RESULT.json
 
 Run only as a child process (``workers.runner.run_child``): a simulator that crashes or hangs
 costs one record, never the worker.
@@ -110,12 +112,14 @@ def _folder(export: genai.GenaiExport, out: Path, files: dict[str, str], carried
 
 
 def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *, minimum: int | None = None,
-             seconds: float | None = None) -> dict[str, Any]:
+             seconds: float | None = None, stop_file: Path | None = None) -> dict[str, Any]:
     """Greedy generation of ``tokens`` tokens from ``prompt`` through onnxruntime-genai (fewer
     where prompt and tokens would pass ``limit``, the KV-cache length): the prompt's ids, the
     tokens, each step's logits (the distribution the token was taken from), and the timings.
     ``minimum`` and ``seconds``: past ``minimum`` tokens, stop before a step that would take the
-    generation (prefill included) past ``seconds`` (``stopped``: ``budget``; else ``tokens``)."""
+    generation (prefill included) past ``seconds`` (``stopped``: ``budget``), or once ``stop_file``
+    exists (``stopped``: ``parts-done``: the parent's part checks finished, so a further token
+    would cost wall time, not use a CPU that was free); else ``tokens``."""
     import numpy as np
     import onnxruntime_genai as og
 
@@ -145,20 +149,24 @@ def generate(folder: Path, prompt: str, tokens: int, limit: int | None = None, *
         logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
-        if (minimum is not None and seconds is not None and minimum <= len(out) < tokens
-                and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds):
-            stopped = "budget"
-            break
+        if minimum is not None and minimum <= len(out) < tokens:
+            if seconds is not None and time.perf_counter() - t0 + (time.perf_counter() - step) > seconds:
+                stopped = "budget"
+                break
+            if stop_file is not None and stop_file.exists():
+                stopped = "parts-done"
+                break
     decode = time.perf_counter() - t
     return {"prompt_ids": ids, "tokens": out, "logits": logits, "load_seconds": load, "prefill_seconds": prefill,
             "decode_seconds_per_token": decode / max(1, len(out)), "stopped": stopped}
 
 
-def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
+def compare_runs(ref: dict[str, Any], twin: dict[str, Any], *, first: int = 0) -> dict[str, Any]:
     """Tokens matched (the common prefix: after a first difference the two runs see different
     text), where they first differ and by how much the reference preferred its token there (a
     near-tie flipped by the HTP's fp16 is a small gap; a broken graph a large one), the largest
-    logit error over the steps both ran on the same text, and the first step's logits PSNR."""
+    logit error over the steps both ran on the same text, and the logits PSNR of step ``first``
+    (``first_step``: the first step the HTP computed; 1 when the prefill ran on the CPU EP)."""
     import numpy as np
 
     from workers.qnn.accuracy import compare
@@ -173,11 +181,304 @@ def compare_runs(ref: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
                            "first_mismatch": None if matched == len(a) else matched,
                            "mismatch_logit_gap": None,
                            "max_logit_error": round(max(errors), 6) if errors else None,
-                           "first_step": compare(ref["logits"][0], twin["logits"][0]) if a and b else None}
+                           "first_step": (compare(ref["logits"][first], twin["logits"][first])
+                                          if len(a) > first and len(b) > first else None)}
     if matched < len(a) and matched < len(b):
         lg = ref["logits"][matched]
         out["mismatch_logit_gap"] = round(float(lg[a[matched]] - lg[b[matched]]), 6)
     return out
+
+
+# ---- the twin's compiles -----------------------------------------------------------------------------
+
+def twin_file(part: int, kind: str) -> str:
+    """The fixed name of a part graph's twin context model (its binary: ``..._ctx_qnn.bin``)."""
+    return f"part{part}_{kind}_ctx.onnx"
+
+
+def _compile_parts(export: genai.GenaiExport, parts: list[genai.Part], out: Path,
+                   provider_options: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Each graph of ``parts`` compiled alone (no weight sharing: the simulator crashes on shared
+    contexts), from the export's own folder (external data resolves beside the graph), to
+    ``out/twin_file(...)``. Returns ({stage name: absolute path}, {role: compile seconds and
+    placement}); ``ToolchainError`` when the EP compiled no node of a graph."""
+    import onnxruntime as ort
+
+    from workers.epcontext import read_epcontext
+    from workers.qnn.child import _session_options
+
+    files: dict[str, str] = {}
+    graphs: dict[str, Any] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    here = os.getcwd()
+    try:
+        os.chdir(export.root)
+        for p in parts:
+            for st in (p.prefill, p.decode):
+                _, so = _session_options(dict(provider_options))
+                path = out / twin_file(p.index, st.kind)
+                t = time.perf_counter()
+                ort.ModelCompiler(so, st.graph.file, embed_compiled_data_into_model=False).compile_to_file(str(path))
+                nodes, placement = read_epcontext(path)
+                if not nodes:  # e.g. an SoC this SDK does not know: the "twin" would run on the CPU
+                    raise ToolchainError(f"{st.graph.file}: the QNN EP compiled no node of it; no twin to run")
+                graphs[st.role] = {"compile_seconds": round(time.perf_counter() - t, 3), **placement}
+                files[st.name] = str(path.resolve())
+    finally:
+        os.chdir(here)
+    return files, graphs
+
+
+def compile_part(req: dict[str, Any]) -> dict[str, Any]:
+    """One part's prefill and decode graph compiled without sharing into ``out_dir`` (a farm build
+    can run each part's twin compile as its own job): ``{"files": {stage name: path},
+    "graphs": {role: compile seconds, placement}, "compile_seconds"}``."""
+    os.nice(int(req.get("nice", 10)))
+    _pin(req.get("cpus"))
+    export = genai.read_export(req["export"])
+    index = int(req["part"])
+    if not 0 <= index < len(export.parts):
+        raise BadGenaiError(f"the export has {len(export.parts)} part(s), no part {index}")
+    t = time.perf_counter()
+    files, graphs = _compile_parts(export, [export.parts[index]], Path(req["out_dir"]),
+                                   dict(req.get("provider_options") or {}))
+    return {"part": index, "files": files, "graphs": graphs, "compile_seconds": round(time.perf_counter() - t, 3)}
+
+
+def _given_context(export: genai.GenaiExport, stage: genai.Stage, given: str, out: Path) -> dict[str, Any]:
+    """A precompiled twin context placed in the twin folder under our fixed name: the context
+    model copied (a few KiB) with its EPContext nodes pointing at fixed binary names, each binary
+    a symbolic link to the one beside ``given`` (checked to stay in that folder: a binary's name
+    is read from the file, never trusted). Returns its placement."""
+    import onnx
+
+    from farm.core.names import UnsafePathError, inside
+    from workers.epcontext import read_epcontext
+
+    src = Path(given)
+    if not src.is_absolute() or not src.is_file():
+        raise BadGenaiError(f"the compiled twin context of stage {stage.name!r} is not a file: {given}",
+                            hint="compiled: {stage name: absolute path of an EPContext .onnx, its .bin beside it}")
+    model = onnx.load(str(src), load_external_data=False)
+    name = twin_file(stage.part or 0, stage.kind)
+    renamed: dict[str, str] = {}
+    for node in model.graph.node:
+        for a in node.attribute:
+            if node.op_type != "EPContext" or a.name != "ep_cache_context":
+                continue
+            if next((x.i for x in node.attribute if x.name == "embed_mode"), 1) != 0:
+                continue
+            old = a.s.decode("utf-8", "replace")
+            if old not in renamed:
+                try:
+                    binary = inside(src.parent, old)
+                except UnsafePathError as exc:
+                    raise BadGenaiError(f"{src.name}: EPContext binary {exc}") from None
+                new = f"{name[:-5]}_qnn.bin" if not renamed else f"{name[:-5]}_qnn_{len(renamed)}.bin"
+                (out / new).unlink(missing_ok=True)
+                os.symlink(binary, out / new)
+                renamed[old] = new
+            a.s = renamed[old].encode()
+    onnx.save_model(model, str(out / name))
+    nodes, placement = read_epcontext(out / name, model)
+    if not nodes:
+        raise ToolchainError(f"{given}: holds no EPContext node (stage {stage.name!r}); no twin to run")
+    return {"compile_seconds": None, "given": True, **placement}
+
+
+def _pin(cpus: Any) -> int:
+    """This process (and the simulator threads it starts from here on) on ``cpus`` when given
+    (those allowed here), else ``_simulator_cpus``'s choice. Returns how many CPUs it has."""
+    allowed = os.sched_getaffinity(0)
+    want = {int(c) for c in cpus if int(c) in allowed} if isinstance(cpus, list) else set()
+    if want:
+        os.sched_setaffinity(0, want)
+        return len(want)
+    return _simulator_cpus()
+
+
+# ---- one part against the CPU EP ---------------------------------------------------------------------
+
+# onnx element type -> numpy dtype name, for the inputs the check builds
+_NP = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
+
+
+def _np_dtype(elem: int, where: str) -> str:
+    if elem not in _NP:
+        raise BadGenaiError(f"{where}: element type {elem} is not one the twin's part check builds inputs of")
+    return _NP[elem]
+
+
+def part_feeds(export: genai.GenaiExport, part: genai.Part, kind: str, values: dict[str, Any], n: int,
+               past: dict[str, Any] | None) -> dict[str, Any]:
+    """The inputs of ``part``'s ``kind`` graph (``prefill`` or ``decode``): a hidden state or id
+    input from ``values`` (what the stages before it computed on the CPU EP), the KV cache zeros
+    for the prefill and ``past`` (the prefill's present outputs on the CPU EP) for the decode,
+    ``past_seq_len`` / ``total_seq_len`` as genai gives them after ``n`` prompt tokens (the
+    positions ``past_seq_len - S + 1 .. past_seq_len`` hold the chunk). A symbolic KV length is
+    the cache length; any other symbolic dimension 1."""
+    import numpy as np
+
+    graph = part.prefill.graph if kind == "prefill" else part.decode.graph
+    kv = export.kv
+    pasts = {kv.past_key % layer for layer in part.layers} | {kv.past_value % layer for layer in part.layers}
+    last = n - 1 if kind == "prefill" else n  # the position of the chunk's last token
+    feeds: dict[str, Any] = {}
+    for name, shape, elem in graph.inputs:
+        dtype = _np_dtype(elem, f"{graph.file}: input {name!r}")
+        dims = [d if isinstance(d, int) else (kv.length if name in pasts and i == 2 else 1)
+                for i, d in enumerate(shape)]
+        if name in values:
+            feeds[name] = np.asarray(values[name]).astype(dtype, copy=False)
+        elif name in pasts:
+            feeds[name] = (np.zeros(dims, dtype) if past is None else
+                           np.asarray(past[name]).astype(dtype, copy=False))
+        elif name == "past_seq_len":
+            feeds[name] = np.full(dims, last, dtype)
+        elif name == "total_seq_len":
+            feeds[name] = np.full(dims, last + 1, dtype)
+        else:
+            raise BadGenaiError(f"{graph.file}: input {name!r} is computed by no stage before part {part.index}",
+                                hint="a part's inputs are the KV cache, past_seq_len/total_seq_len and outputs of "
+                                     "the stages before it")
+    return feeds
+
+
+def _present_as_past(export: genai.GenaiExport, part: genai.Part, outputs: dict[str, Any]) -> dict[str, Any]:
+    kv = export.kv
+    out: dict[str, Any] = {}
+    for layer in part.layers:
+        out[kv.past_key % layer] = outputs[kv.present_key % layer]
+        out[kv.past_value % layer] = outputs[kv.present_value % layer]
+    return out
+
+
+def _cpu_run(export: genai.GenaiExport, file: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    """One graph of the export on the CPU EP (loaded, run once, released: a part of a real model
+    is GiBs, and the check holds one at a time)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(export.path(file)), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    want = {i.name for i in sess.get_inputs()}
+    return dict(zip(names, sess.run(names, {k: v for k, v in feeds.items() if k in want}), strict=True))
+
+
+def part_inputs(export: genai.GenaiExport, index: int, ids: list[int], pad: int | None) -> tuple[Any, Any, int]:
+    """(prefill values, decode values, n): what the stages before part ``index`` compute on the
+    CPU EP for the prompt ``ids`` (its first window's tokens, left-padded with ``pad`` to the
+    window, as genai's sliding window feeds a prompt shorter than it) and, for the decode, the
+    prompt's first token again (a real token at position n). CPU stages run when every input
+    they take is known (the embeddings first), the earlier parts in order."""
+    import numpy as np
+
+    w = export.kv.window
+    ids = ids[:w]
+    n = len(ids)
+    fill = pad if isinstance(pad, int) and pad >= 0 else ids[0]
+    sides: dict[str, dict[str, Any]] = {
+        "prefill": {"input_ids": np.asarray([[fill] * (w - n) + ids], np.int64)},
+        "decode": {"input_ids": np.asarray([[ids[0]]], np.int64)}}
+    pasts: dict[str, Any] = {}
+    for p in export.parts[:index]:
+        for kind in ("prefill", "decode"):
+            _cpu_stages(export, sides[kind])
+            st = p.prefill if kind == "prefill" else p.decode
+            out = _cpu_run(export, st.graph.file, part_feeds(export, p, kind, sides[kind], n,
+                                                             pasts if kind == "decode" else None))
+            if kind == "prefill":
+                pasts = _present_as_past(export, p, out)
+            sides[kind].update(out)
+    for kind in ("prefill", "decode"):
+        _cpu_stages(export, sides[kind])
+    return sides["prefill"], sides["decode"], n
+
+
+def _cpu_stages(export: genai.GenaiExport, values: dict[str, Any]) -> None:
+    """Run each CPU stage (not the lm_head) whose inputs are all in ``values`` and whose outputs
+    are not yet, in pipeline order (the embeddings on the ids)."""
+    import numpy as np
+
+    for st in export.cpu:
+        if st.kind == "lm_head" or all(o in values for o in st.graph.output_names):
+            continue
+        if all(i in values for i in st.graph.input_names):
+            feeds = {name: np.asarray(values[name]).astype(_np_dtype(elem, f"{st.graph.file}: input {name!r}"),
+                                                          copy=False)
+                     for name, _, elem in st.graph.inputs}
+            values.update(_cpu_run(export, st.graph.file, feeds))
+
+
+def _prompt_ids(export: genai.GenaiExport, folder: Path, prompt: str) -> list[int]:
+    """``prompt`` as onnxruntime-genai's tokenizer encodes it (a folder of the config and the
+    tokenizer files only: og.Config does not open the graphs)."""
+    og = _register_qnn()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    _folder(export, folder, {s.name: s.graph.file for s in export.stages}, list(export.tokenizer), [])
+    return [int(i) for i in og.Tokenizer(og.Config(str(folder))).encode(prompt)]
+
+
+def part_check(req: dict[str, Any]) -> dict[str, Any]:
+    """Part ``part`` of the export: its twin prefill graph and one decode step on the simulator
+    (the context models at ``compiled[stage name]``) against the export's graphs on the CPU EP,
+    with the same inputs (``part_inputs``; the decode takes the CPU prefill's KV cache), PSNR per
+    output. ``cpus``: the CPUs this child and its simulator threads run on."""
+    import onnxruntime as ort
+
+    from workers.childproc import checkpoint
+    from workers.qnn.accuracy import compare
+    from workers.qnn.child import _session_options
+
+    start = time.perf_counter()
+    os.nice(int(req.get("nice", 10)))
+    cpus = _pin(req.get("cpus"))
+    export = genai.read_export(req["export"])
+    index = int(req["part"])
+    if not 0 <= index < len(export.parts):
+        raise BadGenaiError(f"the export has {len(export.parts)} part(s), no part {index}")
+    p = export.parts[index]
+    compiled = dict(req.get("compiled") or {})
+    for st in (p.prefill, p.decode):
+        if not compiled.get(st.name):
+            raise BadGenaiError(f"no compiled twin context for stage {st.name!r} (part {index})")
+    timing: dict[str, float] = {}
+    t = time.perf_counter()
+    ids = _prompt_ids(export, Path(req["work"]) / "tokenizer", str(req.get("prompt") or genai.TWIN_PROMPT))
+    if not ids:
+        raise BadGenaiError("the twin's prompt encodes to no token", hint="give another prompt")
+    pad = export.config.get("model", {}).get("pad_token_id")
+    pre_in, dec_in, n = part_inputs(export, index, ids, pad if isinstance(pad, int) else None)
+    pre_feeds = part_feeds(export, p, "prefill", pre_in, n, None)
+    ref_pre = _cpu_run(export, p.prefill.graph.file, pre_feeds)
+    dec_feeds = part_feeds(export, p, "decode", dec_in, n, _present_as_past(export, p, ref_pre))
+    ref_dec = _cpu_run(export, p.decode.graph.file, dec_feeds)
+    timing["reference"] = round(time.perf_counter() - t, 3)
+    base: dict[str, Any] = {"part": index, "status": "runtime-crashed", "cpus": cpus, "prompt_tokens": n,
+                            "detail": f"part {index}: the simulator crashed running its twin prefill graph"}
+    checkpoint(base)
+    out: dict[str, Any] = {"part": index, "cpus": cpus, "prompt_tokens": n}
+    for kind, feeds, ref in (("prefill", pre_feeds, ref_pre), ("decode", dec_feeds, ref_dec)):
+        st = p.prefill if kind == "prefill" else p.decode
+        t = time.perf_counter()
+        _, so = _session_options({})
+        sess = ort.InferenceSession(compiled[st.name], so)
+        timing[f"{kind}_load"] = round(time.perf_counter() - t, 3)
+        names = [o.name for o in sess.get_outputs()]
+        t = time.perf_counter()
+        got = dict(zip(names, sess.run(names, feeds), strict=True))
+        timing[kind] = round(time.perf_counter() - t, 3)
+        del sess
+        out[kind] = {name: compare(ref[name], got[name])["psnr_db"] for name in st.graph.output_names}
+        if kind == "prefill":
+            checkpoint({**base, **out, "detail": f"part {index}: the simulator crashed running its twin decode graph"})
+    worst = min(((v, kind, name) for kind in ("prefill", "decode") for name, v in out[kind].items()),
+                default=None)
+    return {**out, "status": "ok", "detail": None,
+            "worst": {"phase": worst[1], "output": worst[2], "psnr_db": worst[0]} if worst else None,
+            "timing": timing, "seconds": round(time.perf_counter() - start, 3)}
 
 
 # The HTP simulator runs a graph on 4 busy HVX threads (thr_hvx_0..3, measured, QNN 2.51.0).
@@ -198,15 +499,14 @@ def _simulator_cpus() -> int:
 
 
 def twin(req: dict[str, Any]) -> dict[str, Any]:
-    """The twin check of an export: each part's prefill and decode graph compiled on their own
-    (no weight sharing: the simulator crashes on shared contexts), the twin folder run through
-    onnxruntime-genai on the HTP backend and the source pipeline on the CPU EP, ``tokens``
-    greedy tokens from ``prompt`` each. Steps finished before a crash are checkpointed."""
-    import onnxruntime as ort
-
+    """The twin's end-to-end generation: the twin folder (each part's prefill and decode graph
+    compiled on their own: no weight sharing, the simulator crashes on shared contexts) run
+    through onnxruntime-genai on the HTP backend and the source pipeline on the CPU EP, ``tokens``
+    greedy tokens from ``prompt`` each. ``compiled`` ({stage name: absolute path of a context
+    model, its binary beside it}) for every part stage: nothing is compiled here (``compiled``:
+    ``given``); else the parts are compiled first (``here``). ``cpus``: the CPUs the simulator
+    threads run on. Steps finished before a crash are checkpointed."""
     from workers.childproc import checkpoint
-    from workers.epcontext import read_epcontext
-    from workers.qnn.child import _session_options
 
     # A worker's twin yields the CPU to its compiles; the embedded command's twin is what it waits on.
     os.nice(int(req.get("nice", 10)))
@@ -226,31 +526,38 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     src_files = list(dict.fromkeys(f for s in export.stages for f in (s.graph.file, *s.graph.data)))
     _folder(export, src_dir, names, src_files + list(export.tokenizer), [])
 
-    # The twin: each part graph compiled alone, from the export's own folder (external data
-    # resolves beside the graph), to a fixed name of ours.
+    # The twin: the given context models, or each part graph compiled alone, to fixed names of ours.
+    given = dict(req.get("compiled") or {})
+    stages = [st for p in export.parts for st in (p.prefill, p.decode)]
     compiled: dict[str, str] = {s.name: s.graph.file for s in export.cpu}
-    graphs: dict[str, Any] = {}
     t0 = time.perf_counter()
-    here = os.getcwd()
-    try:
-        os.chdir(export.root)
+    if all(given.get(st.name) for st in stages):
+        graphs = {st.role: _given_context(export, st, str(given[st.name]), twin_dir) for st in stages}
+        compiled.update({st.name: twin_file(st.part or 0, st.kind) for st in stages})
+        how = "given"
+    else:
+        files, graphs = _compile_parts(export, list(export.parts), twin_dir, dict(req.get("provider_options") or {}))
+        compiled.update({name: Path(f).name for name, f in files.items()})
+        how = "here"
+    compile_seconds = time.perf_counter() - t0 if how == "here" else 0.0
+    prefill_on = str(req.get("prefill_on") or "qnn")
+    carried = export.carried_files()
+    if prefill_on == "cpu":  # the prefill graphs as exported (their figures are the part checks')
         for p in export.parts:
-            for st in (p.prefill, p.decode):
-                _, so = _session_options(dict(req.get("provider_options") or {}))
-                name = f"part{p.index}_{st.kind}_ctx.onnx"
-                t = time.perf_counter()
-                ort.ModelCompiler(so, st.graph.file, embed_compiled_data_into_model=False).compile_to_file(
-                    str(twin_dir / name))
-                nodes, placement = read_epcontext(twin_dir / name)
-                if not nodes:  # e.g. an SoC this SDK does not know: the "twin" would run on the CPU
-                    raise ToolchainError(f"{st.graph.file}: the QNN EP compiled no node of it; no twin to run")
-                graphs[st.role] = {"compile_seconds": round(time.perf_counter() - t, 3), **placement}
-                compiled[st.name] = name
-    finally:
-        os.chdir(here)
-    compile_seconds = time.perf_counter() - t0
-    _folder(export, twin_dir, compiled, export.carried_files(), None)  # QNN stages as the device runs them
+            compiled[p.prefill.name] = p.prefill.graph.file
+            carried += [f for f in (p.prefill.graph.file, *p.prefill.graph.data) if f not in carried]
+        minimum += 1  # the first token comes from the prefill: ``minimum`` tokens from the HTP's decode steps
+        tokens = max(tokens, minimum)
+    for f in carried:
+        if not (twin_dir / f).exists():
+            _place(export.path(f), twin_dir / f)
+    cfg = genai.genai_config(export, compiled)  # QNN stages as the device runs them
+    if prefill_on == "cpu":
+        for p in export.parts:
+            cfg["model"]["decoder"]["pipeline"][0][p.prefill.name]["session_options"] = {"provider_options": []}
+    (twin_dir / genai.CONFIG_FILE).write_bytes(genai.config_bytes(cfg))
     base: dict[str, Any] = {"status": "runtime-crashed", "graphs": graphs, "compile_seconds": round(compile_seconds, 3),
+                            "compiled": how, "prefill_on": prefill_on,
                             "compile_options": dict(req.get("provider_options") or {}),
                             "tokens_compared": tokens, "tokens_matched": 0, "prompt": prompt}
     checkpoint({**base, "detail": "the source pipeline crashed onnxruntime-genai on the CPU EP"})
@@ -264,19 +571,21 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
     checkpoint({**base, "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": "loading or running the twin crashed onnxruntime-genai on the QNN HTP backend"})
     _register_qnn()
-    base["simulator_cpus"] = _simulator_cpus()
+    base["simulator_cpus"] = _pin(req.get("cpus"))
     try:
         got = generate(twin_dir, prompt, len(ref["tokens"]), export.kv.length, minimum=minimum,
-                       seconds=float(seconds) if seconds is not None else None)
+                       seconds=float(seconds) if seconds is not None else None,
+                       stop_file=Path(req["stop_file"]) if req.get("stop_file") else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
                 "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
-    if got["stopped"] == "budget":  # compared on the tokens the simulator had time for
+    if got["stopped"] != "tokens":  # compared on the tokens the simulator had time for
         n = len(got["tokens"])
         ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
-            **compare_runs(ref, got), "tokens_stopped": got["stopped"], "timing": timing}
+            **compare_runs(ref, got, first=1 if prefill_on == "cpu" else 0), "tokens_stopped": got["stopped"],
+            "timing": timing}
 
 
 def _preload_check() -> None:
@@ -294,12 +603,14 @@ def _preload_check() -> None:
 def main(argv: list[str]) -> int:
     from workers.childproc import run_commands
 
+    commands = {"check": check, "twin": twin, "part_check": part_check, "compile_part": compile_part}
     if len(argv) == 2 and argv[1] == "host":  # the folder check only: the twin runs in a child of its own
         return run_commands(argv, {"check": check}, preload=_preload_check)
-    if not (len(argv) == 4 and argv[1] in ("check", "twin")):
-        print("usage: python -m workers.qnn.genai_child check|twin REQUEST.json RESULT.json", file=sys.stderr)
+    if not (len(argv) == 4 and argv[1] in commands):
+        print(f"usage: python -m workers.qnn.genai_child {'|'.join(commands)} REQUEST.json RESULT.json",
+              file=sys.stderr)
         return 2
-    return run_commands(argv, {"check": check, "twin": twin})
+    return run_commands(argv, commands)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from workers.qnn import description
 from workers.runner import CTX_MODEL_NAME, CompileJob, CompileOutput, Toolchain, collect_output, run_child
 
 MEDIA_QNN_CONTEXT = "application/vnd.qualcomm.qnn.context-binary.v1"
+# The niceness of a twin build's compile child: the compiles a publication waits on go first.
+TWIN_NICE = 10
 CHILD = "workers.qnn.child"
 
 
@@ -275,7 +277,10 @@ class QnnRunner:
              # Each part (part1.prefill, part1.decode -> part1) gets binaries of its own.
              "stop": i == len(parts) - 1 or parts[i + 1] != parts[i]}
             for i, g in enumerate(doc["graphs"])]
-        request = {"group": members, "out_dir": str(out_dir),
+        # A genai part's twin build (``twin`` among its options, farm.pipeline.genai.twin_builds):
+        # the same graphs compiled alone, no sharing, the child at TWIN_NICE.
+        twin = bool(job.options.get("twin"))
+        request = {"group": members, "out_dir": str(out_dir), "share": not twin, "nice": TWIN_NICE if twin else 0,
                    "provider_options": provider_options(job.target, job.options)}
         # A fresh child, not a warm host's fork: the EP keeps the shared contexts per process.
         result, wall, log = run_child(CHILD, "compile_group", request, work_dir, timeout=job.timeout,
@@ -341,8 +346,9 @@ class QnnRunner:
                             placement_all, toolchain, log, None, compatibility=compatibility)
         out.graphs = graphs
         out.description = description.check(result.get("descriptions"), expected)
-        out.unverified = description.SHARED_UNVERIFIED
-        out.description["unverified"] = out.unverified
+        if not twin:
+            out.unverified = description.SHARED_UNVERIFIED
+            out.description["unverified"] = out.unverified
         out.description["api"] = result.get("api")
         if result.get("peak_rss_kib"):
             out.timings["peak_rss_kib"] = float(result["peak_rss_kib"])

@@ -18,8 +18,10 @@ farm does with it:
   generated ``genai_config.json``; the folder checks run on the laid-out folder; then one
   publication (manifest with each stage's role under ``genai``). A part that failed fails the
   package with the part's code, the message naming the part.
-- **the twin**: the same parts compiled without sharing and generated from on the simulator
-  against the CPU EP (``workers.backends.genai_twin``), budgeted like the accuracy check. It is
+- **the twin**: the same parts compiled without sharing, each part's twin a build of its own
+  (``twin_builds``: keyed, cached, leased, admitted after the package's own compiles, never
+  served), and generated from on the simulator against the CPU EP on those contexts
+  (``workers.backends.genai_twin``), budgeted like the accuracy check. It is
   evidence that follows publication: the package is published with ``description["twin"]``
   ``pending`` and the twin's figures replace it when it is done (``verify_twin``: the embedded
   command runs it after it answered, a worker right after it published); the shared artifact
@@ -67,11 +69,13 @@ from farm.pipeline.genai.twin import (
     twin_status,
     verify_twin,
 )
+from farm.pipeline.genai.twin_builds import execute_twin, package_twins, settle_twins, twin_spec
 
 __all__ = [
     "CONFIG_NAME", "DECODE", "MEDIA", "PACKAGE_FILE", "PACKAGE_KIND", "PREFILL", "SOURCE_CONFIG", "UNVERIFIED",
     "Layout", "PackageBundle", "PackageReport", "after_part", "assemble", "build_package", "check_folder",
-    "descriptor", "execute_package", "inspect_package", "link_parts", "package_from_snapshot", "packages_of",
-    "part_dir", "read_package", "ready_packages", "record_twin", "rename_contexts", "run_twin", "submit_package",
-    "twin_of", "twin_pending", "twin_refusal", "twin_status", "verify_twin",
+    "descriptor", "execute_package", "execute_twin", "inspect_package", "link_parts", "package_from_snapshot",
+    "package_twins", "packages_of", "part_dir", "read_package", "ready_packages", "record_twin", "rename_contexts",
+    "run_twin", "settle_twins", "submit_package", "twin_of", "twin_pending", "twin_refusal", "twin_spec",
+    "twin_status", "verify_twin",
 ]

@@ -5,9 +5,12 @@ worker that takes one)."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,8 +25,20 @@ from farm.pipeline.genai.bundle import (
     store_package,
 )
 from farm.pipeline.genai.links import link_parts, ready_packages
-from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status, verify_twin
+from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status
+from farm.pipeline.genai.twin_builds import (
+    enqueue_twins,
+    pool_job,
+    twin_after,
+    twin_job,
+    twin_orphaned,
+    twin_spec,
+    twin_wanted,
+    twins_wanted,
+)
 from farm.pipeline.submission import BuildReport, Progress, no_progress
+
+log = logging.getLogger("ctxfarm.genai")
 
 
 def build_package(settings: Settings, export_dir: str | Path, target_refs: Sequence[str],
@@ -44,9 +59,10 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
     the artifact stays published)."""
     from farm.core.capabilities import check_genai_backends, check_here
     from farm.pipeline import states
-    from farm.pipeline.execute import Executor, interruptible, wait_until_final_or_free
+    from farm.pipeline.execute import Executor, Interruption, interruptible, wait_until_final_or_free
     from farm.pipeline.plan import (
         _spec,
+        build_jobs,
         build_many,
         check_support,
         outcome_from_row,
@@ -63,9 +79,14 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         check_here(backend, get_runner(backend).toolchain().version, here(backend))
     pkg = inspect_package(settings, export_dir, display=name)
     reg = Registry.open(settings)
+    pool: ThreadPoolExecutor | None = None
+    stop = Interruption()
     try:
-        versions = {t.backend: Executor(settings, reg, get_runner(t.backend)).toolchain.version
-                    for t in req.targets}
+        executors: dict[str, Any] = {}
+        for t in req.targets:
+            if t.backend not in executors:
+                executors[t.backend] = Executor(settings, reg, get_runner(t.backend))
+        versions = {b: ex.toolchain.version for b, ex in executors.items()}
         check_support([(t, versions[t.backend]) for t in req.targets], group=True, llm=True)
         files = store_package(reg, pkg)  # a snapshot like a model's (digest, sources), and each part's
         planned = []
@@ -79,18 +100,37 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         report = BuildReport(pkg.digest, req.name or pkg.stem, req.tag, tag_moved=moved)
         with reg.db.session() as s:
             final = all(states.get_build(s, b).state in states.FINAL for _, _, b in planned)
+        # Each part's twin build per target whose twin will run, in the same pool behind the part
+        # builds (publication wins: the pool takes them last, they are admitted after any compile
+        # that waits, their children run niced): they start as soon as a thread is free.
+        twin_specs = twins_wanted(reg, pkg, planned) if twin else {}
+        jobs_of: dict[int, tuple[list[Any], list[Future[Any]]]] = {}
+        after: list[Callable[[], Any]] = []
+        for k, specs in twin_specs.items():
+            ex = executors[planned[k][0].backend]
+            futures: list[Future[Any]] = []
+            for one in specs:
+                fut: Future[Any] = Future()
+                futures.append(fut)
+                after.append(pool_job(fut, partial(twin_job, ex, one, stop)))
+            jobs_of[k] = (specs, futures)
+        builds = 0 if final else len(pkg.parts) * len(planned)
+        pool = ThreadPoolExecutor(max_workers=build_jobs(settings, builds + len(after)), thread_name_prefix="build")
         if final:
             # Answered by the index: nothing compiled, nothing assembled.
+            for job in after:
+                pool.submit(job)
             for t, _, build_id in planned:
                 o = _with_twin(reg, outcome_from_row(reg, build_id, t.ref, cached=True), False)
                 progress("finished", t.ref, o.to_dict())
                 report.outcomes.append(o)
-            return _then_twin(settings, reg, PackageReport(report, []), planned, Path(export_dir), twin=twin,
-                              require=require_twin, progress=progress, published=published)
+            with interruptible():
+                return _then_twin(settings, reg, PackageReport(report, []), planned, Path(export_dir), twin=twin,
+                                  require=require_twin, progress=progress, published=published, twins=jobs_of)
         listen = [part_progress(i) if part_progress else no_progress for i in range(len(pkg.parts))]
         with interruptible():
             parts = build_many(settings, list(pkg.parts), target_refs, option_pairs, progress=listen,
-                               registry=reg, retry_failed=retry_failed)
+                               registry=reg, retry_failed=retry_failed, executors=executors, pool=pool, after=after)
         with reg.db.session() as s:
             for k, (_, _, build_id) in enumerate(planned):
                 link_parts(s, build_id, [p.outcomes[k].build_id for p in parts])
@@ -116,9 +156,19 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
             o = _with_twin(reg, o, False)
             progress("finished", t.ref, o.to_dict())
             report.outcomes.append(o)
-        return _then_twin(settings, reg, PackageReport(report, parts), planned, Path(export_dir), twin=twin,
-                          require=require_twin, progress=progress, published=published)
+        with interruptible():
+            return _then_twin(settings, reg, PackageReport(report, parts), planned, Path(export_dir), twin=twin,
+                              require=require_twin, progress=progress, published=published, twins=jobs_of)
+    except BaseException as exc:
+        stop.set(getattr(exc, "signum", 2))  # a twin build under way stops and gives its row back
+        raise
     finally:
+        if pool is not None:
+            # Every twin this command checks is recorded by now: a twin build still running is one
+            # no check waits for (its package failed): it stops and gives its row back.
+            if not stop.is_set():
+                stop.set(2)
+            pool.shutdown(wait=True, cancel_futures=True)
         pkg.cleanup()
         reg.close()
 
@@ -159,7 +209,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
         served_toolchains,
         store_snapshot,
     )
-    from farm.pipeline.queues import COMPILE_TASK, check_broker, genai_queue, send, shared_app
+    from farm.pipeline.queues import COMPILE_TASK, TWIN_TASK, check_broker, genai_queue, send, shared_app
     from farm.pipeline.submission import ReleaseRequest
     from registry.index import Registry, release_builds
     from registry.models import Build, Release, ReleaseBuild
@@ -197,6 +247,7 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                                                dispatch=dispatch).release_id)
         files = store_snapshot(reg, cast(Any, pkg))  # a snapshot like a model's (digest, sources)
         to_send: list[tuple[int, str]] = []
+        twins_to_send: list[tuple[int, str]] = []
         with reg.db.session() as s:
             moved = record_snapshot(s, pkg.digest, pkg.onnx.digest, pkg.size, files, request.name, request.tag,
                                     pkg.stem, force_tag=request.force_tag)
@@ -223,9 +274,21 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 if dispatch and pb is not None and pb.state == states.BuildState.QUEUED and all(
                         states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))
+                elif dispatch and pb is not None and pb.state == states.BuildState.SUCCEEDED and twin_orphaned(
+                        settings, s, build_id):
+                    to_send.append((build_id, queue))  # its twin was left pending: a worker runs it
+                if pb is not None and pb.state != states.BuildState.FAILED and twin_wanted(s, build_id):
+                    # Each part's twin build, sent now (they need nothing of the package): the
+                    # genai workers take them after the builds of their compile queue.
+                    specs = [twin_spec(g.digest, t.backend, t.name, version, part_request.options[t])
+                             for g in pkg.parts]
+                    twins_to_send += [(i, queue) for i, queued in enqueue_twins(s, specs, queue) if queued]
             release_id = release.id
         for build_id, queue in to_send:  # every part answered already (cached): assemble now
             send(app, COMPILE_TASK, [build_id], queue)
+        if dispatch:
+            for twin_id, queue in twins_to_send:
+                send(app, TWIN_TASK, [twin_id], queue)
         with reg.db.session() as s:
             out = _status(s, release_id, release_builds(s, release_id), reg.store)
         out.tag_moved = moved
@@ -267,7 +330,8 @@ def execute_package(executor: Any, build_id: int) -> Any:
         if parts is None:
             return None
         b = states.get_build(s, build_id)
-        if b.state in states.FINAL:
+        orphaned = b.state == states.BuildState.SUCCEEDED and twin_orphaned(settings, s, build_id)
+        if b.state in states.FINAL and not orphaned:
             return Result("done", build_id)
         if not all(states.get_build(s, p).state in states.FINAL for p in parts):
             return Result("waiting", build_id)
@@ -277,6 +341,25 @@ def execute_package(executor: Any, build_id: int) -> Any:
 
         model = s.get(Model, b.model_digest)
         files = [dict(f) for f in (model.files if model else [])]
+        b_queue = b.queue
+    if orphaned:
+        if _capability_refusal(spec) is not None:
+            return Result("done", build_id)
+        # Published, its twin left pending by a worker that died during it: run it here.
+        with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-export-") as tmp:
+            try:
+                pkg = package_from_snapshot(settings, reg, files, Path(tmp) / "export")
+            except FarmError:
+                log.warning("build %s: its export could not be laid out again for its twin", build_id, exc_info=True)
+                return Result("done", build_id)
+            with reg.db.session() as s:
+                from registry.index import artifact_for_build
+
+                art = artifact_for_build(s, build_id)
+                art_digest = art.digest if art is not None else None
+            if art_digest:
+                twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
+        return Result("done", build_id)
     refusal = _capability_refusal(spec)
     if refusal is not None:  # a release routes around it; this is a queue served by mistake
         with reg.db.session() as s:
@@ -307,16 +390,9 @@ def execute_package(executor: Any, build_id: int) -> Any:
             art_digest = art.digest if art is not None else None
         executor.events.publish(build_id, state)
         if ran and art_digest and twin_status(_description(reg, art_digest)) == "pending":
-            # The release answered at publication (the row is final); this worker runs the twin
-            # right after, on the export it laid out, and records it on the artifact. Whatever
-            # befalls it is no verdict on the build: it stays pending, a later build runs it.
-            try:
-                verify_twin(settings, reg, art_digest, spec, pkg.export.root)
-            except Exception:  # noqa: BLE001 - logged; the published build's result stands
-                import logging
-
-                logging.getLogger("ctxfarm.genai").warning("the twin of build %s was not recorded", build_id,
-                                                           exc_info=True)
+            # The release answered at publication (the row is final); this worker records the
+            # twin right after, on the export it laid out.
+            twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
     if not ran:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,

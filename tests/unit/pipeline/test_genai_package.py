@@ -65,6 +65,20 @@ def test_the_twin_gate() -> None:
         assert refusal is not None and refusal.code == "twin-mismatch"
 
 
+def test_the_twin_gate_refuses_a_part_below_the_psnr_threshold_naming_it() -> None:
+    good = {"status": "ok", "part": 0, "prefill": {"h": 74.7, "present.0.key": 87.9}, "decode": {"h": 73.5}}
+    tw = {"status": "ok", "tokens_compared": 4, "tokens_matched": 4, "parts": [good]}
+    assert twin_refusal(tw, DIGEST) is None
+    low = {**good, "part": 1, "decode": {"/model/norm/output_0": 12.0}}
+    refusal = twin_refusal({**tw, "parts": [good, low]}, DIGEST)
+    assert refusal is not None and refusal.code == "twin-mismatch"
+    assert "part 1's decode" in refusal.message and "'/model/norm/output_0'" in refusal.message
+    assert twin_refusal({**tw, "parts": [good, low]}, DIGEST, min_psnr=10.0) is None
+    crashed = {"part": 1, "status": "runtime-crashed", "detail": "part 1: the simulator crashed"}
+    refusal = twin_refusal({**tw, "parts": [good, crashed]}, DIGEST)
+    assert refusal is not None and "part 1" in refusal.message
+
+
 def _folder(tmp_path: Path, config: Any) -> Path:
     d = tmp_path / "pkg"
     d.mkdir()

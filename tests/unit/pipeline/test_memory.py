@@ -197,3 +197,43 @@ def test_an_idle_gate_measures_the_host_again() -> None:
         free[0] = 100  # while ours runs, the accounting holds: no re-measure under our own compile
         with gate.admit(4000, "build 3"):
             assert gate.capacity_mb == 9000
+
+
+def test_a_twin_build_lets_a_waiting_compile_go_first() -> None:
+    """Publication wins: a low admission (a genai part's twin build) waits while a compile of
+    normal priority waits for room, even where it would fit first."""
+    gate = MemoryGate(1000)
+    order: list[str] = []
+    release_first = threading.Event()
+    first_in = threading.Event()
+
+    def first() -> None:
+        with gate.admit(600, "a"):
+            first_in.set()
+            release_first.wait(10)
+            order.append("a out")
+
+    def normal() -> None:
+        with gate.admit(600, "part", poll=0.01):
+            order.append("part in")
+            time.sleep(0.05)
+
+    def twin() -> None:
+        with gate.admit(300, "twin", poll=0.01, low=True):
+            order.append("twin in")
+
+    ta = threading.Thread(target=first)
+    ta.start()
+    assert first_in.wait(10)
+    tp = threading.Thread(target=normal)
+    tp.start()
+    time.sleep(0.05)  # the part build waits for a
+    tt = threading.Thread(target=twin)
+    tt.start()
+    time.sleep(0.1)
+    assert order == []  # 600 + 300 would fit, but the part build waits: the twin waits behind it
+    release_first.set()
+    for t in (ta, tp, tt):
+        t.join(10)
+    assert order.index("part in") < order.index("twin in"), order
+    assert (gate.running, gate.reserved_mb, gate.waiting) == (0, 0, 0)

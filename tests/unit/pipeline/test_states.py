@@ -235,3 +235,33 @@ def test_next_queued_is_the_oldest_ready_build_of_the_queue(db, model):
         assert states.next_queued(s, "q") is None  # the package's build waits for its parts' worker
         assert states.next_queued(s, "elsewhere") == elsewhere
         assert states.next_queued(s, "nobody's") is None
+
+
+def test_a_twin_build_has_the_same_guarded_transitions_in_its_own_table(db, model):
+    """A genai part's twin build (registry.models.TwinBuild): keyed apart from the builds, its
+    lease names its table, and a late attempt changes nothing there either."""
+    from registry.models import TwinBuild
+
+    twin_spec = spec(model)
+    with db.session() as s:
+        twin_id, queued = states.enqueue(s, twin_spec, "compile.qnn.2.51.0.genai", table=TwinBuild)
+        again, queued_again = states.enqueue(s, twin_spec, None, table=TwinBuild)
+    assert queued and not queued_again and again == twin_id
+    build_id, _ = enqueue(db, twin_spec)  # the builds table has its own key space
+    with db.session() as s:
+        a = states.claim(s, twin_id, owner="a", lease_seconds=60, max_attempts=3, table=TwinBuild).lease
+    assert a is not None and a.table is TwinBuild
+    with db.session() as s:
+        s.execute(update(TwinBuild).where(TwinBuild.id == twin_id)
+                  .values(lease_expires_at=states.now() - timedelta(seconds=1)))
+    with db.session() as s:
+        b = states.claim(s, twin_id, owner="b", lease_seconds=60, max_attempts=3, table=TwinBuild).lease
+    assert b is not None and b.attempt == 2
+    with db.session() as s:
+        assert states.fail(s, a, "toolchain-error", "late", None) is False
+        assert states.renew(s, b, 60) is True
+        states.succeed(s, b, log="ok")
+    with db.session() as s:
+        t = s.get(TwinBuild, twin_id)
+        assert (t.state, t.attempts) == ("succeeded", 2)
+        assert s.get(Build, build_id).state == "queued"  # untouched

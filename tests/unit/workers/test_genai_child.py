@@ -73,3 +73,42 @@ def test_the_simulator_runs_on_one_cpu_where_there_are_fewer_than_its_threads() 
         four = subprocess.run([sys.executable, "-c", code, ",".join(map(str, cpus[:4]))], capture_output=True,
                               text=True, check=True)
         assert four.stdout.split() == ["4", "4"], four.stderr
+
+
+def test_first_step_is_the_first_step_the_htp_computed() -> None:
+    """With the prefill on the CPU EP (its figures are the part checks'), step 0's logits are the
+    CPU's own: the first step compared is the first decode step."""
+    ref = _run([1, 2, 3, 4])
+    twin = _run([1, 2, 3, 4], bump=0.5, at=1)
+    assert compare_runs(ref, twin)["first_step"]["psnr_db"] == 200.0
+    assert compare_runs(ref, twin, first=1)["first_step"]["psnr_db"] < 200.0
+    assert compare_runs(_run([1]), _run([1]), first=1)["first_step"] is None
+
+
+def test_cpu_slots_split_the_cpus_among_children_at_once() -> None:
+    from workers.qnn.genai import cpu_slots
+
+    assert cpu_slots([0, 1], 3) == [[0], [1]]          # never more sets than CPUs
+    assert cpu_slots([0, 1], 1) == [[0]]               # one CPU: the simulator is faster on one (2 cores)
+    assert cpu_slots([0], 2) == [[0]]
+    assert cpu_slots(list(range(16)), 3) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # at most 4 HVX threads
+    assert cpu_slots(list(range(6)), 3) == [[0], [1], [2]]  # fewer than 4 each: one each
+
+
+def test_memory_bounds_the_part_checks_at_once() -> None:
+    from workers.qnn.genai import memory_bound
+
+    gib = 1 << 30
+    assert memory_bound([gib, 2 * gib], 13 * gib) == 2   # 3x the largest part each
+    assert memory_bound([gib, 2 * gib], 1 * gib) == 1    # always one
+    assert memory_bound([], gib) == 1
+
+
+def test_worst_part_names_the_part_phase_and_output() -> None:
+    from workers.qnn.genai import worst_part
+
+    parts = [{"part": 0, "prefill": {"h": 70.1, "k": 90.0}, "decode": {"h": 71.0}},
+             {"part": 1, "status": "runtime-crashed"},
+             {"part": 2, "prefill": {"h": 80.0}, "decode": {"present.4.key": 12.5}}]
+    assert worst_part(parts) == {"part": 2, "phase": "decode", "output": "present.4.key", "psnr_db": 12.5}
+    assert worst_part([{"part": 0, "status": "unverified"}]) is None
