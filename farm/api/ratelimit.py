@@ -80,6 +80,7 @@ class ReportLimiter:
     def _client(self) -> Any:
         import redis.asyncio as aredis
 
+        assert self.broker_url is not None  # allow() asks Redis only with a broker
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop)
         if client is None:

@@ -255,7 +255,7 @@ def _show_package(genai: Any, twin: Any) -> None:
                   f"CPU EP (the parts compiled without sharing, on the simulator); first step's logits PSNR {first} dB")
             for part in twin.get("parts") or []:  # each part's prefill and one decode step, against the CPU EP
                 if isinstance(part, dict):
-                    worst = part.get("worst") if isinstance(part.get("worst"), dict) else {}
+                    worst: dict[str, Any] = part["worst"] if isinstance(part.get("worst"), dict) else {}
                     figure = (f"lowest PSNR {worst.get('psnr_db')} dB ({worst.get('phase')} {worst.get('output')})"
                               if part.get("status") == "ok" else f"{part.get('status')}: {str(part.get('detail'))[:120]}")
                     print(f"  part {part.get('part')}: prefill and one decode step on the simulator, {figure}")

@@ -196,14 +196,21 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
     graphs: dict[str, Any] = {}
     how = "given"
     compile_wall = 0.0
-    left = lambda: max(1.0, deadline - time.perf_counter())  # noqa: E731
+
+    def left() -> float:
+        return max(1.0, deadline - time.perf_counter())
+
     if not all(given.get(st.name) for st in stages):
         how, given = "here", {}
         t = time.perf_counter()
         # The compiles are single-threaded: one part a CPU, all at once.
-        done = _pooled([lambda slot, i=p.index: twin_compile_part(
-            export_dir, i, target, options, work_dir / "twin-compile" / f"part{i}", timeout=left(), nice=nice,
-            memory_mb=memory_mb, python=python, cpus=slot) for p in export.parts],
+
+        def compile_one(i: int) -> Callable[[list[int] | None], Any]:
+            return lambda slot: twin_compile_part(export_dir, i, target, options, work_dir / "twin-compile" / f"part{i}",
+                                                  timeout=left(), nice=nice, memory_mb=memory_mb, python=python,
+                                                  cpus=slot)
+
+        done = _pooled([compile_one(p.index) for p in export.parts],
             cpu_slots(cpus, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory()))))
         for r in done:
             if isinstance(r, WorkerLostError):  # died during the compile

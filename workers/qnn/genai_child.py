@@ -601,9 +601,9 @@ def _preload_check() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from workers.childproc import run_commands
+    from workers.childproc import Commands, run_commands
 
-    commands = {"check": check, "twin": twin, "part_check": part_check, "compile_part": compile_part}
+    commands: Commands = {"check": check, "twin": twin, "part_check": part_check, "compile_part": compile_part}
     if len(argv) == 2 and argv[1] == "host":  # the folder check only: the twin runs in a child of its own
         return run_commands(argv, {"check": check}, preload=_preload_check)
     if not (len(argv) == 4 and argv[1] in commands):
