@@ -162,3 +162,54 @@ def missing_text(account: dict[str, Any]) -> str:
     if account.get("missing_total"):
         parts.append(f"{account['missing_total']} more device(s) in all")
     return "; ".join(parts)
+
+
+# ---- jobs to time every SDK (farm device verify) ---------------------------------------------------
+
+MAX_DEVICES = 16  # jobs per (SoC, SDK) one request may ask for
+
+
+def sdk_jobs(session: Any, ref: str, devices: int, *, prefer_fastest: bool = False) -> list[dict[str, Any]]:
+    """Verification jobs so the lab can time every SDK of a model (`farm device verify`): for each
+    SoC the model has single-SoC QNN artifacts for, and each SDK version it was built with there,
+    ``devices`` jobs (``registry.verification.ensure_jobs``: done by distinct devices) on the
+    artifact resolve answers a device of that SoC running that SDK (an agent installs through
+    resolve; ``prefer_fastest``: the service's FARM_RESOLVE_PREFER_FASTEST). Two SDKs answered
+    the same artifact share its jobs. Commits nothing. Returns per (SoC, SDK): the artifact, jobs
+    made, jobs not done yet."""
+    from sqlalchemy import func, select
+
+    from farm.core.catalog import load_catalog
+    from farm.core.errors import FarmError, UsageError
+    from farm.core.keys import parse_version
+    from registry.index import resolve_model_ref
+    from registry.models import Artifact, VerificationJob
+    from registry.resolve import Device, resolve
+    from registry.verification import ensure_jobs
+
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
+        raise UsageError(f"devices: a whole number from 1 to {MAX_DEVICES}", hint="e.g. --devices 2")
+    digest = resolve_model_ref(session, ref)
+    pairs = sorted({(t, tc) for t, tc in session.execute(select(Artifact.target, Artifact.toolchain).where(
+        Artifact.model_digest == digest, Artifact.backend == "qnn", Artifact.status == "active")) if "+" not in t},
+        key=lambda p: (p[0], parse_version(p[1])))
+    out = []
+    done: set[tuple[str, int]] = set()
+    for soc, toolchain in pairs:
+        try:
+            chosen, _ = resolve(session, digest, Device("qnn", load_catalog().get(soc, backend="qnn"), toolchain),
+                                prefer_fastest=prefer_fastest)
+        except FarmError:  # nothing served there (quarantined by device reports): nothing to time
+            continue
+        made = 0 if (soc, chosen.id) in done else ensure_jobs(session, chosen.id, soc, devices)
+        done.add((soc, chosen.id))
+        open_ = session.scalar(select(func.count()).select_from(VerificationJob).where(
+            VerificationJob.artifact_id == chosen.id, VerificationJob.soc == soc, VerificationJob.state != "done"))
+        out.append({"soc": soc, "toolchain": toolchain, "artifact": chosen.digest,
+                    "artifact_toolchain": chosen.toolchain, "jobs_made": made, "jobs_open": int(open_ or 0)})
+    if not out:
+        from farm.core.errors import NotFoundError
+
+        raise NotFoundError(f"{ref} has no published single-SoC QNN artifact to time on devices",
+                            hint="build it for device targets first (farm build -t qnn:SM8650)")
+    return out

@@ -98,7 +98,7 @@ def _verify(args: argparse.Namespace, settings: Settings) -> int:
     from farm.cli import table
     from farm.cli.remote import require_local_index
     from registry.index import Registry
-    from registry.lab import sdk_jobs
+    from registry.promotion import sdk_jobs
 
     require_local_index("device verify", settings)
     reg = Registry.open(settings)

@@ -266,7 +266,7 @@ RAISING_STAGES = [
     ("workers.backends", "check_genai_folder"),
     ("farm.pipeline.genai.twin", "run_twin"),
     ("farm.pipeline.genai.twin_builds", "execute_twin"),     # a part's twin build, after publication
-    ("farm.pipeline.genai.twin_builds", "collect_compiled"),  # the twin builds' contexts for the check
+    ("farm.pipeline.genai.twin", "collect_compiled"),  # the twin builds' contexts for the check
     ("farm.pipeline.genai.assembly", "_publish"),
     ("farm.pipeline.genai", "ready_packages"),              # the fan-in
     ("farm.pipeline.accuracy", "after_publish"),

@@ -176,7 +176,7 @@ def sdk_jobs(body: SdkJobsIn, reg: RegistryDep, settings: SettingsDep,
              who: Annotated[Caller, caller("admin")]) -> dict[str, Any]:
     """``farm device verify``: jobs on the artifact each SDK's runtime is answered, per SoC, so the
     lab times every SDK of the model (speed per SDK, docs/device-lab.md)."""
-    from registry.lab import sdk_jobs as make
+    from registry.promotion import sdk_jobs as make
 
     with reg.db.session() as s:
         rows = make(s, body.model, body.devices, prefer_fastest=settings.resolve_prefer_fastest)

@@ -60,16 +60,9 @@ from farm.pipeline.genai.bundle import (
 )
 from farm.pipeline.genai.links import link_parts, packages_of, ready_packages
 from farm.pipeline.genai.release import after_part, build_package, execute_package, submit_package
-from farm.pipeline.genai.twin import (
-    record_twin,
-    run_twin,
-    twin_of,
-    twin_pending,
-    twin_refusal,
-    twin_status,
-    verify_twin,
-)
+from farm.pipeline.genai.twin import run_twin, twin_refusal, verify_twin
 from farm.pipeline.genai.twin_builds import execute_twin, package_twins, settle_twins, twin_spec
+from farm.pipeline.genai.twin_record import record_twin, twin_of, twin_pending, twin_status
 
 __all__ = [
     "CONFIG_NAME", "DECODE", "MEDIA", "PACKAGE_FILE", "PACKAGE_KIND", "PREFILL", "SOURCE_CONFIG", "UNVERIFIED",

@@ -19,7 +19,7 @@ from farm.core.keys import sha256_bytes
 from farm.core.names import inside
 from farm.core.settings import Settings
 from farm.pipeline.genai.bundle import CONFIG_NAME, DECODE, MEDIA, PREFILL, SOURCE_CONFIG, PackageBundle, part_dir
-from farm.pipeline.genai.twin import twin_pending
+from farm.pipeline.genai.twin_record import twin_pending
 from farm.pipeline.submission import BuildOutcome
 
 log = logging.getLogger(__name__)

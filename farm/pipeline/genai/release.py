@@ -25,17 +25,17 @@ from farm.pipeline.genai.bundle import (
     store_package,
 )
 from farm.pipeline.genai.links import link_parts, ready_packages
-from farm.pipeline.genai.twin import _description, _then_twin, _with_twin, twin_status
+from farm.pipeline.genai.twin import _then_twin, _with_twin, twin_after
 from farm.pipeline.genai.twin_builds import (
     enqueue_twins,
     pool_job,
-    twin_after,
     twin_job,
     twin_orphaned,
     twin_spec,
     twin_wanted,
     twins_wanted,
 )
+from farm.pipeline.genai.twin_record import _description, twin_status
 from farm.pipeline.submission import BuildReport, Progress, no_progress
 
 log = logging.getLogger("ctxfarm.genai")

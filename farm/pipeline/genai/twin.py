@@ -6,6 +6,7 @@ verdict on the build; ``--require-twin`` gates the command's answer on it."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,16 @@ from farm.core.errors import FarmError
 from farm.core.genai import TWIN_MIN_PSNR
 from farm.core.settings import Settings
 from farm.pipeline.genai.bundle import PackageReport
+from farm.pipeline.genai.twin_builds import collect_compiled, package_twins, settle_twins, twin_figures, twin_ids
+from farm.pipeline.genai.twin_record import (
+    _description,
+    raised_twin,
+    record_twin,
+    twin_status,
+)
 from farm.pipeline.submission import BuildOutcome, Progress
+
+log = logging.getLogger("ctxfarm.genai")
 
 
 def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Sequence[tuple[Any, Any, int]],
@@ -42,8 +52,6 @@ def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Seq
             progress("checking", t.ref, {"what": "twin"})
             ids: list[int] | None = None
             if twins is not None and k in twins:
-                from farm.pipeline.genai.twin_builds import twin_ids
-
                 specs, jobs = twins[k]
                 # Each job records its end on its twin build's row; one that raised (a bug) is
                 # what the twin records, never a pending twin with the cause lost.
@@ -80,26 +88,6 @@ def _with_twin(reg: Any, o: BuildOutcome, require: bool) -> BuildOutcome:
     return o
 
 
-def _description(reg: Any, artifact: str) -> dict[str, Any] | None:
-    from registry.index import find_artifact
-
-    with reg.db.session() as s:
-        return find_artifact(s, artifact).description
-
-
-def twin_pending() -> dict[str, Any]:
-    """The twin of a package published before its twin ran (``farm show``: ``twin pending``)."""
-    return {"status": "pending", "since": datetime.now(UTC).isoformat(timespec="seconds"),
-            "detail": "published; the twin (the parts compiled without sharing, run on the simulator) runs after "
-                      "publication: farm build --genai of the same export runs it if none is running"}
-
-
-def twin_status(description: dict[str, Any] | None) -> str | None:
-    """``pending``, ``ok``, ``unverified``, ``runtime-crashed``; None: no twin was asked for."""
-    tw = twin_of(description)
-    return str(tw.get("status")) if tw is not None else None
-
-
 def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_dir: Path, *,
                 nice: int = 10, twins: Sequence[int] | None = None) -> dict[str, Any]:
     """The twin of a published package, run and recorded on its artifact (never a verdict on
@@ -115,22 +103,6 @@ def verify_twin(settings: Settings, reg: Any, artifact: str, spec: Any, export_d
         tw = raised_twin("", exc)
     record_twin(reg, artifact, tw)
     return tw
-
-
-def raised_twin(what: str, exc: BaseException) -> dict[str, Any]:
-    """The twin of a package whose twin (``what`` of it) raised: ``unverified`` with what it raised."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return {"status": "unverified", "detail": f"internal-error: {what + ' raised ' if what else ''}"
-                                              f"{type(exc).__name__}: {first}"}
-
-
-def record_twin(reg: Any, artifact: str, tw: dict[str, Any]) -> None:
-    """The twin's figures on a published package (its description's ``twin``)."""
-    from registry.index import find_artifact
-
-    with reg.db.session() as s:
-        art = find_artifact(s, artifact)
-        art.description = {**(art.description or {}), "twin": tw}
 
 
 def twin_refusal(tw: dict[str, Any] | None, artifact: str, *, min_psnr: float = TWIN_MIN_PSNR) -> FarmError | None:
@@ -182,7 +154,6 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
             compiled = None
             if twins is not None and reg is not None:
                 from farm.core.genai import read_export
-                from farm.pipeline.genai.twin_builds import collect_compiled, twin_figures
 
                 built = twin_figures(reg, twins)
                 compiled, why = collect_compiled(reg, twins, read_export(export_dir), Path(work) / "compiled")
@@ -206,9 +177,23 @@ class TwinBuildFailed(Exception):
     """A part's twin build did not succeed: the twin is ``unverified`` with why."""
 
 
-def twin_of(description: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The twin's figures of an artifact (None: not a genai package, or no twin ran)."""
-    if not isinstance(description, dict):
-        return None
-    tw = description.get("twin")
-    return tw if isinstance(tw, dict) else None
+def twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, export_root: Path, artifact: str) -> None:
+    """The twin of a published package on a worker: its parts' twin builds final (sent when the
+    package was submitted, so other workers may have compiled them already; any still queued,
+    or whose holder died, is run here; one another worker holds is waited for), all within the
+    accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
+    it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
+    worker killed here leaves ``pending``, and the next submission of the package runs it."""
+    reg, settings = executor.registry, executor.settings
+    try:
+        try:
+            with reg.db.session() as s:
+                twins = package_twins(s, build_id, queue)
+            settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
+        except Exception as exc:  # a bug: recorded on the artifact, never left pending with the cause lost
+            log.error("the twin builds of build %s raised", build_id, exc_info=True)
+            record_twin(reg, artifact, raised_twin("the twin builds", exc))
+            return
+        verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
+    except Exception:  # noqa: BLE001 - logged; the published build's result stands
+        log.warning("the twin of build %s was not recorded", build_id, exc_info=True)

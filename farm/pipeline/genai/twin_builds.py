@@ -31,7 +31,7 @@ from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.genai.bundle import PackageBundle
-from farm.pipeline.genai.twin import raised_twin, record_twin, twin_of, twin_status, verify_twin
+from farm.pipeline.genai.twin_record import twin_of, twin_status
 
 log = logging.getLogger("ctxfarm.genai")
 TWIN_MARK = "twin"
@@ -337,28 +337,6 @@ def pool_job(fut: Future[Any], run: Callable[[], Any]) -> Callable[[], None]:
         except BaseException as exc:  # noqa: BLE001 - the twin check reads it off its build's row
             fut.set_exception(exc)
     return job
-
-
-def twin_after(executor: Any, build_id: int, queue: str | None, spec: Any, export_root: Path, artifact: str) -> None:
-    """The twin of a published package on a worker: its parts' twin builds final (sent when the
-    package was submitted, so other workers may have compiled them already; any still queued,
-    or whose holder died, is run here; one another worker holds is waited for), all within the
-    accuracy budget, then the check on their contexts, recorded on the artifact. Whatever befalls
-    it is no verdict on the build: a twin build that failed is ``unverified`` with its reason; a
-    worker killed here leaves ``pending``, and the next submission of the package runs it."""
-    reg, settings = executor.registry, executor.settings
-    try:
-        try:
-            with reg.db.session() as s:
-                twins = package_twins(s, build_id, queue)
-            settle_twins(executor, twins or [], deadline=time.monotonic() + settings.accuracy_budget)
-        except Exception as exc:  # a bug: recorded on the artifact, never left pending with the cause lost
-            log.error("the twin builds of build %s raised", build_id, exc_info=True)
-            record_twin(reg, artifact, raised_twin("the twin builds", exc))
-            return
-        verify_twin(settings, reg, artifact, spec, export_root, twins=twins)
-    except Exception:  # noqa: BLE001 - logged; the published build's result stands
-        log.warning("the twin of build %s was not recorded", build_id, exc_info=True)
 
 
 def twin_wanted(s: Any, build_id: int) -> bool:

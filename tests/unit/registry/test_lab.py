@@ -179,7 +179,7 @@ def test_a_revoked_device_token_strikes_its_lab_reports_and_every_cache_hears_of
 
 def test_jobs_for_every_sdk_go_to_agents_of_the_runtime_resolve_answers_them(db) -> None:
     from farm.core.errors import NotFoundError
-    from registry.lab import sdk_jobs
+    from registry.promotion import sdk_jobs
     from registry.verification import lease
 
     with db.session() as s:
