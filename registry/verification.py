@@ -38,7 +38,8 @@ LEASE_S = 600  # an agent that took a job and went silent for this long loses it
 MAX_BODY = 16 * 1024
 OUTCOMES = ("ok", "fails", "crashed")
 NUMBERS = ("psnr_db", "load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb")
-TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
+TEXTS = {"runtime": 64, "error": 4000, "inputs": 80, "reference": 16, "reference_why": 300}
+REFERENCES = ("stored", "device-cpu")  # body.reference: the farm's kept CPU outputs, or the device's own CPU
 BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
 
 
@@ -75,12 +76,16 @@ class Lease:
     model_files: list[dict[str, Any]]
     lease_s: int = LEASE_S
     samples: dict[str, Any] | None = None  # the submitter's sample inputs (an .npz blob), if the model has them
+    # The farm's CPU reference outputs for those samples (an .npz blob: registry.models.ModelSample);
+    # None with ``reference_why`` saying why: the agent then computes its own on the device's CPU.
+    reference: dict[str, Any] | None = None
+    reference_why: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "nonce": self.nonce, "artifact": self.artifact, "model": self.model_digest,
                 "soc": self.soc, "target": self.target, "toolchain": self.toolchain,
                 "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files,
-                "samples": self.samples}
+                "samples": self.samples, "reference": self.reference, "reference_why": self.reference_why}
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
@@ -126,9 +131,19 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
         files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
         sample = session.get(ModelSample, art.model_digest)
         samples = {"digest": sample.digest, "size": sample.size} if sample is not None else None
+        reference, why = _reference(sample)
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
-                     lease_s, samples)
+                     lease_s, samples, reference, why)
     return None
+
+
+def _reference(sample: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The lease's reference blob (digest, size), or why it names none."""
+    if sample is None:
+        return None, "the model has no sample inputs (the farm keeps a reference only for those)"
+    if sample.reference_digest and sample.reference_size is not None:
+        return {"digest": sample.reference_digest, "size": int(sample.reference_size)}, None
+    return None, sample.reference_why or "no CPU reference is kept for these samples yet (no accuracy check ran on them)"
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
@@ -193,6 +208,8 @@ def parse_body(body_text: Any) -> dict[str, Any]:
         v = body.get(key)
         if v is not None and (not isinstance(v, str) or len(v) > cap or unprintable(v) is not None):
             raise UsageError(f"body.{key}: printable text of at most {cap} characters")
+    if body.get("reference") is not None and body["reference"] not in REFERENCES:
+        raise UsageError(f"body.reference: one of {', '.join(REFERENCES)}")
     if canonical(body) != body_text:
         raise UsageError("body is not in canonical form (sorted keys, no spaces, ASCII)")
     return body
@@ -246,6 +263,7 @@ def view(row: DeviceVerification, device_name: str | None = None) -> dict[str, A
 
     return {"id": row.id, "job": row.job_id, "device": device_name, "soc": row.soc, "simulator": row.simulator,
             "outcome": row.outcome, **{k: getattr(row, k) for k in NUMBERS}, "inputs": (row.body or {}).get("inputs"),
+            "reference": (row.body or {}).get("reference"),
             "at": iso(row.created_at), "struck": row.struck_why}
 
 

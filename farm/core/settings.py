@@ -100,6 +100,9 @@ class Settings:
     # The device lab: a verification job's lease (the agent renews it at a third of this while it
     # runs the job); one that ran out goes to the next agent.
     device_lease_s: int = 600
+    # The CPU reference outputs kept with a model's samples for device agents to compare against
+    # (docs/device-lab.md): per model, at most this many bytes; over it, agents compute their own.
+    reference_max_bytes: int = 16 * 1024 * 1024
 
     @property
     def worker_stale_after(self) -> float:
@@ -191,6 +194,7 @@ class Settings:
             quota_releases=integer("FARM_QUOTA_RELEASES", 64),
             upload_ttl_s=number("FARM_UPLOAD_TTL_S", 86400.0),
             device_lease_s=integer("FARM_DEVICE_LEASE_S", 600),
+            reference_max_bytes=integer("FARM_REFERENCE_MAX_BYTES", 16 * 1024 * 1024, allow_zero=True),
         )
 
 

@@ -382,3 +382,98 @@ def test_a_running_agent_outlives_an_unreachable_service(lab: dict[str, Any]) ->
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _samples(lab: dict[str, Any], name: str, value: float) -> Path:
+    import numpy as np
+
+    path = lab["tmp"] / f"{name}.npz"
+    np.savez(path, x=np.full((1, 64), value, np.float32))
+    return path
+
+
+def _sample_row(lab: dict[str, Any]) -> Any:
+    from registry.index import Registry
+    from registry.models import ModelSample
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            (row,) = s.query(ModelSample).all()
+            s.expunge(row)
+            return row
+    finally:
+        reg.close()
+
+
+def _reports(lab: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    from registry.index import Registry
+    from registry.models import Device, DeviceVerification
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            return {name: dict(row.body) for row, name in s.query(DeviceVerification, Device.name)
+                    .join(Device, Device.id == DeviceVerification.device_id)}
+    finally:
+        reg.close()
+
+
+def test_agents_compare_against_the_stored_cpu_reference(lab: dict[str, Any]) -> None:
+    """A build with samples keeps the CPU reference outputs (a blob, made by the accuracy check in the
+    worker env) and an agent compares against it (`reference: stored`); a tampered reference blob is
+    refused (`fails`, never trusted); a reference over FARM_REFERENCE_MAX_BYTES is not kept, why is
+    recorded, and the agent computes its own on the device's CPU (`reference: device-cpu`)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = lab["tmp"] / "mm.onnx"
+    got = farm(lab, "build", str(model), "-t", "qnn:SM8650", "--samples", str(_samples(lab, "a", 0.25)))
+    assert got.returncode == 0, got.stderr
+    row = _sample_row(lab)
+    assert row.reference_digest and row.reference_why is None, (row.reference_digest, row.reference_why)
+    blob = lab["tmp"] / "blobs" / "blobs" / "sha256" / row.reference_digest[7:9] / row.reference_digest[7:]
+    assert blob.stat().st_size == row.reference_size
+    w = numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    with np.load(blob, allow_pickle=False) as z:
+        assert z["names"].tolist() == ["y"]
+        np.testing.assert_allclose(z["out0"], np.full((1, 64), 0.25, np.float32) @ w, rtol=1e-5)
+
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
+                                                                      "require": "devices>=3 per soc"})
+    assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 3, body
+    homes = []
+    for name in ("sim-s", "sim-t", "sim-c"):
+        home = lab["tmp"] / f"agent-{name}"
+        got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, name), "--home", str(home))
+        assert got.returncode == 0, got.stderr
+        homes.append(home)
+
+    got = agent(lab, "run", "--home", str(homes[0]), "--once", "--runs", "2")
+    assert got.returncode == 0 and "ok, p50" in got.stderr, got.stderr
+    stored = _reports(lab)["sim-s"]
+    assert stored["reference"] == "stored" and stored["outcome"] == "ok" and stored["psnr_db"] > 30, stored
+    assert "reference_why" not in stored
+
+    # The same size, other bytes: the agent's verified download refuses it and nothing is compared.
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(b ^ 0xFF for b in blob.read_bytes()))
+    got = agent(lab, "run", "--home", str(homes[1]), "--once", "--runs", "2")
+    assert got.returncode == 0 and ": fails" in got.stderr, got.stderr
+    refused = _reports(lab)["sim-t"]
+    assert refused["outcome"] == "fails" and refused["reference"] == "stored" and "psnr_db" not in refused
+    assert "refused" in refused["error"] and "does not match its digest" in refused["error"], refused
+
+    # New samples, a bound their outputs (256 bytes) are over: not kept, the reason recorded.
+    env = {**lab["env"], "FARM_REFERENCE_MAX_BYTES": "100"}
+    got = subprocess.run([sys.executable, "-m", "farm.cli", "build", str(model), "-t", "qnn:SM8650", "--samples",
+                          str(_samples(lab, "b", 0.5))], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    row = _sample_row(lab)
+    assert row.reference_digest is None and "over FARM_REFERENCE_MAX_BYTES (100)" in row.reference_why
+    got = agent(lab, "run", "--home", str(homes[2]), "--once", "--runs", "2")
+    assert got.returncode == 0 and "ok, p50" in got.stderr, got.stderr
+    own = _reports(lab)["sim-c"]
+    assert own["reference"] == "device-cpu" and own["psnr_db"] > 30 and own["inputs"] == row.digest, own
+    assert "FARM_REFERENCE_MAX_BYTES" in own["reference_why"], own
