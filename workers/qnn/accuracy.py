@@ -88,9 +88,10 @@ def keep_reference(path: str | Path, names: list[str], arrays: list[Any], max_by
                 "why": f"the CPU reference outputs are {nbytes} bytes, over FARM_REFERENCE_MAX_BYTES ({max_bytes})"}
     if any(np.asarray(a).dtype.hasobject for a in arrays):
         return {"kept": False, "bytes": nbytes, "why": "an output is not a plain numeric array"}
+    members: dict[str, Any] = {REFERENCE_NAMES: np.array(names, dtype=str)}
+    members |= {f"out{i}": np.asarray(a) for i, a in enumerate(arrays)}
     with open(path, "wb") as f:
-        np.savez(f, **{REFERENCE_NAMES: np.array(names, dtype=str)},
-                 **{f"out{i}": np.asarray(a) for i, a in enumerate(arrays)})
+        np.savez(f, **members)
     return {"kept": True, "bytes": nbytes, "why": None}
 
 
