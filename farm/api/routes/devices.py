@@ -12,10 +12,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +24,24 @@ from starlette.concurrency import run_in_threadpool
 from farm.api.deps import Caller, RegistryDep, SettingsDep, admin, caller, enrollment_token
 
 router = APIRouter(tags=["devices"])
+_TIMES_LOCK = threading.Lock()
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def _step_seconds(request: Request) -> Any:
+    """``ctxfarm_device_job_seconds{step=lease|report}``: the service's own time per lease taken
+    (one attempt, not a long poll's wait) and per signed report recorded (made on first use)."""
+    hist = getattr(request.app.state, "device_job_seconds", None)
+    if hist is None:
+        with _TIMES_LOCK:
+            hist = getattr(request.app.state, "device_job_seconds", None)
+            if hist is None:
+                from prometheus_client import Histogram
+
+                hist = request.app.state.device_job_seconds = Histogram(
+                    "ctxfarm_device_job_seconds", "Device lab: the service's time per lease taken and per report "
+                    "recorded", ["step"], registry=request.app.state.metrics.registry, buckets=STEP_BUCKETS)
+    return hist
 device_caller = caller("read")
 LEASE_WAIT_MAX_S = 25.0
 LEASE_LOOK_S = 1.0  # a waiting lease looks again this often (an await: no pool thread is held)
@@ -79,7 +98,8 @@ def enroll(body: EnrollIn, reg: RegistryDep, token: Annotated[str, enrollment_to
 
 
 @router.post("/v1/device-jobs/lease", responses={204: {"description": "no job for this device"}})
-async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Annotated[Caller, device_caller]) -> Any:
+async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Annotated[Caller, device_caller],
+                request: Request) -> Any:
     """One verification job this device may run (its SoC; any SoC for a simulator, ``socs`` narrowing
     it), leased to it with a fresh nonce; 204 when none came within ``wait_s``."""
     from farm.core.catalog import load_catalog
@@ -88,10 +108,16 @@ async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Ann
 
     socs = [load_catalog().get(s, backend="qnn").name for s in body.socs] if body.socs else None
 
+    times = _step_seconds(request)
+
     def attempt() -> dict[str, Any] | None:
+        started = time.perf_counter()
         with reg.db.session() as s:
             got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s)
-            return got.to_dict() if got is not None else None
+            out = got.to_dict() if got is not None else None
+        if out is not None:
+            times.labels("lease").observe(time.perf_counter() - started)
+        return out
 
     deadline = time.monotonic() + body.wait_s
     while True:
@@ -118,17 +144,20 @@ def renew(job_id: int, body: RenewIn, reg: RegistryDep, settings: SettingsDep,
 
 @router.post("/v1/device-jobs/{job_id}/report", status_code=201)
 def report(job_id: int, body: ReportIn, reg: RegistryDep, who: Annotated[Caller, device_caller],
-           response: Response) -> dict[str, Any]:
+           response: Response, request: Request) -> dict[str, Any]:
     """Record the signed report that closes job ``job_id`` (201); the same signed report again: 200."""
     from registry.devices import device_of_token
     from registry.verification import accept, view
 
+    started = time.perf_counter()
     with reg.db.session() as s:
         device = device_of_token(s, who.token_id)
         row, created = accept(s, device, job_id, body.body, body.signature)
         if not created:
             response.status_code = 200
-        return {**view(row, device.name), "created": created}
+        out = {**view(row, device.name), "created": created}
+    _step_seconds(request).labels("report").observe(time.perf_counter() - started)
+    return out
 
 
 @router.get("/v1/devices", dependencies=[admin])
