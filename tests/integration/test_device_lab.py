@@ -477,3 +477,71 @@ def test_agents_compare_against_the_stored_cpu_reference(lab: dict[str, Any]) ->
     own = _reports(lab)["sim-c"]
     assert own["reference"] == "device-cpu" and own["psnr_db"] > 30 and own["inputs"] == row.digest, own
     assert "FARM_REFERENCE_MAX_BYTES" in own["reference_why"], own
+
+
+def test_group_and_llm_package_jobs_flow_with_fixture_reports(lab: dict[str, Any]) -> None:
+    """A graph group and an LLM genai package (each a real QNN compile of weight-shared contexts,
+    which the simulator cannot load) go through the job flow: `farm promote` makes their jobs, an
+    agent that says it runs their kind leases them (an agent that runs plain contexts is not
+    offered them), the LLM lease carries the twin's reference tokens, a fixture report signed as
+    an agent signs it is accepted, and the promotion moves on it."""
+    from farm.pipeline.genai import record_twin
+    from registry.index import Registry
+    from registry.models import DeviceVerification
+    from tests.common.genai import make_export
+    from tests.common.groups import prefill_decode
+
+    prefill, decode = prefill_decode(lab["tmp"] / "g")
+    got = farm(lab, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650",
+               "--name", "grp", "--tag", "cand", "--json")
+    assert got.returncode == 0, got.stderr
+    got = farm(lab, "build", "--genai", str(make_export(lab["tmp"] / "export")), "-t", "qnn:SM8650", "--name", "llm",
+               "--tag", "cand", "--no-twin", "--json")
+    assert got.returncode == 0, got.stderr
+    (pkg,) = json.loads(got.stdout)["builds"]
+    # The twin's record as the build makes it (a fixture here: the twin itself is tested in test_genai_twin).
+    reg = Registry.open(lab["settings"])
+    try:
+        record_twin(reg, pkg["artifact"], {"status": "ok", "prompt": "Hello", "reference_tokens": [5, 9, 2, 7],
+                                           "tokens_compared": 4, "tokens_matched": 4})
+    finally:
+        reg.close()
+
+    for model in ("grp", "llm"):
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": f"{model}:cand", "to": "stable",
+                                                                          "require": "devices>=1 per soc"})
+        assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 1, body
+    dev = _enroll(lab, "sim-g")
+    assert call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {})[0] == 204  # a context agent: none of these
+    status, body = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["tensorrt"]})
+    assert status == 400 and body["error"]["code"] == "usage", body
+    status, job_g = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["group"]})
+    assert status == 200 and job_g["kind"] == "group" and job_g["reference_tokens"] is None, job_g
+    assert job_g["samples"] is None and job_g["reference"] is None and "no sample inputs" in job_g["reference_why"]
+    status, job_l = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["genai-package", "group"]})
+    assert status == 200 and job_l["kind"] == "genai-package" and job_l["artifact"] == pkg["artifact"], job_l
+    assert job_l["reference_tokens"] == {"prompt": "Hello", "tokens": [5, 9, 2, 7]}
+
+    # What a device's agent would send: every graph of the group measured, the worst PSNR; the
+    # LLM's greedy tokens against the twin's.
+    status, body = _report(lab, dev, job_g, reference="stored", psnr_db=61.5, p50_ms=3.2)
+    assert status == 201 and body["outcome"] == "ok", body
+    status, body = _report(lab, dev, job_l, psnr_db=None, tokens_compared=4, tokens_matched=5)
+    assert status == 400 and "tokens_matched" in body["error"]["message"], body
+    status, body = _report(lab, dev, job_l, psnr_db=None, reference="stored", tokens_compared=4, tokens_matched=4,
+                           p50_ms=41.0)
+    assert status == 201 and body["tokens_matched"] == 4 and body["reference"] == "stored", body
+
+    for model in ("grp", "llm"):
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {
+            "model": f"{model}:cand", "to": "stable", "require": "devices>=1 per soc", "allow_simulator": True})
+        assert status == 200 and body["met"] is True and body["changed"] is True, body
+        assert body["account"]["socs"]["SM8650"]["devices"] == ["sim-g"], body
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            rows = {r.job_id: r for r in s.query(DeviceVerification).all()}
+            assert rows[job_l["job"]].body["tokens_matched"] == 4 and rows[job_l["job"]].psnr_db is None
+            assert rows[job_g["job"]].psnr_db == 61.5
+    finally:
+        reg.close()

@@ -27,6 +27,7 @@ REPORT_TRIES = 5  # a signed report is posted again when the service did not ans
 RUNS = 10  # steady-state runs; the median is reported
 INPUTS = "seeded:0"  # what the runs are fed without samples (workers.qnn.accuracy.seeded_inputs, seed 0)
 MAX_SAMPLES = 64 * 1024 * 1024  # the service's own cap on a model's sample inputs (docs/evidence.md)
+KINDS = ("context",)  # what this agent runs: one context (groups and genai packages: docs/device-lab.md)
 MAX_REFERENCE = 1024 * 1024 * 1024  # a stored CPU reference the agent downloads at most (the farm's bound is lower)
 
 
@@ -42,7 +43,8 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
     done = 0
     backoff = 1.0
     while True:
-        payload = {"socs": simulate or None, "runtime": runtime, "wait_s": 0.0 if once else LEASE_WAIT_S}
+        payload = {"socs": simulate or None, "runtime": runtime, "wait_s": 0.0 if once else LEASE_WAIT_S,
+                   "kinds": list(KINDS)}
         try:
             status, job = call(ident.server, "/v1/device-jobs/lease", ident.token, payload, timeout=LEASE_WAIT_S + 30)
         except ServerError as exc:
@@ -165,6 +167,8 @@ def _checked(job: Any) -> dict[str, Any]:
             check_size(job["reference"]["size"], "reference size", limit=MAX_REFERENCE)
         if job.get("reference_why") is not None and not isinstance(job["reference_why"], str):
             raise TypeError("reference_why")
+        if job.get("kind", "context") not in KINDS:
+            raise TypeError(f"kind {str(job.get('kind'))[:40]!r}: this agent runs {', '.join(KINDS)}")
     except (KeyError, TypeError) as exc:
         raise ServerError(f"the lease is not a verification job ({exc})") from None
     return job  # type: ignore[no-any-return]

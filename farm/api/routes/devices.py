@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -64,6 +64,8 @@ class EnrollmentIn(_Strict):
 
 class LeaseIn(_Strict):
     socs: list[str] | None = Field(default=None, max_length=64)
+    kinds: list[Literal["context", "group", "genai-package"]] | None = Field(
+        default=None, max_length=3, description="the kinds of artifact the agent runs (default: context)")
     runtime: str | None = Field(default=None, max_length=64)
     wait_s: float = Field(default=0.0, ge=0.0, le=LEASE_WAIT_MAX_S)
 
@@ -113,7 +115,8 @@ async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Ann
     def attempt() -> dict[str, Any] | None:
         started = time.perf_counter()
         with reg.db.session() as s:
-            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s)
+            got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s,
+                       kinds=list(body.kinds) if body.kinds else None)
             out = got.to_dict() if got is not None else None
         if out is not None:
             times.labels("lease").observe(time.perf_counter() - started)
