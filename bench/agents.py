@@ -16,16 +16,17 @@ outputs as a blob: real samples and a real reference in SeaweedFS.
    enroll``, each ``run --once`` on the real artifacts' jobs (one job per agent per SoC): install
    from the service, the stored reference fetched and checked, the simulator run, a signed report.
    Seconds per job, end to end, as a device of this box would take them.
-2. The service draining jobs: ``--agents`` agent loops in this process (threads), each enrolled
+2. The service draining jobs: first one agent loop alone takes ``--baseline-jobs`` (the baseline
+   of the same run), then ``--agents`` agent loops in this process (threads), each enrolled
    over HTTP with its own Ed25519 key, take ``--jobs`` jobs through the real API (lease, download
    the samples and the reference with ``farm.client``'s verified download from a fresh work
    directory per job, post a report signed as the agent signs it). The jobs are seeded: model rows
    of the million-artifact index get the real model's samples and reference (rows pointing at the
-   real blobs), and ``ensure_jobs`` makes ``--agents`` slots on ``--jobs / --agents`` of their
-   artifacts. The loops do not install or run the (synthetic) artifacts: their reports carry the
-   figures the real agents measured. What is measured is the service: jobs drained per second, its
-   own time per lease and per report (``ctxfarm_device_job_seconds`` from /metrics, p50/p99
-   interpolated in its buckets) and the agents' round trip per report.
+   real blobs), and ``ensure_jobs`` makes ``--agents`` slots on ``(--jobs + --baseline-jobs) /
+   --agents`` of their artifacts. The loops do not install or run the (synthetic) artifacts: their
+   reports carry the figures the real agents measured. What is measured is the service: jobs
+   drained per second, its own time per lease and per report (``ctxfarm_device_job_seconds`` from
+   /metrics, p50/p99 interpolated in its buckets) and the agents' round trip per report.
 3. Resolve p50/p99 over HTTP (a probe process asking questions of the index no one asked before,
    one every 10 ms, as bench/evidence.py's probe) while the agents drain, against the same probe
    with no agent running (before and after). Goal: p99 <= 15 ms during.
@@ -171,8 +172,9 @@ def enroll_http(url: str, enrollment: str) -> dict[str, Any]:
 
 
 def agent_loop(url: str, dev: dict[str, Any], work: Path, figures: dict[str, Any], stop: threading.Event,
-               out: dict[str, Any]) -> None:
-    """Lease, fetch the samples and the reference (verified), sign, report; until no job is left."""
+               out: dict[str, Any], limit: int | None = None) -> None:
+    """Lease, fetch the samples and the reference (verified), sign, report; until no job is left
+    (or ``limit`` jobs are done)."""
     from farm.client import Client
     from farm.core.signed_reports import canonical, message
     from workers.agent.wire import call
@@ -180,7 +182,7 @@ def agent_loop(url: str, dev: dict[str, Any], work: Path, figures: dict[str, Any
     client = Client(url, dev["token"])
     rt, fetch, done = out.setdefault("report_ms", []), out.setdefault("fetch_ms", []), 0
     lease_ms = out.setdefault("lease_ms", [])
-    while not stop.is_set():
+    while not stop.is_set() and (limit is None or done < limit):
         t = time.perf_counter()
         status, job = call(url, "/v1/device-jobs/lease", dev["token"], {"socs": None, "wait_s": 0.0})
         lease_ms.append((time.perf_counter() - t) * 1000)
@@ -242,6 +244,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=4, help="agent loops draining the seeded jobs")
     ap.add_argument("--jobs", type=int, default=200, help="seeded verification jobs they drain")
+    ap.add_argument("--baseline-jobs", type=int, default=40,
+                    help="jobs drained first by one agent alone (the baseline of the same run)")
     ap.add_argument("--artifacts", type=int, default=1_000_000, help="artifact rows in the index")
     ap.add_argument("--real-agents", type=int, default=2,
                     help="ctxfarm-agent processes run --once on the real artifacts' jobs (0: none)")
@@ -323,6 +327,7 @@ def main() -> int:
                 read = create_token(s, "bench-read", "read")
                 enrollments = [create_enrollment(s, f"real-{i}").token for i in range(args.real_agents)]
                 enrollments += [create_enrollment(s, f"loop-{i}").token for i in range(args.agents)]
+                enrollments += [create_enrollment(s, "loop-alone").token]
                 for art_id, soc in zip(real_ids, REAL_SOCS, strict=True):
                     ensure_jobs(s, art_id, soc, args.real_agents)
             out["setup_seconds"] = round(time.perf_counter() - t0, 1)
@@ -350,7 +355,7 @@ def main() -> int:
 
             # 2. Seeded jobs: index rows of the million get the real samples and reference.
             slots = max(1, args.agents)
-            cells = math.ceil(args.jobs / slots)
+            cells = math.ceil((args.jobs + args.baseline_jobs) / slots)
             with reg.db.session() as s:
                 picked = list(s.execute(select(Artifact.id, Artifact.model_digest, Artifact.target)
                                         .where(Artifact.id.notin_(real_ids), Artifact.status == "active")
@@ -372,6 +377,7 @@ def main() -> int:
                     made += ensure_jobs(s, art_id, target, slots)
                 s.execute(text("ANALYZE verification_jobs"))
             devs = [enroll_http(url, tok) for tok in enrollments[args.real_agents:]]
+            alone = devs.pop()
             print(f"{made} seeded jobs on {len(picked)} artifacts; {len(devs)} agent loops enrolled", flush=True)
 
             rng = random.Random(7)
@@ -384,7 +390,23 @@ def main() -> int:
             probe(port, read, questions(200), 3.0)  # warm-up: connections, compiled statements
             quiet = probe(port, read, questions(int(args.quiet_seconds * 100) + 50), args.quiet_seconds)
 
-            # 3. The drain, with the probe beside it.
+            # 2a. The baseline: one agent alone.
+            before = scrape(port, read)
+            base_out: dict[str, Any] = {}
+            t0 = time.perf_counter()
+            if args.baseline_jobs:
+                agent_loop(url, alone, tmp / "loop-alone", figures, threading.Event(), base_out, args.baseline_jobs)
+            base_s = time.perf_counter() - t0
+            base_scrape = scrape(port, read)
+            out["baseline"] = {
+                "agents": 1, "reported": base_out.get("done", 0), "seconds": round(base_s, 2),
+                "jobs_per_s": round(base_out.get("done", 0) / base_s, 1) if base_out.get("done") else None,
+                "service_report": step_figures(before, base_scrape, "report"),
+                "service_lease": step_figures(before, base_scrape, "lease"),
+                "agent_report_round_trip_ms": {"p50": pct(base_out.get("report_ms", []), 50),
+                                               "p99": pct(base_out.get("report_ms", []), 99)}}
+
+            # 3. The drain by all the agents, with the probe beside it.
             before = scrape(port, read)
             stop = threading.Event()
             results: list[dict[str, Any]] = [{} for _ in devs]
@@ -414,7 +436,8 @@ def main() -> int:
             report_ms = [x for r in results for x in r.get("report_ms", [])]
             fetch_ms = [x for r in results for x in r.get("fetch_ms", [])]
             out["drain"] = {
-                "agents": len(devs), "jobs": made, "reported": done, "seconds": round(drain_s, 2),
+                "agents": len(devs), "jobs": made - out["baseline"]["reported"], "reported": done,
+                "seconds": round(drain_s, 2),
                 "jobs_per_s": round(done / drain_s, 1) if drain_s else None,
                 "service_report": step_figures(before, after_scrape, "report"),
                 "service_lease": step_figures(before, after_scrape, "lease"),
@@ -458,19 +481,20 @@ def show(out: dict[str, Any]) -> None:
         ra = out["real_agents"]
         print(f"real ctxfarm-agent run --once: {ra['reports']} jobs, {ra['median_seconds_per_job']} s per job "
               f"(install, stored reference, simulator run, signed report)\n")
-    print(f"{'drain':34s} {'value':>10s}")
-    print(f"{'agents':34s} {d['agents']:>10d}")
-    print(f"{'jobs reported / made':34s} {str(d['reported']) + ' / ' + str(d['jobs']):>10s}")
-    print(f"{'seconds':34s} {d['seconds']:>10.2f}")
-    print(f"{'jobs/s drained':34s} {d['jobs_per_s']:>10}")
+    b = out["baseline"]
+    print(f"{'drain':34s} {'1 agent alone':>16s} {str(d['agents']) + ' agents':>16s}")
+    print(f"{'jobs reported':34s} {b['reported']:>16d} {str(d['reported']) + ' / ' + str(d['jobs']):>16s}")
+    print(f"{'seconds':34s} {b['seconds']:>16.2f} {d['seconds']:>16.2f}")
+    print(f"{'jobs/s drained':34s} {str(b['jobs_per_s']):>16s} {str(d['jobs_per_s']):>16s}")
     for label, key in (("service ms per report", "service_report"), ("service ms per lease", "service_lease")):
-        f = d[key]
-        both = f"{f['p50_ms']} / {f['p99_ms']}"
-        print(f"{label + ' p50 / p99':34s} {both:>10s}  (n {f['n']}, mean {f['mean_ms']})")
-    for label, key in (("agent report round trip ms", "agent_report_round_trip_ms"),
-                       ("agent lease round trip ms", "agent_lease_round_trip_ms"),
+        cells = [f"{x[key]['p50_ms']} / {x[key]['p99_ms']}" for x in (b, d)]
+        print(f"{label + ' p50 / p99':34s} {cells[0]:>16s} {cells[1]:>16s}")
+    key = "agent_report_round_trip_ms"
+    cells = [f"{x[key]['p50']} / {x[key]['p99']}" for x in (b, d)]
+    print(f"{'agent report round trip ms p50/p99':34s} {cells[0]:>16s} {cells[1]:>16s}")
+    for label, key in (("agent lease round trip ms", "agent_lease_round_trip_ms"),
                        ("agent fetch (samples+ref) ms", "agent_fetch_samples_and_reference_ms")):
-        print(f"{label + ' p50 / p99':34s} {str(d[key]['p50']) + ' / ' + str(d[key]['p99']):>10s}")
+        print(f"{label + ' p50 / p99':34s} {'':>16s} {str(d[key]['p50']) + ' / ' + str(d[key]['p99']):>16s}")
     print(f"\n{'resolve ms':14s} {'n':>6s} {'p50':>8s} {'p99':>8s}")
     for k in ("quiet", "during"):
         print(f"{k:14s} {r[k]['n']:6d} {r[k]['p50_ms']:8.2f} {r[k]['p99_ms']:8.2f}")
