@@ -118,8 +118,8 @@ class GcReport:
 
 def referenced_digests(session: Session) -> set[str]:
     """Every blob digest the index points at: artifact files (incl. manifests and logs), broken
-    artifacts too (their evidence), stored model bundle files, and every file of an ORT model
-    package (its record too)."""
+    artifacts too (their evidence), stored model bundle files, every file of an ORT model
+    package (its record too), and models' sample inputs with their stored CPU references."""
     refs = set(session.scalars(select(ArtifactFile.digest)))
     for files in session.scalars(select(Model.files)):
         refs.update(f["digest"] for f in files if f.get("stored"))
@@ -127,6 +127,13 @@ def referenced_digests(session: Session) -> set[str]:
 
     for files in session.scalars(select(ModelPackageRow.files)):  # ORT model packages
         refs.update(f["digest"] for f in files)
+    from registry.models import ModelSample
+
+    # A model's sample inputs and the CPU reference kept with them (device agents fetch both).
+    for sample, reference in session.execute(select(ModelSample.digest, ModelSample.reference_digest)):
+        refs.add(sample)
+        if reference:
+            refs.add(reference)
     return refs
 
 

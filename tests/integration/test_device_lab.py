@@ -450,6 +450,15 @@ def test_agents_compare_against_the_stored_cpu_reference(lab: dict[str, Any]) ->
         assert got.returncode == 0, got.stderr
         homes.append(home)
 
+    from registry.index import Registry
+    from registry.verify import referenced_digests
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:  # garbage collection keeps the samples and their reference
+            assert {row.digest, row.reference_digest} <= referenced_digests(s)
+    finally:
+        reg.close()
     got = agent(lab, "run", "--home", str(homes[0]), "--once", "--runs", "2")
     assert got.returncode == 0 and "ok, p50" in got.stderr, got.stderr
     stored = _reports(lab)["sim-s"]
