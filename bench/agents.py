@@ -24,12 +24,14 @@ outputs as a blob: real samples and a real reference in SeaweedFS.
    of the million-artifact index get the real model's samples and reference (rows pointing at the
    real blobs), and ``ensure_jobs`` makes ``--agents`` slots on ``(--jobs + --baseline-jobs) /
    --agents`` of their artifacts. The loops do not install or run the (synthetic) artifacts: their
-   reports carry the figures the real agents measured. What is measured is the service: jobs
+   reports carry the figures the real agents measured. Then ``--paced-jobs`` more, each agent
+   waiting the real agents' measured seconds per job before its report (a fleet at a device's
+   pace, not flat out). What is measured is the service: jobs
    drained per second, its own time per lease and per report (``ctxfarm_device_job_seconds`` from
    /metrics, p50/p99 interpolated in its buckets) and the agents' round trip per report.
 3. Resolve p50/p99 over HTTP (a probe process asking questions of the index no one asked before,
-   one every 10 ms, as bench/evidence.py's probe) while the agents drain, against the same probe
-   with no agent running (before and after). Goal: p99 <= 15 ms during.
+   one every 10 ms, as bench/evidence.py's probe) while the agents drain (flat out, paced), against
+   the same probe with no agent running (before and after). Goal: p99 <= 15 ms during.
 
 Prints a table and writes bench/out/agents.json with the box's load (``uptime``) before and after.
 """
@@ -172,9 +174,9 @@ def enroll_http(url: str, enrollment: str) -> dict[str, Any]:
 
 
 def agent_loop(url: str, dev: dict[str, Any], work: Path, figures: dict[str, Any], stop: threading.Event,
-               out: dict[str, Any], limit: int | None = None) -> None:
+               out: dict[str, Any], limit: int | None = None, pace: float = 0.0) -> None:
     """Lease, fetch the samples and the reference (verified), sign, report; until no job is left
-    (or ``limit`` jobs are done)."""
+    (or ``limit`` jobs are done). ``pace``: seconds a job takes on the device before its report."""
     from farm.client import Client
     from farm.core.signed_reports import canonical, message
     from workers.agent.wire import call
@@ -202,6 +204,8 @@ def agent_loop(url: str, dev: dict[str, Any], work: Path, figures: dict[str, Any
         else:
             body |= {"reference": "device-cpu", "reference_why": str(job.get("reference_why") or "")[:300]}
         fetch.append((time.perf_counter() - t) * 1000)
+        if pace:
+            time.sleep(pace)  # the device's run (install, load, runs): the service is not asked meanwhile
         body |= {k: v for k, v in figures.items() if k in ("outcome", "load_ms", "first_inference_ms", "p50_ms",
                                                               "peak_memory_mb", "psnr_db", "runs")}
         text = canonical(body)
@@ -244,6 +248,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=4, help="agent loops draining the seeded jobs")
     ap.add_argument("--jobs", type=int, default=200, help="seeded verification jobs they drain")
+    ap.add_argument("--paced-jobs", type=int, default=40,
+                    help="jobs the agents then take paced as the real agents ran (0: skip)")
     ap.add_argument("--baseline-jobs", type=int, default=40,
                     help="jobs drained first by one agent alone (the baseline of the same run)")
     ap.add_argument("--artifacts", type=int, default=1_000_000, help="artifact rows in the index")
@@ -355,30 +361,36 @@ def main() -> int:
 
             # 2. Seeded jobs: index rows of the million get the real samples and reference.
             slots = max(1, args.agents)
-            cells = math.ceil((args.jobs + args.baseline_jobs) / slots)
-            with reg.db.session() as s:
-                picked = list(s.execute(select(Artifact.id, Artifact.model_digest, Artifact.target)
-                                        .where(Artifact.id.notin_(real_ids), Artifact.status == "active")
-                                        .order_by(Artifact.id.desc()).limit(cells)))
+            used: set[int] = set(real_ids)
+
+            def seed_jobs(n_jobs: int) -> int:
+                """``n_jobs`` jobs (``slots`` per artifact) on index artifacts no phase used yet."""
                 from sqlalchemy import update
 
                 from registry.models import Model
 
-                # The seeded models' files are the real model's (real blobs: a lease names them).
-                real_files = s.get(Model, report.model_digest).files  # type: ignore[union-attr]
-                s.execute(update(Model).where(Model.digest.in_({m for _a, m, _t in picked})).values(files=real_files))
-                for model_digest in {m for _a, m, _t in picked}:
-                    if s.get(ModelSample, model_digest) is None:
-                        s.add(ModelSample(model_digest=model_digest, digest=ref[2], size=ref[3],
-                                          inputs=[{"name": "x", "dtype": "float32", "shape": [1, 64]}],
-                                          reference_digest=ref[0], reference_size=ref[1]))
-                made = 0
-                for art_id, _m, target in picked:
-                    made += ensure_jobs(s, art_id, target, slots)
-                s.execute(text("ANALYZE verification_jobs"))
+                with reg.db.session() as s:
+                    picked = list(s.execute(select(Artifact.id, Artifact.model_digest, Artifact.target)
+                                            .where(Artifact.id.notin_(used), Artifact.status == "active")
+                                            .order_by(Artifact.id.desc()).limit(math.ceil(n_jobs / slots))))
+                    used.update(a for a, _m, _t in picked)
+                    # The seeded models' files are the real model's (real blobs: a lease names them).
+                    real_files = s.get(Model, report.model_digest).files  # type: ignore[union-attr]
+                    digests = {m for _a, m, _t in picked}
+                    s.execute(update(Model).where(Model.digest.in_(digests)).values(files=real_files))
+                    for model_digest in digests:
+                        if s.get(ModelSample, model_digest) is None:
+                            s.add(ModelSample(model_digest=model_digest, digest=ref[2], size=ref[3],
+                                              inputs=[{"name": "x", "dtype": "float32", "shape": [1, 64]}],
+                                              reference_digest=ref[0], reference_size=ref[1]))
+                    made = sum(ensure_jobs(s, art_id, target, slots) for art_id, _m, target in picked)
+                    s.execute(text("ANALYZE verification_jobs"))
+                return made
+
+            made = seed_jobs(args.jobs + args.baseline_jobs)
             devs = [enroll_http(url, tok) for tok in enrollments[args.real_agents:]]
             alone = devs.pop()
-            print(f"{made} seeded jobs on {len(picked)} artifacts; {len(devs)} agent loops enrolled", flush=True)
+            print(f"{made} seeded jobs; {len(devs)} agent loops enrolled", flush=True)
 
             rng = random.Random(7)
             n_models = max(1, counts.get("built_models", 1))
@@ -390,70 +402,66 @@ def main() -> int:
             probe(port, read, questions(200), 3.0)  # warm-up: connections, compiled statements
             quiet = probe(port, read, questions(int(args.quiet_seconds * 100) + 50), args.quiet_seconds)
 
-            # 2a. The baseline: one agent alone.
-            before = scrape(port, read)
-            base_out: dict[str, Any] = {}
-            t0 = time.perf_counter()
-            if args.baseline_jobs:
-                agent_loop(url, alone, tmp / "loop-alone", figures, threading.Event(), base_out, args.baseline_jobs)
-            base_s = time.perf_counter() - t0
-            base_scrape = scrape(port, read)
-            out["baseline"] = {
-                "agents": 1, "reported": base_out.get("done", 0), "seconds": round(base_s, 2),
-                "jobs_per_s": round(base_out.get("done", 0) / base_s, 1) if base_out.get("done") else None,
-                "service_report": step_figures(before, base_scrape, "report"),
-                "service_lease": step_figures(before, base_scrape, "lease"),
-                "agent_report_round_trip_ms": {"p50": pct(base_out.get("report_ms", []), 50),
-                                               "p99": pct(base_out.get("report_ms", []), 99)}}
+            def drain(agents: list[dict[str, Any]], jobs: int, label: str, *, pace: float = 0.0,
+                      limit: int | None = None) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+                """The agents drain what is open, resolve probed beside them; their figures."""
+                before = scrape(port, read)
+                stop = threading.Event()
+                results: list[dict[str, Any]] = [{} for _ in agents]
+                threads = [threading.Thread(target=agent_loop, args=(url, d, tmp / f"{label}-{i}", figures, stop,
+                                                                     results[i], limit, pace))
+                           for i, d in enumerate(agents)]
+                during: list[tuple[float, int]] = []
+                drained = tmp / f"drained-{label}"  # the probe stops once this exists
+                prober = threading.Thread(target=lambda: during.extend(probe(port, read, questions(60_000), 600.0,
+                                                                             drained)))
+                load_start = os.getloadavg()
+                t0 = time.perf_counter()
+                for th in threads:
+                    th.start()
+                time.sleep(0.5)
+                prober.start()
+                for th in threads:
+                    th.join()
+                took = time.perf_counter() - t0
+                drained.touch()
+                load_end = os.getloadavg()
+                after = scrape(port, read)
+                prober.join()
+                done = sum(r.get("done", 0) for r in results)
 
-            # 3. The drain by all the agents, with the probe beside it.
-            before = scrape(port, read)
-            stop = threading.Event()
-            results: list[dict[str, Any]] = [{} for _ in devs]
-            threads = [threading.Thread(target=agent_loop, args=(url, d, tmp / f"loop-{i}", figures, stop, results[i]))
-                       for i, d in enumerate(devs)]
-            during: list[tuple[float, int]] = []
-            drained = tmp / "drained"  # the probe stops once this exists
-            prober = threading.Thread(target=lambda: during.extend(probe(port, read, questions(60_000), 600.0,
-                                                                         drained)))
-            load_start = os.getloadavg()
-            t0 = time.perf_counter()
-            for th in threads:
-                th.start()
-            time.sleep(0.5)
-            prober.start()
-            for th in threads:
-                th.join()
-            drain_s = time.perf_counter() - t0
-            drained.touch()
-            load_drain = os.getloadavg()
-            after_scrape = scrape(port, read)
-            prober.join()
+                def both(key: str) -> dict[str, float]:
+                    values = [x for r in results for x in r.get(key, [])]
+                    return {"p50": pct(values, 50), "p99": pct(values, 99)}
+
+                return {"agents": len(agents), "jobs": jobs, "reported": done, "seconds": round(took, 2),
+                        "pace_s": pace, "jobs_per_s": round(done / took, 1) if took else None,
+                        "service_report": step_figures(before, after, "report"),
+                        "service_lease": step_figures(before, after, "lease"),
+                        "agent_report_round_trip_ms": both("report_ms"),
+                        "agent_lease_round_trip_ms": both("lease_ms"),
+                        "agent_fetch_samples_and_reference_ms": both("fetch_ms"),
+                        "load_at_start": load_start, "load_at_end": load_end}, during
+
+            # 2a. The baseline: one agent alone. 2b. All agents flat out (no device time between
+            # jobs: the most the service is asked). 2c. All agents paced as the real agents ran
+            # (each job takes a real agent's measured seconds on the device before its report).
+            out["baseline"], _ = drain([alone], args.baseline_jobs, "alone", limit=args.baseline_jobs)
+            out["drain"], during = drain(devs, made - out["baseline"]["reported"], "flat")
+            pace = float((out.get("real_agents") or {}).get("median_seconds_per_job") or 1.0)
+            paced_jobs = seed_jobs(args.paced_jobs) if args.paced_jobs else 0
+            out["paced"], during_paced = drain(devs, paced_jobs, "paced", pace=pace) if paced_jobs else ({}, [])
             quiet += probe(port, read, questions(int(args.quiet_seconds * 100) + 50), args.quiet_seconds)
-            done = sum(r.get("done", 0) for r in results)
-            during_drain = during
-            lease_ms = [x for r in results for x in r.get("lease_ms", [])]
-            report_ms = [x for r in results for x in r.get("report_ms", [])]
-            fetch_ms = [x for r in results for x in r.get("fetch_ms", [])]
-            out["drain"] = {
-                "agents": len(devs), "jobs": made - out["baseline"]["reported"], "reported": done,
-                "seconds": round(drain_s, 2),
-                "jobs_per_s": round(done / drain_s, 1) if drain_s else None,
-                "service_report": step_figures(before, after_scrape, "report"),
-                "service_lease": step_figures(before, after_scrape, "lease"),
-                "agent_report_round_trip_ms": {"p50": pct(report_ms, 50), "p99": pct(report_ms, 99)},
-                "agent_lease_round_trip_ms": {"p50": pct(lease_ms, 50), "p99": pct(lease_ms, 99)},
-                "agent_fetch_samples_and_reference_ms": {"p50": pct(fetch_ms, 50), "p99": pct(fetch_ms, 99)},
-                "load_at_start": load_start, "load_at_end": load_drain}
-            out["resolve"] = {
-                "quiet": {"n": len(quiet), "p50_ms": pct([m for m, _ in quiet], 50),
-                          "p99_ms": pct([m for m, _ in quiet], 99),
-                          "statuses": sorted({st for _, st in quiet})},
-                "during": {"n": len(during_drain), "p50_ms": pct([m for m, _ in during_drain], 50),
-                           "p99_ms": pct([m for m, _ in during_drain], 99),
-                           "statuses": sorted({st for _, st in during_drain})},
-                "goal_p99_ms": RESOLVE_GOAL_MS}
-            out["resolve"]["met"] = bool(out["resolve"]["during"]["p99_ms"] <= RESOLVE_GOAL_MS)
+
+            def figures_of(values: list[tuple[float, int]]) -> dict[str, Any]:
+                ms = [m for m, _ in values]
+                return {"n": len(values), "p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99),
+                        "statuses": sorted({st for _, st in values})}
+
+            out["resolve"] = {"quiet": figures_of(quiet), "during": figures_of(during),
+                              "during_paced": figures_of(during_paced), "goal_p99_ms": RESOLVE_GOAL_MS}
+            for k in ("during", "during_paced"):
+                out["resolve"][f"met_{k}"] = bool(out["resolve"][k]["p99_ms"] <= RESOLVE_GOAL_MS)
             reg.close()
     finally:
         for p in procs:
@@ -474,33 +482,36 @@ def main() -> int:
 
 
 def show(out: dict[str, Any]) -> None:
-    d, r = out["drain"], out["resolve"]
+    r = out["resolve"]
     print(f"\nindex: {out['populate'].get('artifacts', 0)} artifacts; box: {out['cpus']} CPUs")
     print(f"load before: {out['uptime_before']}\nload after:  {out['uptime_after']}\n")
     if out.get("real_agents"):
         ra = out["real_agents"]
         print(f"real ctxfarm-agent run --once: {ra['reports']} jobs, {ra['median_seconds_per_job']} s per job "
               f"(install, stored reference, simulator run, signed report)\n")
-    b = out["baseline"]
-    print(f"{'drain':34s} {'1 agent alone':>16s} {str(d['agents']) + ' agents':>16s}")
-    print(f"{'jobs reported':34s} {b['reported']:>16d} {str(d['reported']) + ' / ' + str(d['jobs']):>16s}")
-    print(f"{'seconds':34s} {b['seconds']:>16.2f} {d['seconds']:>16.2f}")
-    print(f"{'jobs/s drained':34s} {str(b['jobs_per_s']):>16s} {str(d['jobs_per_s']):>16s}")
-    for label, key in (("service ms per report", "service_report"), ("service ms per lease", "service_lease")):
-        cells = [f"{x[key]['p50_ms']} / {x[key]['p99_ms']}" for x in (b, d)]
-        print(f"{label + ' p50 / p99':34s} {cells[0]:>16s} {cells[1]:>16s}")
-    key = "agent_report_round_trip_ms"
-    cells = [f"{x[key]['p50']} / {x[key]['p99']}" for x in (b, d)]
-    print(f"{'agent report round trip ms p50/p99':34s} {cells[0]:>16s} {cells[1]:>16s}")
-    for label, key in (("agent lease round trip ms", "agent_lease_round_trip_ms"),
-                       ("agent fetch (samples+ref) ms", "agent_fetch_samples_and_reference_ms")):
-        print(f"{label + ' p50 / p99':34s} {'':>16s} {str(d[key]['p50']) + ' / ' + str(d[key]['p99']):>16s}")
-    print(f"\n{'resolve ms':14s} {'n':>6s} {'p50':>8s} {'p99':>8s}")
-    for k in ("quiet", "during"):
-        print(f"{k:14s} {r[k]['n']:6d} {r[k]['p50_ms']:8.2f} {r[k]['p99_ms']:8.2f}")
-    ratio = r["during"]["p99_ms"] / r["quiet"]["p99_ms"] if r["quiet"]["p99_ms"] else float("nan")
-    print(f"during / quiet p99: {ratio:.2f}x; goal p99 <= {RESOLVE_GOAL_MS:g} ms during: "
-          f"{'met' if r['met'] else 'MISSED'}")
+    phases = [("1 agent alone", out["baseline"]), (f"{out['drain']['agents']} agents", out["drain"])]
+    if out.get("paced"):
+        phases.append((f"{out['paced']['agents']} paced {out['paced']['pace_s']:g} s", out["paced"]))
+    print(f"{'drain':32s}" + "".join(f" {label:>18s}" for label, _ in phases))
+
+    def row(label: str, cell: Any) -> None:
+        print(f"{label:32s}" + "".join(f" {cell(x):>18s}" for _, x in phases))
+
+    row("jobs reported / made", lambda x: f"{x['reported']} / {x['jobs']}")
+    row("seconds", lambda x: f"{x['seconds']:.2f}")
+    row("jobs/s drained", lambda x: str(x["jobs_per_s"]))
+    row("service ms per report p50/p99", lambda x: f"{x['service_report']['p50_ms']} / {x['service_report']['p99_ms']}")
+    row("service ms per lease p50/p99", lambda x: f"{x['service_lease']['p50_ms']} / {x['service_lease']['p99_ms']}")
+    for label, key in (("agent report round trip p50/p99", "agent_report_round_trip_ms"),
+                       ("agent lease round trip p50/p99", "agent_lease_round_trip_ms"),
+                       ("agent fetch samples+ref p50/p99", "agent_fetch_samples_and_reference_ms")):
+        row(label, lambda x, k=key: f"{x[k]['p50']} / {x[k]['p99']}")
+    print(f"\n{'resolve ms':22s} {'n':>6s} {'p50':>8s} {'p99':>8s}")
+    for k in ("quiet", "during", "during_paced"):
+        if r[k]["n"]:
+            print(f"{k:22s} {r[k]['n']:6d} {r[k]['p50_ms']:8.2f} {r[k]['p99_ms']:8.2f}"
+                  + (f"  {r[k]['p99_ms'] / r['quiet']['p99_ms']:.2f}x quiet p99; goal <= {RESOLVE_GOAL_MS:g} ms: "
+                     f"{'met' if r['met_' + k] else 'MISSED'}" if k != "quiet" else ""))
 
 
 if __name__ == "__main__":
