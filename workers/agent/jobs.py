@@ -218,7 +218,10 @@ def verify(ident: Identity, home: Path, job: dict[str, Any], *, runs: int, runti
     model = None
     if reference is None:
         body["reference"] = "device-cpu"
-        body["reference_why"] = str(job.get("reference_why") or "the job names no stored reference")[:300]
+        from farm.core.text import printable
+
+        # The service's words, signed by this device: only printable text (the service refuses the rest).
+        body["reference_why"] = printable(str(job.get("reference_why") or "the job names no stored reference"))[:300]
         for f in job["model_files"]:  # the source model, for the CPU reference computed here
             path = inside(work / "model", f["path"])
             path.parent.mkdir(parents=True, exist_ok=True)
