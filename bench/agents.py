@@ -26,7 +26,9 @@ outputs as a blob: real samples and a real reference in SeaweedFS.
    --agents`` of their artifacts. The loops do not install or run the (synthetic) artifacts: their
    reports carry the figures the real agents measured. Then ``--paced-jobs`` more, each agent
    waiting the real agents' measured seconds per job before its report (a fleet at a device's
-   pace, not flat out). What is measured is the service: jobs
+   pace, not flat out). Last, ``--jobs`` more flat out against a second ``farm serve`` on the same
+   index with FARM_DEVICE_LAB_CONCURRENCY=0 (every lease and report at once, against the default
+   one at a time per process). What is measured is the service: jobs
    drained per second, its own time per lease and per report (``ctxfarm_device_job_seconds`` from
    /metrics, p50/p99 interpolated in its buckets) and the agents' round trip per report.
 3. Resolve p50/p99 over HTTP (a probe process asking questions of the index no one asked before,
@@ -342,6 +344,11 @@ def main() -> int:
             port = free_port()
             procs.append(serve(env, port, tmp / "serve.log", workers=args.serve_workers))
             url = f"http://127.0.0.1:{port}"
+            # The same index behind a second service that takes every lease and report at once
+            # (FARM_DEVICE_LAB_CONCURRENCY=0): the flat-out drain again there, for comparison.
+            port_open = free_port()
+            procs.append(serve({**env, "FARM_DEVICE_LAB_CONCURRENCY": "0"}, port_open, tmp / "serve-open.log",
+                               workers=args.serve_workers))
 
             # 1. Real agents on the real artifacts' jobs.
             figures: dict[str, Any] = {"outcome": "ok", "runtime": "2.51.0", "p50_ms": 1.0, "psnr_db": 70.0}
@@ -403,11 +410,12 @@ def main() -> int:
             quiet = probe(port, read, questions(int(args.quiet_seconds * 100) + 50), args.quiet_seconds)
 
             def drain(agents: list[dict[str, Any]], jobs: int, label: str, *, pace: float = 0.0,
-                      limit: int | None = None) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+                      limit: int | None = None, port: int = port) -> tuple[dict[str, Any], list[tuple[float, int]]]:
                 """The agents drain what is open, resolve probed beside them; their figures."""
                 before = scrape(port, read)
                 stop = threading.Event()
                 results: list[dict[str, Any]] = [{} for _ in agents]
+                url = f"http://127.0.0.1:{port}"
                 threads = [threading.Thread(target=agent_loop, args=(url, d, tmp / f"{label}-{i}", figures, stop,
                                                                      results[i], limit, pace))
                            for i, d in enumerate(agents)]
@@ -451,6 +459,8 @@ def main() -> int:
             pace = float((out.get("real_agents") or {}).get("median_seconds_per_job") or 1.0)
             paced_jobs = seed_jobs(args.paced_jobs) if args.paced_jobs else 0
             out["paced"], during_paced = drain(devs, paced_jobs, "paced", pace=pace) if paced_jobs else ({}, [])
+            open_jobs = seed_jobs(args.jobs)
+            out["drain_ungated"], during_open = drain(devs, open_jobs, "open", port=port_open)
             quiet += probe(port, read, questions(int(args.quiet_seconds * 100) + 50), args.quiet_seconds)
 
             def figures_of(values: list[tuple[float, int]]) -> dict[str, Any]:
@@ -459,8 +469,9 @@ def main() -> int:
                         "statuses": sorted({st for _, st in values})}
 
             out["resolve"] = {"quiet": figures_of(quiet), "during": figures_of(during),
-                              "during_paced": figures_of(during_paced), "goal_p99_ms": RESOLVE_GOAL_MS}
-            for k in ("during", "during_paced"):
+                              "during_paced": figures_of(during_paced),
+                              "during_ungated": figures_of(during_open), "goal_p99_ms": RESOLVE_GOAL_MS}
+            for k in ("during", "during_paced", "during_ungated"):
                 out["resolve"][f"met_{k}"] = bool(out["resolve"][k]["p99_ms"] <= RESOLVE_GOAL_MS)
             reg.close()
     finally:
@@ -492,6 +503,7 @@ def show(out: dict[str, Any]) -> None:
     phases = [("1 agent alone", out["baseline"]), (f"{out['drain']['agents']} agents", out["drain"])]
     if out.get("paced"):
         phases.append((f"{out['paced']['agents']} paced {out['paced']['pace_s']:g} s", out["paced"]))
+    phases.append((f"{out['drain_ungated']['agents']} ungated", out["drain_ungated"]))
     print(f"{'drain':32s}" + "".join(f" {label:>18s}" for label, _ in phases))
 
     def row(label: str, cell: Any) -> None:
@@ -507,7 +519,7 @@ def show(out: dict[str, Any]) -> None:
                        ("agent fetch samples+ref p50/p99", "agent_fetch_samples_and_reference_ms")):
         row(label, lambda x, k=key: f"{x[k]['p50']} / {x[k]['p99']}")
     print(f"\n{'resolve ms':22s} {'n':>6s} {'p50':>8s} {'p99':>8s}")
-    for k in ("quiet", "during", "during_paced"):
+    for k in ("quiet", "during", "during_paced", "during_ungated"):
         if r[k]["n"]:
             print(f"{k:22s} {r[k]['n']:6d} {r[k]['p50_ms']:8.2f} {r[k]['p99_ms']:8.2f}"
                   + (f"  {r[k]['p99_ms'] / r['quiet']['p99_ms']:.2f}x quiet p99; goal <= {RESOLVE_GOAL_MS:g} ms: "

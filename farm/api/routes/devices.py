@@ -28,6 +28,25 @@ _TIMES_LOCK = threading.Lock()
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+class _Unbounded:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+
+def _lab_gate(request: Request, settings: Any) -> Any:
+    """FARM_DEVICE_LAB_CONCURRENCY leases and reports at once in this process: agents are batch
+    work that can wait, while a device's resolve waits on every thread and core the lab holds
+    (bench/agents.py measures both). The wait is not the service's time per step."""
+    gate = getattr(request.app.state, "device_lab_gate", None)
+    if gate is None:  # made on the event loop's thread: no race between two first requests
+        n = int(settings.device_lab_concurrency)
+        gate = request.app.state.device_lab_gate = asyncio.Semaphore(n) if n > 0 else _Unbounded()
+    return gate
+
+
 def _step_seconds(request: Request) -> Any:
     """``ctxfarm_device_job_seconds{step=lease|report}``: the service's own time per lease taken
     (one attempt, not a long poll's wait) and per signed report recorded (made on first use)."""
@@ -123,8 +142,10 @@ async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Ann
         return out
 
     deadline = time.monotonic() + body.wait_s
+    gate = _lab_gate(request, settings)
     while True:
-        got = await run_in_threadpool(attempt)
+        async with gate:
+            got = await run_in_threadpool(attempt)
         if got is not None:
             return got
         left = deadline - time.monotonic()
@@ -146,21 +167,27 @@ def renew(job_id: int, body: RenewIn, reg: RegistryDep, settings: SettingsDep,
 
 
 @router.post("/v1/device-jobs/{job_id}/report", status_code=201)
-def report(job_id: int, body: ReportIn, reg: RegistryDep, who: Annotated[Caller, device_caller],
-           response: Response, request: Request) -> dict[str, Any]:
+async def report(job_id: int, body: ReportIn, reg: RegistryDep, settings: SettingsDep,
+                 who: Annotated[Caller, device_caller], response: Response, request: Request) -> dict[str, Any]:
     """Record the signed report that closes job ``job_id`` (201); the same signed report again: 200."""
     from registry.devices import device_of_token
     from registry.verification import accept, view
 
-    started = time.perf_counter()
-    with reg.db.session() as s:
-        device = device_of_token(s, who.token_id)
-        row, created = accept(s, device, job_id, body.body, body.signature)
-        if not created:
-            response.status_code = 200
-        out = {**view(row, device.name), "created": created}
-    _step_seconds(request).labels("report").observe(time.perf_counter() - started)
-    return out
+    times = _step_seconds(request)
+
+    def record() -> dict[str, Any]:
+        started = time.perf_counter()
+        with reg.db.session() as s:
+            device = device_of_token(s, who.token_id)
+            row, created = accept(s, device, job_id, body.body, body.signature)
+            if not created:
+                response.status_code = 200
+            out = {**view(row, device.name), "created": created}
+        times.labels("report").observe(time.perf_counter() - started)
+        return out
+
+    async with _lab_gate(request, settings):
+        return await run_in_threadpool(record)
 
 
 @router.get("/v1/devices", dependencies=[admin])
