@@ -258,5 +258,34 @@ def record_samples(s: Session, model_digest: str, digest: str, size: int, inputs
     if row is None:
         s.add(ModelSample(model_digest=model_digest, digest=digest, size=size, inputs=inputs))
     else:
+        if row.digest != digest:  # the reference was these samples' outputs: new samples, a new one
+            row.reference_digest = row.reference_size = row.reference_why = None
         row.digest, row.size, row.inputs = digest, size, inputs
     s.flush()
+
+
+def wants_reference(s: Session, model_digest: str, sample_digest: str) -> bool:
+    """Whether the accuracy check should keep the CPU reference outputs of these samples: they are
+    still the model's and none is kept yet (one whose reason is recorded is tried again: the bound
+    may have been raised)."""
+    from registry.models import ModelSample
+
+    row = s.get(ModelSample, model_digest)
+    return row is not None and row.digest == sample_digest and row.reference_digest is None
+
+
+def record_reference(s: Session, model_digest: str, sample_digest: str, digest: str | None, size: int | None,
+                     why: str | None) -> bool:
+    """Keep the reference blob (``digest``, ``size``) of the model's samples, or ``why`` none is
+    kept. Guarded: only while ``sample_digest`` is still the model's samples (an upload meanwhile
+    made the outputs someone else's). Whether it was recorded."""
+    from sqlalchemy import update
+
+    from registry.models import ModelSample
+
+    done = s.execute(update(ModelSample).where(ModelSample.model_digest == model_digest,
+                                               ModelSample.digest == sample_digest)
+                     .values(reference_digest=digest, reference_size=size,
+                             reference_why=None if digest else (why or "not kept")[:300])
+                     .execution_options(synchronize_session=False))
+    return bool(done.rowcount)  # type: ignore[attr-defined]

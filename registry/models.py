@@ -432,13 +432,19 @@ class ModelSample(Base):
     inputs on upload): what accuracy runs feed instead of seeded inputs."""
 
     __tablename__ = "model_samples"
-    __table_args__ = (_digest_check("digest"),)
+    __table_args__ = (_digest_check("digest"), _digest_check("reference_digest"))
 
     model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"), primary_key=True)
     digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
     size: Mapped[int] = mapped_column(BigInteger)
     inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The source model's outputs on onnxruntime's CPU EP for these samples (an ``.npz`` blob made by
+    # the accuracy check), handed to device agents as their reference; None with ``reference_why``
+    # saying why none is kept (over FARM_REFERENCE_MAX_BYTES). Cleared when the samples change.
+    reference_digest: Mapped[str | None] = mapped_column(String(DIGEST_LEN))
+    reference_size: Mapped[int | None] = mapped_column(BigInteger)
+    reference_why: Mapped[str | None] = mapped_column(String(300))
 
 
 REPORT_OUTCOMES = ("loads", "fails", "crashed")

@@ -44,8 +44,27 @@ DAY_MS = 86_400_000.0
 NUMBER_MAX = {"psnr_db": 200.0, "load_ms": DAY_MS, "first_inference_ms": DAY_MS, "p50_ms": DAY_MS,
               "peak_memory_mb": 16 * 1024 * 1024.0}
 MAX_RUNS = 1_000_000
-TEXTS = {"runtime": 64, "error": 4000, "inputs": 80}
-BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS}
+TEXTS = {"runtime": 64, "error": 4000, "inputs": 80, "reference": 16, "reference_why": 300}
+REFERENCES = ("stored", "device-cpu")  # body.reference: the farm's kept CPU outputs, or the device's own CPU
+COUNTS = ("tokens_compared", "tokens_matched")  # an LLM package's report: greedy tokens against the twin's reference
+BODY_KEYS = {"job", "nonce", "device", "artifact", "soc", "outcome", "runs", *NUMBERS, *TEXTS, *COUNTS}
+# What an artifact is, for an agent (docs/device-lab.md), read from its fixed ctx_model stem: a
+# genai package's genai_config.json, a graph group's first graph g0_ctx.onnx
+# (workers.qnn.runner), anything else one context. An agent says which kinds it runs.
+KINDS = ("context", "group", "genai-package")
+GENAI_CTX_MODEL = "genai_config.json"
+GROUP_CTX_MODEL = "g0_ctx.onnx"
+MAX_REFERENCE_TOKENS = 4096
+
+
+def kind_of(ctx_model: str | None) -> str:
+    return "genai-package" if ctx_model == GENAI_CTX_MODEL else "group" if ctx_model == GROUP_CTX_MODEL else "context"
+
+
+def _kind_clause(kinds: list[str]) -> Any:
+    parts = {"genai-package": Artifact.ctx_model == GENAI_CTX_MODEL, "group": Artifact.ctx_model == GROUP_CTX_MODEL,
+             "context": Artifact.ctx_model.notin_([GENAI_CTX_MODEL, GROUP_CTX_MODEL])}
+    return or_(*(parts[k] for k in kinds))
 
 
 # ---- jobs -----------------------------------------------------------------------------------------
@@ -81,23 +100,33 @@ class Lease:
     model_files: list[dict[str, Any]]
     lease_s: int = LEASE_S
     samples: dict[str, Any] | None = None  # the submitter's sample inputs (an .npz blob), if the model has them
+    # The farm's CPU reference outputs for those samples (an .npz blob: registry.models.ModelSample);
+    # None with ``reference_why`` saying why: the agent then computes its own on the device's CPU.
+    reference: dict[str, Any] | None = None
+    reference_why: str | None = None
+    kind: str = "context"
+    # A genai package's reference: the twin's greedy tokens for its prompt ({"prompt", "tokens"}),
+    # generated from the source pipeline on the CPU EP when the package was built.
+    reference_tokens: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "nonce": self.nonce, "artifact": self.artifact, "model": self.model_digest,
                 "soc": self.soc, "target": self.target, "toolchain": self.toolchain,
                 "lease_until": self.lease_until.isoformat(), "lease_s": self.lease_s, "model_files": self.model_files,
-                "samples": self.samples}
+                "samples": self.samples, "reference": self.reference, "reference_why": self.reference_why,
+                "kind": self.kind, "reference_tokens": self.reference_tokens}
 
 
 def lease(session: Session, device: Device, socs: list[str] | None = None, *, runtime: str | None = None,
-          lease_s: int = LEASE_S, prefer_fastest: bool = False) -> Lease | None:
+          lease_s: int = LEASE_S, prefer_fastest: bool = False, kinds: list[str] | None = None) -> Lease | None:
     """Take one job this device may do, or None. A device of SoC Y takes Y's jobs; a simulator any
     SoC's (``socs`` narrows it). Never a second job of a cell (artifact, SoC) the device already
     reported on or holds. ``runtime``: the agent's QNN version; an artifact built with a newer SDK
     is not offered, nor one resolve does not answer that runtime (the agent installs through
     resolve and leaves a job whose artifact it is not answered: jobs on several SDKs' artifacts
     go each to agents of the runtime resolve answers it; ``prefer_fastest``: the service's
-    FARM_RESOLVE_PREFER_FASTEST, as its resolve answers the agent)."""
+    FARM_RESOLVE_PREFER_FASTEST, as its resolve answers the agent). ``kinds``: the kinds of
+    artifact the agent runs (``KINDS``; default one context, what every agent runs)."""
     from farm.core.keys import parse_version
     from registry.models import Model, ModelSample
 
@@ -119,6 +148,10 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
     if wanted:
         query = query.where(VerificationJob.soc.in_(wanted))
     answered: dict[tuple[str, str], int | None] = {}  # (model, SoC) -> what resolve answers this runtime
+    unknown = set(kinds or ()) - set(KINDS)
+    if unknown:
+        raise UsageError(f"kinds: {sorted(unknown)[:3]} are not artifact kinds ({', '.join(KINDS)})")
+    query = query.where(_kind_clause(list(kinds or ["context"])))
     for job, art in session.execute(query).all():
         if runtime and parse_version(art.toolchain) > parse_version(runtime):
             continue
@@ -138,8 +171,13 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
         files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
         sample = session.get(ModelSample, art.model_digest)
         samples = {"digest": sample.digest, "size": sample.size} if sample is not None else None
+        kind = kind_of(art.ctx_model)
+        reference, why = _reference(sample)
+        tokens = None
+        if kind == "genai-package":
+            tokens, why = _reference_tokens(art)
         return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
-                     lease_s, samples)
+                     lease_s, samples, reference, why, kind, tokens)
     return None
 
 
@@ -160,6 +198,27 @@ def _answered(session: Session, seen: dict[tuple[str, str], int | None], model: 
         except FarmError:  # nothing served there: not this agent's job
             seen[(model, soc)] = None
     return seen[(model, soc)]
+
+
+def _reference_tokens(art: Artifact) -> tuple[dict[str, Any] | None, str | None]:
+    """A genai package's reference for a device: the twin's prompt and CPU tokens, or why none."""
+    twin = (art.description or {}).get("twin") if isinstance(art.description, dict) else None
+    tokens = twin.get("reference_tokens") if isinstance(twin, dict) else None
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens) and \
+            isinstance(twin.get("prompt"), str):  # type: ignore[union-attr]
+        return {"prompt": twin["prompt"][:4000], "tokens": tokens[:MAX_REFERENCE_TOKENS]}, None  # type: ignore[index]
+    status = twin.get("status") if isinstance(twin, dict) else None
+    return None, (f"the package's twin is {status}: no reference tokens yet" if status
+                  else "the package was built without its twin (--no-twin): no reference tokens")
+
+
+def _reference(sample: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The lease's reference blob (digest, size), or why it names none."""
+    if sample is None:
+        return None, "the model has no sample inputs (the farm keeps a reference only for those)"
+    if sample.reference_digest and sample.reference_size is not None:
+        return {"digest": sample.reference_digest, "size": int(sample.reference_size)}, None
+    return None, sample.reference_why or "no CPU reference is kept for these samples yet (no accuracy check ran on them)"
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
@@ -229,6 +288,14 @@ def parse_body(body_text: Any) -> dict[str, Any]:
         v = body.get(key)
         if v is not None and (not isinstance(v, str) or len(v) > cap or unprintable(v) is not None):
             raise UsageError(f"body.{key}: printable text of at most {cap} characters")
+    for key in COUNTS:
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_REFERENCE_TOKENS):
+            raise UsageError(f"body.{key}: a whole number from 0 to {MAX_REFERENCE_TOKENS}")
+    if (body.get("tokens_matched") or 0) > (body.get("tokens_compared") or 0):
+        raise UsageError("body.tokens_matched: at most tokens_compared")
+    if body.get("reference") is not None and body["reference"] not in REFERENCES:
+        raise UsageError(f"body.reference: one of {', '.join(REFERENCES)}")
     if canonical(body) != body_text:
         raise UsageError("body is not in canonical form (sorted keys, no spaces, ASCII)")
     return body
@@ -282,6 +349,8 @@ def view(row: DeviceVerification, device_name: str | None = None) -> dict[str, A
 
     return {"id": row.id, "job": row.job_id, "device": device_name, "soc": row.soc, "simulator": row.simulator,
             "outcome": row.outcome, **{k: getattr(row, k) for k in NUMBERS}, "inputs": (row.body or {}).get("inputs"),
+            "reference": (row.body or {}).get("reference"),
+            **{k: (row.body or {})[k] for k in COUNTS if k in (row.body or {})},
             "at": iso(row.created_at), "struck": row.struck_why}
 
 

@@ -119,7 +119,8 @@ class GcReport:
 def referenced_digests(session: Session) -> set[str]:
     """Every blob digest the index points at: artifact files (incl. manifests and logs), broken
     artifacts too (their evidence), stored model bundle files, every file of an ORT model
-    package (its record too), and the files a genai part's twin build compiled."""
+    package (its record too), the files a genai part's twin build compiled, and models' sample
+    inputs with their stored CPU references."""
     refs = set(session.scalars(select(ArtifactFile.digest)))
     for files in session.scalars(select(Model.files)):
         refs.update(f["digest"] for f in files if f.get("stored"))
@@ -131,6 +132,13 @@ def referenced_digests(session: Session) -> set[str]:
 
     for output in session.scalars(select(TwinBuild.output).where(TwinBuild.output.is_not(None))):
         refs.update(f["digest"] for f in (output or {}).get("files") or [])  # genai parts' twin builds
+    from registry.models import ModelSample
+
+    # A model's sample inputs and the CPU reference kept with them (device agents fetch both).
+    for sample, reference in session.execute(select(ModelSample.digest, ModelSample.reference_digest)):
+        refs.add(sample)
+        if reference:
+            refs.add(reference)
     return refs
 
 

@@ -103,6 +103,12 @@ class Settings:
     # Resolve: among the artifacts the compatibility rule serves a device, pick the one enrolled
     # devices of its SoC measured fastest (median p50) instead of the rule's first; off by default.
     resolve_prefer_fastest: bool = False
+    # The CPU reference outputs kept with a model's samples for device agents to compare against
+    # (docs/device-lab.md): per model, at most this many bytes; over it, agents compute their own.
+    reference_max_bytes: int = 16 * 1024 * 1024
+    # Device-lab leases and reports a service process handles at once (0: no limit): agents wait,
+    # a device's resolve does not wait behind them.
+    device_lab_concurrency: int = 1
 
     @property
     def worker_stale_after(self) -> float:
@@ -195,6 +201,8 @@ class Settings:
             upload_ttl_s=number("FARM_UPLOAD_TTL_S", 86400.0),
             device_lease_s=integer("FARM_DEVICE_LEASE_S", 600),
             resolve_prefer_fastest=parse_bool("FARM_RESOLVE_PREFER_FASTEST", env.get("FARM_RESOLVE_PREFER_FASTEST")),
+            reference_max_bytes=integer("FARM_REFERENCE_MAX_BYTES", 16 * 1024 * 1024, allow_zero=True),
+            device_lab_concurrency=integer("FARM_DEVICE_LAB_CONCURRENCY", 1, allow_zero=True),
         )
 
 

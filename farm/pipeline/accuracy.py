@@ -101,6 +101,8 @@ def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool
         model = s.get(Model, art.model_digest)
         files = [dict(f) for f in (model.files if model else [])]
         sample_digest = sample.digest if sample is not None else None
+        # The CPU reference of the samples, kept once per model for device agents (docs/device-lab.md).
+        keep = sample_digest is not None and evidence.wants_reference(s, art.model_digest, sample_digest)
         s.expunge_all()
     if runtime is None:
         result: dict[str, Any] = {"status": "unverified", "outputs": [],
@@ -110,7 +112,7 @@ def evaluate(settings: Settings, reg: Registry, artifact_id: int, *, force: bool
                   "detail": f"built with {backend.upper()} {art.toolchain}, newer than the runtime here ({runtime})"}
     else:
         result = _run(settings, reg, art, files, sample_digest, seed, dims, load_catalog, download_artifact, idle,
-                      cancel)
+                      cancel, keep_reference=keep)
     with reg.db.session() as s:
         row = evidence.record(s, artifact_id, backend, label, inputs, key, result)
         out = evidence.view(row)
@@ -126,7 +128,7 @@ def _newer(built: str, runtime: str) -> bool:
 
 def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]], sample_digest: str | None,
          seed: int, dims: dict[str, int] | None, load_catalog: Any, download_artifact: Any,
-         idle: bool = False, cancel: Any = None) -> dict[str, Any]:
+         idle: bool = False, cancel: Any = None, keep_reference: bool = False) -> dict[str, Any]:
     from farm.pipeline.bundles import download_bundle
     from workers.backends import check_accuracy
 
@@ -154,9 +156,32 @@ def _run(settings: Settings, reg: Registry, art: Any, files: list[dict[str, Any]
             return {"status": "unverified", "outputs": [],
                     "detail": f"the model or artifact could not be laid out for a check: {type(exc).__name__}: {exc}"}
         (root / "work").mkdir()
-        return check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
-                              memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample,
-                              idle=idle, cancel=cancel)
+        reference = root / "reference.npz" if keep_reference and sample_digest is not None else None
+        result = check_accuracy(model_path, ctx, target, root / "work", budget=settings.accuracy_budget,
+                                memory_mb=settings.compile_memory_mb, seed=seed, dims=dims, sample=sample,
+                                idle=idle, cancel=cancel, reference_out=reference,
+                                reference_max=settings.reference_max_bytes)
+        kept = result.pop("reference", None)
+        if reference is not None and sample_digest is not None and isinstance(kept, dict):
+            _keep_reference(reg, art.model_digest, sample_digest, reference, kept)
+        return result
+
+
+def _keep_reference(reg: Registry, model_digest: str, sample_digest: str, path: Path, kept: dict[str, Any]) -> None:
+    """Store the reference ``.npz`` the check kept (a content-addressed blob, like the samples) and
+    record it with the samples, or record why none was kept."""
+    from registry import evidence
+
+    digest = size = None
+    if kept.get("kept") and path.is_file():
+        from registry.store.base import put_file
+
+        info = put_file(reg.store, path)
+        digest, size = info.digest, info.size
+    with reg.db.session() as s:
+        evidence.record_reference(s, model_digest, sample_digest, digest, size, kept.get("why"))
+    log.info("CPU reference of %s's samples: %s", model_digest[:19],
+             f"kept as {digest} ({size} bytes)" if digest else f"not kept: {kept.get('why')}")
 
 
 def gate_outcomes(settings: Settings, reg: Registry, outcomes: Sequence[Any], min_psnr: float | None,

@@ -6,7 +6,7 @@ own, not rows of ``builds``: nothing that serves devices reads it (no artifact, 
 no tag), so no reader needs to leave it out.
 
 Revision ID: 0019
-Revises: 0016
+Revises: 0018
 Create Date: 2026-11-28 18:00:00.000000
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0019'
-down_revision = '0017'
+down_revision = '0018'
 branch_labels = None
 depends_on = None
 

@@ -405,3 +405,175 @@ def test_an_agent_that_hung_up_takes_no_job(lab: dict[str, Any]) -> None:
     time.sleep(2.5)  # more than two looks of the hung-up wait
     status, job = call(lab, "POST", "/v1/device-jobs/lease", other["token"], {})
     assert status == 200 and job["soc"] == "SM8650", job
+
+
+def _samples(lab: dict[str, Any], name: str, value: float) -> Path:
+    import numpy as np
+
+    path = lab["tmp"] / f"{name}.npz"
+    np.savez(path, x=np.full((1, 64), value, np.float32))
+    return path
+
+
+def _sample_row(lab: dict[str, Any]) -> Any:
+    from registry.index import Registry
+    from registry.models import ModelSample
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            (row,) = s.query(ModelSample).all()
+            s.expunge(row)
+            return row
+    finally:
+        reg.close()
+
+
+def _reports(lab: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    from registry.index import Registry
+    from registry.models import Device, DeviceVerification
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            return {name: dict(row.body) for row, name in s.query(DeviceVerification, Device.name)
+                    .join(Device, Device.id == DeviceVerification.device_id)}
+    finally:
+        reg.close()
+
+
+def test_agents_compare_against_the_stored_cpu_reference(lab: dict[str, Any]) -> None:
+    """A build with samples keeps the CPU reference outputs (a blob, made by the accuracy check in the
+    worker env) and an agent compares against it (`reference: stored`); a tampered reference blob is
+    refused (`fails`, never trusted); a reference over FARM_REFERENCE_MAX_BYTES is not kept, why is
+    recorded, and the agent computes its own on the device's CPU (`reference: device-cpu`)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = lab["tmp"] / "mm.onnx"
+    got = farm(lab, "build", str(model), "-t", "qnn:SM8650", "--samples", str(_samples(lab, "a", 0.25)))
+    assert got.returncode == 0, got.stderr
+    row = _sample_row(lab)
+    assert row.reference_digest and row.reference_why is None, (row.reference_digest, row.reference_why)
+    blob = lab["tmp"] / "blobs" / "blobs" / "sha256" / row.reference_digest[7:9] / row.reference_digest[7:]
+    assert blob.stat().st_size == row.reference_size
+    w = numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    with np.load(blob, allow_pickle=False) as z:
+        assert z["names"].tolist() == ["y"]
+        np.testing.assert_allclose(z["out0"], np.full((1, 64), 0.25, np.float32) @ w, rtol=1e-5)
+
+    status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": "mm:cand", "to": "stable",
+                                                                      "require": "devices>=3 per soc"})
+    assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 3, body
+    homes = []
+    for name in ("sim-s", "sim-t", "sim-c"):
+        home = lab["tmp"] / f"agent-{name}"
+        got = agent(lab, "enroll", "--server", lab["url"], "--token", enroll_token(lab, name), "--home", str(home))
+        assert got.returncode == 0, got.stderr
+        homes.append(home)
+
+    from registry.index import Registry
+    from registry.verify import referenced_digests
+
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:  # garbage collection keeps the samples and their reference
+            assert {row.digest, row.reference_digest} <= referenced_digests(s)
+    finally:
+        reg.close()
+    got = agent(lab, "run", "--home", str(homes[0]), "--once", "--runs", "2")
+    assert got.returncode == 0 and "ok, p50" in got.stderr, got.stderr
+    stored = _reports(lab)["sim-s"]
+    assert stored["reference"] == "stored" and stored["outcome"] == "ok" and stored["psnr_db"] > 30, stored
+    assert "reference_why" not in stored
+
+    # The same size, other bytes: the agent's verified download refuses it and nothing is compared.
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(b ^ 0xFF for b in blob.read_bytes()))
+    got = agent(lab, "run", "--home", str(homes[1]), "--once", "--runs", "2")
+    assert got.returncode == 0 and ": fails" in got.stderr, got.stderr
+    refused = _reports(lab)["sim-t"]
+    assert refused["outcome"] == "fails" and refused["reference"] == "stored" and "psnr_db" not in refused
+    assert "refused" in refused["error"] and "does not match its digest" in refused["error"], refused
+
+    # New samples, a bound their outputs (256 bytes) are over: not kept, the reason recorded.
+    env = {**lab["env"], "FARM_REFERENCE_MAX_BYTES": "100"}
+    got = subprocess.run([sys.executable, "-m", "farm.cli", "build", str(model), "-t", "qnn:SM8650", "--samples",
+                          str(_samples(lab, "b", 0.5))], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    row = _sample_row(lab)
+    assert row.reference_digest is None and "over FARM_REFERENCE_MAX_BYTES (100)" in row.reference_why
+    got = agent(lab, "run", "--home", str(homes[2]), "--once", "--runs", "2")
+    assert got.returncode == 0 and "ok, p50" in got.stderr, got.stderr
+    own = _reports(lab)["sim-c"]
+    assert own["reference"] == "device-cpu" and own["psnr_db"] > 30 and own["inputs"] == row.digest, own
+    assert "FARM_REFERENCE_MAX_BYTES" in own["reference_why"], own
+
+
+def test_group_and_llm_package_jobs_flow_with_fixture_reports(lab: dict[str, Any]) -> None:
+    """A graph group and an LLM genai package (each a real QNN compile of weight-shared contexts,
+    which the simulator cannot load) go through the job flow: `farm promote` makes their jobs, an
+    agent that says it runs their kind leases them (an agent that runs plain contexts is not
+    offered them), the LLM lease carries the twin's reference tokens, a fixture report signed as
+    an agent signs it is accepted, and the promotion moves on it."""
+    from farm.pipeline.genai import record_twin
+    from registry.index import Registry
+    from registry.models import DeviceVerification
+    from tests.common.genai import make_export
+    from tests.common.groups import prefill_decode
+
+    prefill, decode = prefill_decode(lab["tmp"] / "g")
+    got = farm(lab, "build", "--graph", f"prefill={prefill}", "--graph", f"decode={decode}", "-t", "qnn:SM8650",
+               "--name", "grp", "--tag", "cand", "--json")
+    assert got.returncode == 0, got.stderr
+    got = farm(lab, "build", "--genai", str(make_export(lab["tmp"] / "export")), "-t", "qnn:SM8650", "--name", "llm",
+               "--tag", "cand", "--no-twin", "--json")
+    assert got.returncode == 0, got.stderr
+    (pkg,) = json.loads(got.stdout)["builds"]
+    # The twin's record as the build makes it (a fixture here: the twin itself is tested in test_genai_twin).
+    reg = Registry.open(lab["settings"])
+    try:
+        record_twin(reg, pkg["artifact"], {"status": "ok", "prompt": "Hello", "reference_tokens": [5, 9, 2, 7],
+                                           "tokens_compared": 4, "tokens_matched": 4})
+    finally:
+        reg.close()
+
+    for model in ("grp", "llm"):
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {"model": f"{model}:cand", "to": "stable",
+                                                                          "require": "devices>=1 per soc"})
+        assert status == 409 and body["account"]["socs"]["SM8650"]["jobs_open"] == 1, body
+    dev = _enroll(lab, "sim-g")
+    assert call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {})[0] == 204  # a context agent: none of these
+    status, body = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["tensorrt"]})
+    assert status == 400 and body["error"]["code"] == "usage", body
+    status, job_g = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["group"]})
+    assert status == 200 and job_g["kind"] == "group" and job_g["reference_tokens"] is None, job_g
+    assert job_g["samples"] is None and job_g["reference"] is None and "no sample inputs" in job_g["reference_why"]
+    status, job_l = call(lab, "POST", "/v1/device-jobs/lease", dev["token"], {"kinds": ["genai-package", "group"]})
+    assert status == 200 and job_l["kind"] == "genai-package" and job_l["artifact"] == pkg["artifact"], job_l
+    assert job_l["reference_tokens"] == {"prompt": "Hello", "tokens": [5, 9, 2, 7]}
+
+    # What a device's agent would send: every graph of the group measured, the worst PSNR; the
+    # LLM's greedy tokens against the twin's.
+    status, body = _report(lab, dev, job_g, reference="stored", psnr_db=61.5, p50_ms=3.2)
+    assert status == 201 and body["outcome"] == "ok", body
+    status, body = _report(lab, dev, job_l, psnr_db=None, tokens_compared=4, tokens_matched=5)
+    assert status == 400 and "tokens_matched" in body["error"]["message"], body
+    status, body = _report(lab, dev, job_l, psnr_db=None, reference="stored", tokens_compared=4, tokens_matched=4,
+                           p50_ms=41.0)
+    assert status == 201 and body["tokens_matched"] == 4 and body["reference"] == "stored", body
+
+    for model in ("grp", "llm"):
+        status, body = call(lab, "POST", "/v1/promotions", lab["admin"], {
+            "model": f"{model}:cand", "to": "stable", "require": "devices>=1 per soc", "allow_simulator": True})
+        assert status == 200 and body["met"] is True and body["changed"] is True, body
+        assert body["account"]["socs"]["SM8650"]["devices"] == ["sim-g"], body
+    reg = Registry.open(lab["settings"])
+    try:
+        with reg.db.session() as s:
+            rows = {r.job_id: r for r in s.query(DeviceVerification).all()}
+            assert rows[job_l["job"]].body["tokens_matched"] == 4 and rows[job_l["job"]].psnr_db is None
+            assert rows[job_g["job"]].psnr_db == 61.5
+    finally:
+        reg.close()

@@ -27,6 +27,8 @@ REPORT_TRIES = 5  # a signed report is posted again when the service did not ans
 RUNS = 10  # steady-state runs; the median is reported
 INPUTS = "seeded:0"  # what the runs are fed without samples (workers.qnn.accuracy.seeded_inputs, seed 0)
 MAX_SAMPLES = 64 * 1024 * 1024  # the service's own cap on a model's sample inputs (docs/evidence.md)
+KINDS = ("context",)  # what this agent runs: one context (groups and genai packages: docs/device-lab.md)
+MAX_REFERENCE = 1024 * 1024 * 1024  # a stored CPU reference the agent downloads at most (the farm's bound is lower)
 
 
 def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: int = RUNS,
@@ -41,7 +43,8 @@ def run(ident: Identity, home: Path, *, once: bool, simulate: list[str], runs: i
     done = 0
     backoff = 1.0
     while True:
-        payload = {"socs": simulate or None, "runtime": runtime, "wait_s": 0.0 if once else LEASE_WAIT_S}
+        payload = {"socs": simulate or None, "runtime": runtime, "wait_s": 0.0 if once else LEASE_WAIT_S,
+                   "kinds": list(KINDS)}
         try:
             status, job = call(ident.server, "/v1/device-jobs/lease", ident.token, payload, timeout=LEASE_WAIT_S + 30)
         except ServerError as exc:
@@ -159,13 +162,21 @@ def _checked(job: Any) -> dict[str, Any]:
         if job.get("samples") is not None:
             check_digest(job["samples"]["digest"], "samples")
             check_size(job["samples"]["size"], "samples size", limit=MAX_SAMPLES)
+        if job.get("reference") is not None:
+            check_digest(job["reference"]["digest"], "reference")
+            check_size(job["reference"]["size"], "reference size", limit=MAX_REFERENCE)
+        if job.get("reference_why") is not None and not isinstance(job["reference_why"], str):
+            raise TypeError("reference_why")
+        if job.get("kind", "context") not in KINDS:
+            raise TypeError(f"kind {str(job.get('kind'))[:40]!r}: this agent runs {', '.join(KINDS)}")
     except (KeyError, TypeError) as exc:
         raise ServerError(f"the lease is not a verification job ({exc})") from None
     return job  # type: ignore[no-any-return]
 
 
 def verify(ident: Identity, home: Path, job: dict[str, Any], *, runs: int, runtime: str | None) -> dict[str, Any]:
-    """Install, fetch the model, measure; the report body (unsigned)."""
+    """Install, fetch the samples and the stored CPU reference (or, without one, the model to compute
+    it on this device's CPU), measure; the report body (unsigned)."""
     from farm.client import install
     from farm.core.catalog import load_catalog
     from farm.core.names import inside
@@ -182,21 +193,44 @@ def verify(ident: Identity, home: Path, job: dict[str, Any], *, runs: int, runti
     installed = install(ident.server, ident.token, job["model"], dest=home / "installed", soc=job["soc"], qnn=runtime)
     if installed.artifact != job["artifact"]:
         raise ServerError(f"resolve answered {installed.artifact} for job {job['job']}, which is {job['artifact']}")
-    model = None
-    for f in job["model_files"]:
-        path = inside(work / "model", f["path"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        download(ident.server, ident.token, f["digest"], f["size"], path)
-        model = model or path
     sample = None
     if job.get("samples"):
         sample = work / "samples.npz"  # a fixed name: the digest names the content, not the path
         download(ident.server, ident.token, job["samples"]["digest"], job["samples"]["size"], sample)
-    (work / "measure").mkdir()
-    got = measure_context(model, installed.ctx_model, target, work / "measure", runs=runs, sample=sample)
     body: dict[str, Any] = {"job": job["job"], "nonce": job["nonce"], "device": ident.name, "artifact": job["artifact"],
-                            "soc": job["soc"], "outcome": got.get("outcome", "crashed"), "runtime": runtime,
+                            "soc": job["soc"], "runtime": runtime,
                             "inputs": job["samples"]["digest"] if sample is not None else INPUTS}
+    reference = None
+    if sample is not None and job.get("reference"):
+        # The farm's CPU outputs for these samples: one reference for every device, fetched with the
+        # install's verified download (size and sha256 checked before the file is used).
+        from farm.client import Client
+        from farm.core.errors import DigestMismatchError
+
+        reference, ref = work / "reference.npz", job["reference"]
+        body["reference"] = "stored"
+        try:
+            Client(ident.server, ident.token).download(ref["digest"], reference, size=ref["size"])
+        except DigestMismatchError as exc:
+            # Never compared against: a reference that is not the one the lease named proves nothing.
+            return {**body, "outcome": "fails", "error": f"the stored CPU reference {ref['digest']} was refused: "
+                    f"{exc.message[:500]}; nothing was compared against it"}
+    model = None
+    if reference is None:
+        body["reference"] = "device-cpu"
+        from farm.core.text import printable
+
+        # The service's words, signed by this device: only printable text (the service refuses the rest).
+        body["reference_why"] = printable(str(job.get("reference_why") or "the job names no stored reference"))[:300]
+        for f in job["model_files"]:  # the source model, for the CPU reference computed here
+            path = inside(work / "model", f["path"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            download(ident.server, ident.token, f["digest"], f["size"], path)
+            model = model or path
+    (work / "measure").mkdir()
+    got = measure_context(model, installed.ctx_model, target, work / "measure", runs=runs, sample=sample,
+                          reference=reference)
+    body["outcome"] = got.get("outcome", "crashed")
     for key in ("load_ms", "first_inference_ms", "p50_ms", "peak_memory_mb", "psnr_db"):
         if isinstance(got.get(key), int | float):
             body[key] = round(float(got[key]), 3)

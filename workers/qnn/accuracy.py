@@ -72,6 +72,41 @@ def compare(reference: Any, got: Any) -> dict[str, Any]:
             "max_abs_error": float(np.max(np.abs(diff))) if finite else None}
 
 
+REFERENCE_NAMES = "names"  # the .npz member holding the output names; the arrays are out0, out1, ...
+
+
+def keep_reference(path: str | Path, names: list[str], arrays: list[Any], max_bytes: int) -> dict[str, Any]:
+    """Write the CPU reference ``arrays`` (one per output, in ``names``' order) as an ``.npz`` at
+    ``path`` when they hold at most ``max_bytes``; what was done: ``{"kept", "bytes", "why"}``.
+    Members have fixed names (``out0``...; the output names are data in ``names``): an output's
+    name never becomes a path inside the archive."""
+    import numpy as np
+
+    nbytes = int(sum(np.asarray(a).nbytes for a in arrays))
+    if nbytes > max_bytes:
+        return {"kept": False, "bytes": nbytes,
+                "why": f"the CPU reference outputs are {nbytes} bytes, over FARM_REFERENCE_MAX_BYTES ({max_bytes})"}
+    if any(np.asarray(a).dtype.hasobject for a in arrays):
+        return {"kept": False, "bytes": nbytes, "why": "an output is not a plain numeric array"}
+    members: dict[str, Any] = {REFERENCE_NAMES: np.array(names, dtype=str)}
+    members |= {f"out{i}": np.asarray(a) for i, a in enumerate(arrays)}
+    with open(path, "wb") as f:
+        np.savez(f, **members)
+    return {"kept": True, "bytes": nbytes, "why": None}
+
+
+def load_reference(path: str | Path, names: list[str]) -> list[Any]:
+    """The arrays of a reference ``.npz`` (``keep_reference``) in ``names``' order, read without
+    pickles; ``ValueError`` when it does not hold exactly these outputs."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        kept = [str(n) for n in z[REFERENCE_NAMES].tolist()]
+        if sorted(kept) != sorted(names) or len(kept) != len(z.files) - 1:
+            raise ValueError(f"the reference holds the outputs {kept[:20]}, the context has {names[:20]}")
+        return [z[f"out{kept.index(n)}"] for n in names]
+
+
 def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict[str, int]) -> dict[str, Any]:
     """Deterministic inputs by (name, onnx type, shape): uniform [0, 1) for floats, 0..9 for
     integers. A symbolic or unknown dimension takes ``dims[name]`` (the request's) or 1."""
@@ -98,7 +133,7 @@ def seeded_inputs(specs: list[tuple[str, str, list[Any]]], seed: int, dims: dict
 def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path, *, budget: float,
                    memory_mb: int = 0, seed: int = DEFAULT_SEED, dims: dict[str, int] | None = None,
                    sample: Path | None = None, warm_host: bool = True, idle: bool = False,
-                   cancel: Any = None) -> dict[str, Any]:
+                   cancel: Any = None, reference_out: Path | None = None, reference_max: int = 0) -> dict[str, Any]:
     """Run the comparison in a child within ``budget`` seconds: a job forked from a warm host
     (``workers.host``: onnxruntime imported and the QNN EP registered once per process, as for
     compiles: a fresh child spends about half a second on that), or a fresh child. ``idle``: the
@@ -106,13 +141,17 @@ def check_accuracy(model: Path, ctx_model: Path, target: Target, work_dir: Path,
     ``is_set()`` flag): the child is killed once it is set and ``LeaseLostError`` is raised, no
     record (a background check preempted by a build: it runs again later). Otherwise returns a
     record:
-    ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``."""
+    ``{"status": ok | runtime-crashed | skipped | unverified, "outputs", "detail", timings}``.
+    ``reference_out``: also keep the CPU reference outputs there (``keep_reference``, at most
+    ``reference_max`` bytes); the record's ``reference`` says whether they were kept and why not."""
     from workers.qnn.runner import provider_options
     from workers.runner import run_child
 
     request = {"model": str(model.resolve()), "ctx_model": str(ctx_model.resolve()),
                "provider_options": provider_options(target, {}), "seed": seed, "dims": dims or {},
-               "sample": str(sample.resolve()) if sample else None, "idle": bool(idle)}
+               "sample": str(sample.resolve()) if sample else None, "idle": bool(idle),
+               "reference_out": str(reference_out.resolve()) if reference_out else None,
+               "reference_max": int(reference_max)}
     start = time.perf_counter()
     try:
         if warm_host:

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from workers.qnn.accuracy import DEFAULT_SEED, MODULE, compare, seeded_inputs
+from workers.qnn.accuracy import DEFAULT_SEED, MODULE, compare, keep_reference, seeded_inputs
 
 
 def accuracy(req: dict[str, Any]) -> dict[str, Any]:
@@ -44,15 +44,20 @@ def accuracy(req: dict[str, Any]) -> dict[str, Any]:
     names = [o.name for o in cpu.get_outputs()]
     reference = cpu.run(names, feeds)
     reference_seconds = time.perf_counter() - t
+    kept = None
+    if req.get("reference_out"):
+        # Kept for device agents (the farm's reference, not each device CPU's): before the
+        # context is loaded, so a runtime that crashes on it still leaves the reference.
+        kept = keep_reference(req["reference_out"], names, reference, int(req.get("reference_max") or 0))
     base = {"reference_seconds": reference_seconds, "status": "runtime-crashed",
-            "detail": "loading the context crashed the runtime", "scheduler": scheduler}
+            "detail": "loading the context crashed the runtime", "scheduler": scheduler, "reference": kept}
     checkpoint(base)
     ort_, so = _session_options(req["provider_options"])
     t = time.perf_counter()
     try:
         sess = ort_.InferenceSession(req["ctx_model"], so, enable_fallback=0)
     except Exception as exc:  # the runtime refused the context: nothing to compare
-        return {"reference_seconds": reference_seconds, "status": "unverified", "scheduler": scheduler,
+        return {"reference_seconds": reference_seconds, "status": "unverified", "scheduler": scheduler, "reference": kept,
                 "detail": f"this runtime cannot load the context: {str(exc).strip()[:1500]}"}
     load_seconds = time.perf_counter() - t
     checkpoint({**base, "detail": "running the loaded context crashed the runtime", "load_seconds": load_seconds})
@@ -62,7 +67,7 @@ def accuracy(req: dict[str, Any]) -> dict[str, Any]:
     outputs = [{"name": n, "shape": list(np.shape(r)), **compare(r, g)}
                for n, r, g in zip(names, reference, got, strict=True)]
     return {"status": "ok", "outputs": outputs, "reference_seconds": reference_seconds,
-            "load_seconds": load_seconds, "run_seconds": run_seconds, "scheduler": scheduler}
+            "load_seconds": load_seconds, "run_seconds": run_seconds, "scheduler": scheduler, "reference": kept}
 
 
 

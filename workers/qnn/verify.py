@@ -14,16 +14,20 @@ from farm.core.errors import CompileTimeoutError, FarmError, ResourceLimitError,
 
 
 def measure(model: Path | None, ctx_model: Path, target: Target, work_dir: Path, *, runs: int = 10,
-            timeout: float = 300.0, memory_mb: int = 0, sample: Path | None = None) -> dict[str, Any]:
+            timeout: float = 300.0, memory_mb: int = 0, sample: Path | None = None,
+            reference: Path | None = None) -> dict[str, Any]:
     """``{"outcome": ok | fails | crashed, "error", "load_ms", "first_inference_ms", "p50_ms",
     "runs", "peak_memory_mb", "psnr_db", "outputs"}``; ``model`` None: no comparison. ``sample``:
-    the submitter's ``.npz`` of inputs (read without pickles), else the seeded inputs."""
+    the submitter's ``.npz`` of inputs (read without pickles), else the seeded inputs. ``reference``:
+    the farm's CPU outputs for ``sample`` (``workers.qnn.accuracy.keep_reference``, already checked
+    against its digest), compared against instead of running ``model`` on this CPU."""
     from workers.qnn.runner import provider_options
     from workers.runner import run_child
 
     request = {"model": str(model.resolve()) if model else None, "ctx_model": str(ctx_model.resolve()),
                "provider_options": provider_options(target, {}), "runs": runs,
-               "sample": str(sample.resolve()) if sample else None}
+               "sample": str(sample.resolve()) if sample else None,
+               "reference": str(reference.resolve()) if reference else None}
     try:
         result, _wall, _log = run_child("workers.qnn.verify_child", "verify", request, work_dir, timeout=timeout,
                                         memory_mb=memory_mb)

@@ -1,6 +1,7 @@
 """The child half of a device verification (``workers.qnn.verify``): the context loaded and run on
 this runtime's QNN EP (the HTP of a device; on x86_64 the simulator), timed, then the source model
-on onnxruntime's CPU EP with the same inputs, every output compared.
+on onnxruntime's CPU EP with the same inputs (or the farm's stored CPU outputs for the sample
+inputs), every output compared.
 
     python -m workers.qnn.verify_child verify REQUEST.json RESULT.json
 
@@ -16,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from workers.qnn.accuracy import DEFAULT_SEED, compare, seeded_inputs
+from workers.qnn.accuracy import DEFAULT_SEED, compare, load_reference, seeded_inputs
 
 MODULE = "workers.qnn.verify_child"
 
@@ -56,10 +57,17 @@ def verify(req: dict[str, Any]) -> dict[str, Any]:
     del sess
     base = {"outcome": "ok", "load_ms": load_ms, "first_inference_ms": first_ms, "p50_ms": statistics.median(times),
             "runs": runs, "peak_memory_mb": peak_mb}
-    if not req.get("model"):
+    if req.get("reference"):
+        try:
+            reference = load_reference(req["reference"], names)
+        except (ValueError, KeyError, OSError) as exc:  # a reference of other outputs: nothing to compare with
+            return {"outcome": "fails", "error": f"the stored CPU reference is not this context's: {str(exc)[:1000]}",
+                    "load_ms": load_ms}
+    elif not req.get("model"):
         return {**base, "psnr_db": None, "outputs": []}
-    cpu = ort.InferenceSession(req["model"], providers=["CPUExecutionProvider"])
-    reference = cpu.run(names, feeds)
+    else:
+        cpu = ort.InferenceSession(req["model"], providers=["CPUExecutionProvider"])
+        reference = cpu.run(names, feeds)
     outputs = [{"name": n, "shape": list(np.shape(r)), **compare(r, g)}
                for n, r, g in zip(names, reference, got, strict=True)]
     psnr = min((o["psnr_db"] for o in outputs), default=None)

@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -24,6 +25,43 @@ from starlette.concurrency import run_in_threadpool
 from farm.api.deps import Caller, RegistryDep, SettingsDep, admin, caller, enrollment_token
 
 router = APIRouter(tags=["devices"])
+_TIMES_LOCK = threading.Lock()
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class _Unbounded:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+
+def _lab_gate(request: Request, settings: Any) -> Any:
+    """FARM_DEVICE_LAB_CONCURRENCY leases and reports at once in this process: agents are batch
+    work that can wait, while a device's resolve waits on every thread and core the lab holds
+    (bench/agents.py measures both). The wait is not the service's time per step."""
+    gate = getattr(request.app.state, "device_lab_gate", None)
+    if gate is None:  # made on the event loop's thread: no race between two first requests
+        n = int(settings.device_lab_concurrency)
+        gate = request.app.state.device_lab_gate = asyncio.Semaphore(n) if n > 0 else _Unbounded()
+    return gate
+
+
+def _step_seconds(request: Request) -> Any:
+    """``ctxfarm_device_job_seconds{step=lease|report}``: the service's own time per lease taken
+    (one attempt, not a long poll's wait) and per signed report recorded (made on first use)."""
+    hist = getattr(request.app.state, "device_job_seconds", None)
+    if hist is None:
+        with _TIMES_LOCK:
+            hist = getattr(request.app.state, "device_job_seconds", None)
+            if hist is None:
+                from prometheus_client import Histogram
+
+                hist = request.app.state.device_job_seconds = Histogram(
+                    "ctxfarm_device_job_seconds", "Device lab: the service's time per lease taken and per report "
+                    "recorded", ["step"], registry=request.app.state.metrics.registry, buckets=STEP_BUCKETS)
+    return hist
 device_caller = caller("read")
 LEASE_WAIT_MAX_S = 25.0
 LEASE_LOOK_S = 1.0  # a waiting lease looks again this often (an await: no pool thread is held)
@@ -46,6 +84,8 @@ class EnrollmentIn(_Strict):
 
 class LeaseIn(_Strict):
     socs: list[str] | None = Field(default=None, max_length=64)
+    kinds: list[Literal["context", "group", "genai-package"]] | None = Field(
+        default=None, max_length=3, description="the kinds of artifact the agent runs (default: context)")
     runtime: str | None = Field(default=None, max_length=64)
     wait_s: float = Field(default=0.0, ge=0.0, le=LEASE_WAIT_MAX_S)
 
@@ -85,8 +125,8 @@ def enroll(body: EnrollIn, reg: RegistryDep, token: Annotated[str, enrollment_to
 
 
 @router.post("/v1/device-jobs/lease", responses={204: {"description": "no job for this device"}})
-async def lease(body: LeaseIn, request: Request, reg: RegistryDep, settings: SettingsDep,
-                who: Annotated[Caller, device_caller]) -> Any:
+async def lease(body: LeaseIn, reg: RegistryDep, settings: SettingsDep, who: Annotated[Caller, device_caller],
+                request: Request) -> Any:
     """One verification job this device may run (its SoC; any SoC for a simulator, ``socs`` narrowing
     it), leased to it with a fresh nonce; 204 when none came within ``wait_s``. An agent that hung up
     ends its wait at the next look: a stopped agent leaves no request behind for a shutdown to wait
@@ -97,15 +137,24 @@ async def lease(body: LeaseIn, request: Request, reg: RegistryDep, settings: Set
 
     socs = [load_catalog().get(s, backend="qnn").name for s in body.socs] if body.socs else None
 
+    times = _step_seconds(request)
+
     def attempt() -> dict[str, Any] | None:
+        started = time.perf_counter()
         with reg.db.session() as s:
             got = take(s, device_of_token(s, who.token_id), socs, runtime=body.runtime, lease_s=settings.device_lease_s,
-                       prefer_fastest=settings.resolve_prefer_fastest)
-            return got.to_dict() if got is not None else None
+                       prefer_fastest=settings.resolve_prefer_fastest,
+                       kinds=list(body.kinds) if body.kinds else None)
+            out = got.to_dict() if got is not None else None
+        if out is not None:
+            times.labels("lease").observe(time.perf_counter() - started)
+        return out
 
     deadline = time.monotonic() + body.wait_s
+    gate = _lab_gate(request, settings)
     while True:
-        got = await run_in_threadpool(attempt)
+        async with gate:
+            got = await run_in_threadpool(attempt)
         if got is not None:
             return got
         left = deadline - time.monotonic()
@@ -129,18 +178,27 @@ def renew(job_id: int, body: RenewIn, reg: RegistryDep, settings: SettingsDep,
 
 
 @router.post("/v1/device-jobs/{job_id}/report", status_code=201)
-def report(job_id: int, body: ReportIn, reg: RegistryDep, who: Annotated[Caller, device_caller],
-           response: Response) -> dict[str, Any]:
+async def report(job_id: int, body: ReportIn, reg: RegistryDep, settings: SettingsDep,
+                 who: Annotated[Caller, device_caller], response: Response, request: Request) -> dict[str, Any]:
     """Record the signed report that closes job ``job_id`` (201); the same signed report again: 200."""
     from registry.devices import device_of_token
     from registry.verification import accept, view
 
-    with reg.db.session() as s:
-        device = device_of_token(s, who.token_id)
-        row, created = accept(s, device, job_id, body.body, body.signature)
-        if not created:
-            response.status_code = 200
-        return {**view(row, device.name), "created": created}
+    times = _step_seconds(request)
+
+    def record() -> dict[str, Any]:
+        started = time.perf_counter()
+        with reg.db.session() as s:
+            device = device_of_token(s, who.token_id)
+            row, created = accept(s, device, job_id, body.body, body.signature)
+            if not created:
+                response.status_code = 200
+            out = {**view(row, device.name), "created": created}
+        times.labels("report").observe(time.perf_counter() - started)
+        return out
+
+    async with _lab_gate(request, settings):
+        return await run_in_threadpool(record)
 
 
 @router.get("/v1/devices", dependencies=[admin])
