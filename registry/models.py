@@ -76,17 +76,10 @@ class TagEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Build(Base):
-    """One (model, backend, target, toolchain, options) compile. The build key is the arbiter."""
-
-    __tablename__ = "builds"
-    __table_args__ = (
-        UniqueConstraint("build_key"),
-        CheckConstraint("length(build_key) = 64", name="build_key_shape"),
-        CheckConstraint(f"state IN {BUILD_STATES!r}", name="state_known"),
-        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
-        Index(None, "model_digest", "backend", "target"),
-    )
+class BuildColumns:
+    """The columns of a compile job, shared by ``builds`` and ``twin_builds``: the key, what it
+    compiles, its state and lease (the guarded transitions of ``farm.pipeline.states`` move either
+    table), its queue and timings."""
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     build_key: Mapped[str] = mapped_column(String(64))
@@ -112,6 +105,19 @@ class Build(Base):
     # Where the last attempt's time went, in ms (farm.pipeline.execute.Phases): claim, bundle
     # fetch, compile child, uploads, SQL; shown by `farm status --build` and bench/farm.py.
     phases: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Build(BuildColumns, Base):
+    """One (model, backend, target, toolchain, options) compile. The build key is the arbiter."""
+
+    __tablename__ = "builds"
+    __table_args__ = (
+        UniqueConstraint("build_key"),
+        CheckConstraint("length(build_key) = 64", name="build_key_shape"),
+        CheckConstraint(f"state IN {BUILD_STATES!r}", name="state_known"),
+        CheckConstraint("attempts >= 0", name="attempts_nonneg"),
+        Index(None, "model_digest", "backend", "target"),
+    )
 
     artifact: Mapped[Artifact | None] = relationship(back_populates="build", uselist=False)
 
@@ -287,7 +293,7 @@ class GenaiPart(Base):
     part_build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
 
 
-class TwinBuild(Base):
+class TwinBuild(BuildColumns, Base):
     """A genai part's twin compile (farm.pipeline.genai.twin_builds): the part's prefill and decode
     compiled alone, without weight sharing, with the quickest finalization: what the twin check
     runs on the simulator. A build like any other (keyed, queued, leased, its transitions the
@@ -304,28 +310,6 @@ class TwinBuild(Base):
         Index(None, "state", "queue"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    build_key: Mapped[str] = mapped_column(String(64))
-    model_digest: Mapped[str] = mapped_column(ForeignKey("models.digest"))  # the part's graph group
-    backend: Mapped[str] = mapped_column(String(16))
-    target: Mapped[str] = mapped_column(String(64))
-    toolchain: Mapped[str] = mapped_column(String(64))
-    options: Mapped[dict[str, Any]] = mapped_column(JSON)
-    options_digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
-    state: Mapped[str] = mapped_column(String(16), default="queued")
-    error_code: Mapped[str | None] = mapped_column(String(32))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    log: Mapped[str | None] = mapped_column(Text)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    lease_owner: Mapped[str | None] = mapped_column(String(255))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    queue: Mapped[str | None] = mapped_column(String(128))
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    worker: Mapped[str | None] = mapped_column(String(255))
-    phases: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # What it compiled: each file (name, role, digest, size, mediaType) and each graph's context
     # model by its group name (``part0.prefill``), with the compile's figures; None until it succeeded.
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
