@@ -20,20 +20,27 @@ code) vs embedded `farm build
     assembly, folder check, twin compiles, the simulator's load/prefill/steps, the CPU reference.
 Writes bench/out/genai-embedded.json with the box's load (uptime) before and after.
 
---cluster: the farm with two workers against the parts built one after the other in one
-process (the earlier comparison):
-  - the parts compiled one after the other in one process (farm.pipeline.plan.build of each
-    part's group, the embedded farm) vs `farm submit --genai` on a farm of two QNN 2.51.0
-    workers (Redis broker, a private PostgreSQL database, SeaweedFS store): wall time of the
-    parts' builds (first start to last finish, from the build rows) and of the whole package
-    (submit to answer at publication; the twin follows on the worker); goal: parts <= 0.6x;
+--cluster: `farm submit --genai --wait` on a farm of two QNN 2.51.0 workers (Redis broker, a
+private PostgreSQL database, SeaweedFS store) against the same **hand loop**, run before and after
+the farm in the same run (the baseline is their mean):
+  - **published**: submit to its answer (the package resolvable: the answer comes at
+    publication); goal <= 1.05x the hand loop;
+  - **verified**: submit to the twin recorded on the artifact (polled through `farm resolve
+    --json` once a second; the twin runs on the workers after publication); goal <= 2.0x;
+  - the breakdown, from the build rows (parts, twin builds) and the twin's own figures: before
+    the first compile, parts, assembly + folder check, twin compiles, per-part checks,
+    generation on the simulator, CPU reference;
   - predicted (the memory planner's line) vs measured peak RSS of each part's compile;
-  - bytes uploaded by a cached re-submit (blobs new in the store; goal 0) and its answer;
+  - bytes uploaded by a cached re-submit (blobs new in the store; goal 0), its answer, and the
+    twin builds it queued (goal 0);
   - folder install (registry.install.fetch_artifact: every file verified, swapped into place)
-    vs bare boto3 GETs of the same files from the same SeaweedFS.
+    vs bare boto3 GETs of the same files from the same SeaweedFS;
+  - ``--sequential`` adds the earlier comparison: the parts built one after the other in one
+    process by the embedded farm (farm.pipeline.plan.build), against the farm's parts.
 Writes bench/out/genai.json.
 
     python bench/genai.py --hidden 1024 --layers 8     # embedded vs the hand loop, a few minutes
+    python bench/genai.py --cluster                     # default size on two workers, ~20 min
     python bench/genai.py --cluster --hidden 256 --layers 4
 """
 
@@ -49,6 +56,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +83,18 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 3600) -> subprocess.C
     return proc
 
 
-def _builds(settings: Any, ids: list[int] | None = None) -> list[dict[str, Any]]:
+def _builds(settings: Any, ids: list[int] | None = None, *, twin: bool = False) -> list[dict[str, Any]]:
+    """Build rows (``twin``: the twin builds' own table) as plain dicts."""
     from sqlalchemy import select
 
     from registry.index import Registry
-    from registry.models import Build
+    from registry.models import Build, TwinBuild
 
+    table = TwinBuild if twin else Build
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:
-            q = select(Build).order_by(Build.id)
+            q = select(table).order_by(table.id)
             return [{"id": b.id, "model": b.model_digest, "state": str(b.state), "started": b.started_at,
                      "finished": b.finished_at, "worker": b.worker, "phases": dict(b.phases or {})}
                     for b in s.scalars(q) if ids is None or b.id in ids]
@@ -126,8 +136,9 @@ def sequential(export: Path, tmp: Path) -> dict[str, Any]:
 
 
 def farm(export: Path, tmp: Path, workers: int) -> dict[str, Any]:
-    """`farm submit --genai --wait` on a private farm of ``workers`` QNN 2.51.0 workers, then a
-    cached re-submit and the folder's install, against bare boto3."""
+    """`farm submit --genai --wait` on a private farm of ``workers`` QNN 2.51.0 workers: when it
+    answered (published), when the twin was recorded on the artifact (verified), where the time
+    went; then a cached re-submit and the folder's install, against bare boto3."""
     import psycopg
 
     from farm.core.settings import Settings
@@ -158,33 +169,52 @@ def farm(export: Path, tmp: Path, workers: int) -> dict[str, Any]:
                 raise SystemExit("the workers did not register: see " + str(tmp / "worker-0.log"))
             time.sleep(0.5)
         time.sleep(1.0)
-        t = time.perf_counter()
-        doc = json.loads(_cli(env, "submit", "--genai", str(export), "-t", TARGET, "--name", "llm/bench", "--tag",
-                              "b", "--wait", "--json").stdout)
-        package_wall = time.perf_counter() - t
+        submitted = datetime.now(UTC)
+        argv = [sys.executable, "-m", "farm.cli", "submit", "--genai", str(export), "-t", TARGET, "--name",
+                "llm/bench", "--tag", "b", "--wait", "--json"]
+        package_wall, lines, out, rc, _ = _timed_lines(argv, env)
+        if rc != 0:
+            raise SystemExit(f"farm submit --genai -> {rc}\n{out}\n" + "\n".join(x for _, x in lines))
+        doc = json.loads(out)
         if not doc["ok"]:
             raise SystemExit(f"the package failed: {json.dumps(doc, indent=2)[:3000]}")
+        twin, verified = _await_twin(env, submitted, float(env["FARM_ACCURACY_BUDGET"]) + 1800)
         rows = _builds(settings, [b["build"] for b in doc["builds"]])
         package_row = max(rows, key=lambda r: r["id"])  # queued last: the package's own build
         part_rows = [r for r in rows if r is not package_row]
-        parts_wall = (max(r["finished"] for r in part_rows) - min(r["started"] for r in part_rows)).total_seconds()
+        first_start = min(r["started"] for r in part_rows)
+        last_part = max(r["finished"] for r in part_rows)
+        parts_wall = (last_part - first_start).total_seconds()
         parts = []
         for i, r in enumerate(sorted(part_rows, key=lambda r: r["id"])):
             predicted, measured = _peak(r["phases"])
             parts.append({"part": i, "worker": r["worker"], "predicted_peak_mib": predicted,
                           "measured_peak_mib": measured,
                           "wall_s": (r["finished"] - r["started"]).total_seconds()})
-        # A cached re-submit: what it sends to the store (new blobs), and what it answers.
+        twin_rows = _builds(settings, twin=True)
+        breakdown = _cluster_breakdown(submitted, first_start, last_part, package_row, twin_rows, twin, package_wall,
+                                       verified)
+        # A cached re-submit: what it sends to the store (new blobs), what it answers, and the
+        # twin builds it queues (none: they are keyed and cached like the parts).
         before = _blob_sizes(settings)
         t = time.perf_counter()
         again = _cli(env, "submit", "--genai", str(export), "-t", TARGET, "--name", "llm/bench", "--tag", "b", "--wait")
         resubmit_s = time.perf_counter() - t
         after = _blob_sizes(settings)
         uploaded = sum(size for d, size in after.items() if d not in before)
+        twin_queued = len(_builds(settings, twin=True)) - len(twin_rows)
         install = _install(settings, store_url, weed.url, tmp)
-        return {"workers": workers, "package_wall_s": package_wall, "parts_wall_s": parts_wall, "parts": parts,
+        return {"workers": workers, "package_wall_s": package_wall, "published_s": package_wall,
+                "verified_s": verified, "twin_figures": {k: twin.get(k) for k in (
+                    "status", "tokens_compared", "tokens_matched", "tokens_stopped", "wall_seconds", "detail")},
+                "twin_parts": twin.get("parts"), "breakdown": breakdown,
+                "lines": [f"{t:7.2f} {x}" for t, x in lines],
+                "parts_wall_s": parts_wall, "parts": parts,
+                "twin_builds": [{"id": r["id"], "worker": r["worker"], "wall_s": (r["finished"] - r["started"])
+                                 .total_seconds() if r["finished"] and r["started"] else None,
+                                 "state": r["state"]} for r in twin_rows],
                 "package_build_s": (package_row["finished"] - package_row["started"]).total_seconds(),
-                "resubmit": {"seconds": resubmit_s, "bytes_uploaded": uploaded,
+                "resubmit": {"seconds": resubmit_s, "bytes_uploaded": uploaded, "twin_builds_queued": twin_queued,
                              "answer_cached": again.stdout.count("cached"), "answer_lines": again.stdout.splitlines()},
                 "install": install}
     finally:
@@ -198,6 +228,50 @@ def farm(export: Path, tmp: Path, workers: int) -> dict[str, Any]:
         redis.stop()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _await_twin(env: dict[str, str], submitted: datetime, timeout: float) -> tuple[dict[str, Any], float | None]:
+    """The twin on the published package once it is no longer ``pending`` (polled once a second),
+    and when it was seen recorded (seconds from the submit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = json.loads(_cli(env, "resolve", "--model", "llm/bench:b", "--soc", "SM8650", "--qnn", "2.51.0",
+                              "--json").stdout)
+        tw = res.get("twin") or {}
+        if tw.get("status") not in (None, "pending"):
+            return tw, (datetime.now(UTC) - submitted).total_seconds()
+        if time.monotonic() > deadline:
+            return {"status": "timed-out", **tw}, None
+        time.sleep(1.0)
+
+
+def _cluster_breakdown(submitted: datetime, first_start: datetime, last_part: datetime, package_row: dict[str, Any],
+                       twin_rows: list[dict[str, Any]], twin: dict[str, Any], published: float,
+                       verified: float | None) -> dict[str, Any]:
+    """Where a cluster release's time went, in seconds from the submit (the build rows' times and
+    the twin's own figures)."""
+    def since(when: datetime | None) -> float | None:
+        return (when - submitted).total_seconds() if when is not None else None
+
+    timing = twin.get("timing") or {}
+    sim, ref = timing.get("twin") or {}, timing.get("reference") or {}
+    steps = max(0, int(twin.get("tokens_compared") or 0) - 1)
+    started = [r["started"] for r in twin_rows if r["started"]]
+    finished = [r["finished"] for r in twin_rows if r["finished"]]
+    part_checks = [p.get("seconds") for p in twin.get("parts") or [] if isinstance(p, dict)]
+    return {"before_compiling_s": since(first_start), "parts_s": (last_part - first_start).total_seconds(),
+            "assembly_and_folder_check_s": _d(since(package_row["finished"]), since(last_part)),
+            "published_s": published,
+            "twin_compiles_from_s": since(min(started)) if started else None,
+            "twin_compiles_to_s": since(max(finished)) if finished else None,
+            "twin_compiles_s": (twin.get("twin_builds") or {}).get("compile_seconds"),
+            "twin_check_s": twin.get("wall_seconds"),
+            "per_part_checks_s": part_checks or None,
+            "simulator_load_s": sim.get("load_seconds"), "simulator_prefill_s": sim.get("prefill_seconds"),
+            "simulator_per_step_s": sim.get("decode_seconds_per_token"), "simulator_steps": steps,
+            "cpu_reference_s": (ref.get("load_seconds") or 0) + (ref.get("prefill_seconds") or 0)
+            + (ref.get("decode_seconds_per_token") or 0) * (steps + 1),
+            "verified_s": verified}
 
 
 def _blob_sizes(settings: Any) -> dict[str, int]:
@@ -410,7 +484,9 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=20)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--cluster", action="store_true", help="the two-worker farm against the parts built in sequence")
+    p.add_argument("--cluster", action="store_true", help="farm submit --genai on two workers against the hand loop")
+    p.add_argument("--sequential", action="store_true",
+                   help="--cluster: also the parts built one after the other by the embedded farm")
     p.add_argument("--out")
     args = p.parse_args()
     out = Path(args.out or ROOT / "bench" / "out" / ("genai.json" if args.cluster else "genai-embedded.json"))
@@ -426,12 +502,19 @@ def main() -> int:
         if not args.cluster:
             doc = main_embedded(args, tmp, export, part_bytes)
         else:
-            seq = sequential(export, tmp)
+            load = {"before": _uptime()}
+            hand = [hand_loop(export, tmp)]
             fm = farm(export, tmp, args.workers)
+            hand.append(hand_loop(export, tmp))
+            seq = sequential(export, tmp) if args.sequential else None
+            load["after"] = _uptime()
+            base = sum(h["wall_s"] for h in hand) / len(hand)
             doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-                   "cpus": os.cpu_count(), "hidden": args.hidden, "layers": args.layers,
-                   "part_bytes": part_bytes, "sequential": seq, "farm": fm,
-                   "parts_ratio": fm["parts_wall_s"] / seq["wall_s"]}
+                   "cpus": os.cpu_count(), "load": load, "hidden": args.hidden, "layers": args.layers,
+                   "part_bytes": part_bytes, "hand_loop": hand, "hand_loop_s": base, "farm": fm,
+                   "published_ratio": fm["published_s"] / base,
+                   "verified_ratio": fm["verified_s"] / base if fm["verified_s"] is not None else None,
+                   "sequential": seq, "parts_ratio": fm["parts_wall_s"] / seq["wall_s"] if seq else None}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -439,21 +522,35 @@ def main() -> int:
     if not args.cluster:
         print(f"wrote {out}")
         return 0
-    seq, fm = doc["sequential"], doc["farm"]
+    seq, fm, base = doc["sequential"], doc["farm"], doc["hand_loop_s"]
     print(f"export: 2 parts of {', '.join(f'{b / 2**30:.2f} GiB' for b in part_bytes)} "
-          f"(hidden {args.hidden}, {args.layers} layers)")
-    print(f"{'':34s}{'sequential':>12s}{'farm':>12s}{'ratio':>8s}")
-    print(f"{'parts built (wall s)':34s}{seq['wall_s']:12.1f}{fm['parts_wall_s']:12.1f}{doc['parts_ratio']:8.2f}"
-          "   goal <= 0.6")
-    print(f"{'package answered (wall s)':34s}{'':12s}{fm['package_wall_s']:12.1f}"
-          f"   (assembly + checks + twin {fm['package_build_s']:.1f} s)")
-    for s_, f_ in zip(seq["parts"], fm["parts"], strict=True):
-        print(f"part {s_['part']} peak RSS MiB predicted/measured  seq {s_['predicted_peak_mib']}/"
-              f"{_n(s_['measured_peak_mib'])}  farm {f_['predicted_peak_mib']}/{_n(f_['measured_peak_mib'])} "
-              f"(worker {f_['worker']})")
+          f"(hidden {args.hidden}, {args.layers} layers); {args.workers} workers; load "
+          f"{doc['load']['before'].split('load average:')[-1].strip()} -> "
+          f"{doc['load']['after'].split('load average:')[-1].strip()}")
+    walls = " / ".join(f"{h['wall_s']:.1f}" for h in doc["hand_loop"])
+    print(f"hand loop (baseline, before and after)  {walls} s, mean {base:.1f} s")
+    vr = doc["verified_ratio"]
+    print(f"farm submit --genai --wait: published    {fm['published_s']:8.1f} s {doc['published_ratio']:5.2f}x"
+          "   goal <= 1.05")
+    print(f"twin recorded on the artifact           {_n(fm['verified_s']):>8s} s "
+          f"{(f'{vr:5.2f}x' if vr is not None else '    -')}   goal <= 2.0; twin {fm['twin_figures']}")
+    b = fm["breakdown"]
+    print("  breakdown (s from submit, or s): " + ", ".join(
+        f"{k.removesuffix('_s')} {v:.1f}" if isinstance(v, float) else f"{k.removesuffix('_s')} {v}"
+        for k, v in b.items() if v is not None))
+    for t in fm["twin_builds"]:
+        print(f"  twin build {t['id']}: {t['state']} in {_n(t['wall_s'])} s on {t['worker']}")
+    if seq is not None:
+        print(f"{'':34s}{'sequential':>12s}{'farm':>12s}{'ratio':>8s}")
+        print(f"{'parts built (wall s)':34s}{seq['wall_s']:12.1f}{fm['parts_wall_s']:12.1f}{doc['parts_ratio']:8.2f}")
+    for i, f_ in enumerate(fm["parts"]):
+        s_ = seq["parts"][i] if seq else {}
+        print(f"part {i} peak RSS MiB predicted/measured  farm {f_['predicted_peak_mib']}/{_n(f_['measured_peak_mib'])} "
+              f"(worker {f_['worker']}, {f_['wall_s']:.1f} s)"
+              + (f"  seq {s_['predicted_peak_mib']}/{_n(s_['measured_peak_mib'])}" if s_ else ""))
     rs = fm["resubmit"]
-    print(f"cached re-submit: {rs['bytes_uploaded']} bytes uploaded (goal 0), {rs['seconds']:.1f} s, "
-          f"{rs['answer_cached']} build(s) answered cached")
+    print(f"cached re-submit: {rs['bytes_uploaded']} bytes uploaded (goal 0), {rs['twin_builds_queued']} twin "
+          f"build(s) queued (goal 0), {rs['seconds']:.1f} s, {rs['answer_cached']} build(s) answered cached")
     ins = fm["install"]
     print(f"install: {ins['files']} files {ins['bytes'] / MIB:.1f} MiB in {ins['farm_s']:.2f} s "
           f"({ins['farm_mib_s']:.0f} MiB/s) vs raw S3 GET {ins['raw_s']:.2f} s ({ins['raw_mib_s']:.0f} MiB/s): "
