@@ -49,7 +49,8 @@ def serve(settings: Settings, backend: str, *, concurrency: int = 1, loglevel: s
     with reg.db.session() as s:
         worker_id = register_worker(s, name=name, host=host, pid=os.getpid(), toolchain=toolchain, queues=queues,
                                     extra={**capabilities.to_extra(), **({"target": target} if target else {})})
-    os.environ.update(CTXFARM_WORKER_ID=str(worker_id), CTXFARM_WORKER_NAME=name, CTXFARM_BACKEND=backend)
+    os.environ.update(CTXFARM_WORKER_ID=str(worker_id), CTXFARM_WORKER_NAME=name, CTXFARM_BACKEND=backend,
+                      CTXFARM_GENAI_QUEUES=",".join(q for q in queues if q.endswith(".genai")))
     if target:
         os.environ["CTXFARM_GPU_TARGET"] = target
     print(f"worker {name}: {backend} {toolchain.version} (onnxruntime {toolchain.ort_version}, "

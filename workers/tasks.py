@@ -30,6 +30,46 @@ DRAIN_FILE = os.environ.get("CTXFARM_DRAIN_FILE")
 BUSY_FILE = os.environ.get("CTXFARM_BUSY_FILE")
 
 
+def genai_queues() -> frozenset[str]:
+    """The genai queues this worker serves (``workers.main``): a package whose last part it
+    published is assembled here at once (``assemble_now``)."""
+    return frozenset(q for q in (os.environ.get("CTXFARM_GENAI_QUEUES") or "").split(",") if q)
+
+
+_assembling: set[int] = set()
+_assembling_lock = threading.Lock()
+
+
+def assemble_now(ex: Any, pkg_id: int, queue: str) -> None:
+    """A package whose last part this worker just published, assembled and published here at
+    once, on a thread of its own, beside whatever this worker takes next. Sent to the genai queue
+    only, it would wait behind the twin builds queued there at submit until some worker is free
+    (measured at the default LLM size: 27 s, both workers compiling twin parts): publication wins.
+    Its message stays in the broker until this run takes it off: a worker that gets it first
+    finds the build held (``busy``) or final and drops it; if this worker dies, the lease lapses
+    and the reconciler sends it again. The twin follows on the same thread, as on any worker."""
+    with _assembling_lock:
+        if pkg_id in _assembling:
+            return
+        _assembling.add(pkg_id)
+
+    def run() -> None:
+        from farm.pipeline.genai import execute_package
+
+        try:
+            result = execute_package(ex, pkg_id)
+            if result is not None and result.outcome in ("succeeded", "failed", "exhausted"):
+                _finish(ex, queue, result, taken=True)
+        except Exception:
+            log.warning("package build %s: assembling it on this worker raised; its message stays queued", pkg_id,
+                        exc_info=True)
+        finally:
+            with _assembling_lock:
+                _assembling.discard(pkg_id)
+
+    threading.Thread(target=run, name=f"assemble-{pkg_id}", daemon=True).start()
+
+
 def _busy(on: bool) -> None:
     if not BUSY_FILE:
         return
@@ -76,7 +116,9 @@ def _finish(ex: Any, queue: str | None, result: Any, taken: bool = False) -> Non
         try:  # the last part of a genai package sends the package's build (the fan-in)
             from farm.pipeline.genai import after_part
 
-            after_part(settings, ex.registry, result.build_id, app)
+            for pkg_id, pkg_queue in after_part(settings, ex.registry, result.build_id, app):
+                if pkg_queue in genai_queues():
+                    assemble_now(ex, pkg_id, pkg_queue)
         except Exception:
             import logging
 

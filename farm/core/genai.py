@@ -299,8 +299,10 @@ def _read_json(root: Path, name: str, limit: int) -> Any:
         raise _bad(f"{name} is not valid JSON ({why})") from None
 
 
-def read_graph(root: Path, name: str) -> Graph:
-    """A graph's I/O and external-data references, from the .onnx alone (never its weights)."""
+def read_graph(root: Path, name: str, *, weights: bool = True) -> Graph:
+    """A graph's I/O and external-data references, from the .onnx alone (never its weights).
+    ``weights=False``: the external-data files are named and their names checked, not looked for
+    on disk (``read_export``)."""
     import onnx
     from onnx import external_data_helper
 
@@ -332,7 +334,8 @@ def read_graph(root: Path, name: str) -> Graph:
         here = name.rpartition("/")[0]  # relative to the graph's own folder
         rel = f"{here}/{rel}" if here else rel
         if rel not in data:
-            _regular(root, rel, f"{name}: external data", limit=1 << 62)
+            if weights:
+                _regular(root, rel, f"{name}: external data", limit=1 << 62)
             data.append(rel)
     epc = any(n.op_type == "EPContext" for n in model.graph.node)
     graph = Graph(name, tuple(one(v) for v in model.graph.input if v.name not in inits),
@@ -381,7 +384,7 @@ def _kv_of(graph: Graph) -> tuple[int, dict[int, int]] | None:
     return None
 
 
-def read_export(path: str | os.PathLike[str]) -> GenaiExport:
+def read_export(path: str | os.PathLike[str], *, weights: bool = True) -> GenaiExport:
     """Read an export folder into a ``GenaiExport``. Raises ``BadGenaiError`` naming the file for:
     no folder, no or bad ``genai_config.json`` (not JSON, over 1 MiB, not a decoder-pipeline), a
     stage file that is missing, not ONNX or badly named (a directory, ``..``, absolute), external
@@ -391,7 +394,9 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
     of genai_config.json of the wrong JSON type or out of range (``farm.core.genai_schema``,
     named by its JSON path), a tokenizer JSON file that is not one, KV or window shapes out of
     range; a file (or the folder) that is a symlink loop, a dangling symlink, a FIFO or device,
-    unreadable (``farm.core.names.input_file``)."""
+    unreadable (``farm.core.names.input_file``). ``weights=False``: the graphs' external data is not
+    required on disk (a stored package laid out for its assembly, which reads no weight; its
+    snapshot was read with its weights when it was submitted)."""
     given = Path(path)
     try:
         root = input_folder(given)
@@ -427,7 +432,7 @@ def read_export(path: str | os.PathLike[str]) -> GenaiExport:
         if file in seen_files:
             raise _bad(f"{where}: {file} is used by two stages")
         seen_files.add(file)
-        graph = read_graph(root, file)
+        graph = read_graph(root, file, weights=weights)
         if graph.epcontext:
             raise _bad(f"{file}: already compiled (holds an EPContext node); give the export before compiling",
                        hint="farm builds from the exporter's ONNX graphs, not from _ctx.onnx files")

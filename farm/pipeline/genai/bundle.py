@@ -191,11 +191,15 @@ def read_package(files: list[dict[str, Any]], store: Any) -> dict[str, Any] | No
     return doc
 
 
-def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, Any]], dest: Path) -> PackageBundle:
+def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, Any]], dest: Path, *,
+                          weights: bool = True) -> PackageBundle:
     """A recorded package as ``inspect_package`` saw it, from the store: the carried files under
     their names, each part's graphs and data from its group's snapshot under the exporter's
     names (from genai.json), then ``farm.core.genai.read_export`` of that folder (the same
-    checks; the same description)."""
+    checks; the same description). ``weights=False``: the parts' graphs without their external
+    data (the assembly reads no weight: at the default LLM size that is 3.2 GiB fetched and
+    verified before publication for nothing); the twin, which runs the graphs on the CPU EP, lays
+    the package out again with them."""
     from farm.core import genai
     from farm.core.groups import member_dir, member_onnx
     from farm.pipeline.bundles import download_bundle
@@ -220,14 +224,15 @@ def package_from_snapshot(settings: Settings, reg: Any, files: list[dict[str, An
         if not listing:
             raise InvalidModelError(f"part {i}'s group {str(part['group'])[:19]} is not recorded here")
         work = dest.parent / f"group{i}"
-        download_bundle(reg.store, listing, work)
+        graphs = {member_onnx(k) for k in range(2)}
+        download_bundle(reg.store, listing if weights else [f for f in listing if f["path"] in graphs], work)
         for k, kind in enumerate((PREFILL, DECODE)):
             name = genai.check_file_name(files_of.get(f"part{i}.{kind}"), "package")
             inside(work, member_onnx(k)).replace(inside(dest, name))
             for data in inside(work, member_dir(k)).iterdir():
                 if data.is_file() and not (dest / data.name).exists():
                     data.replace(inside(dest, genai.check_file_name(data.name, "package")))
-    export = genai.read_export(dest)
+    export = genai.read_export(dest, weights=weights)
     return PackageBundle((), tuple(carried), export, b"", "", BundleFile("", files[0]["digest"], int(files[0]["size"])),
                          "")
 

@@ -35,7 +35,7 @@ from farm.pipeline.genai.twin_builds import (
     twin_wanted,
     twins_wanted,
 )
-from farm.pipeline.genai.twin_record import _description, twin_status
+from farm.pipeline.genai.twin_record import _description, record_twin, twin_status
 from farm.pipeline.submission import BuildReport, Progress, no_progress
 
 log = logging.getLogger("ctxfarm.genai")
@@ -301,16 +301,16 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
             reg.close()
 
 
-def after_part(settings: Settings, reg: Any, build_id: int, app: Any) -> list[int]:
+def after_part(settings: Settings, reg: Any, build_id: int, app: Any) -> list[tuple[int, str]]:
     """A worker, after a build's final outcome: send each package build whose last part this
-    was (to its toolchain's queue: any worker of it assembles). Returns the ids sent."""
+    was (to its toolchain's queue: any worker of it assembles). Returns (id, queue) of each sent."""
     from farm.pipeline.queues import COMPILE_TASK, send
 
     with reg.db.session() as s:
         ready = ready_packages(s, build_id)
     for pkg_id, queue in ready:
         send(app, COMPILE_TASK, [pkg_id], queue)
-    return [p for p, _ in ready]
+    return ready
 
 
 def execute_package(executor: Any, build_id: int) -> Any:
@@ -371,7 +371,8 @@ def execute_package(executor: Any, build_id: int) -> Any:
     outcomes = [outcome_from_row(reg, p, f"{spec.backend}:{spec.target}", cached=False) for p in parts]
     with tempfile.TemporaryDirectory(prefix="ctxfarm-genai-export-") as tmp:
         try:
-            pkg = package_from_snapshot(settings, reg, files, Path(tmp) / "export")
+            # Without the parts' weights: the assembly reads none; the twin lays them out after.
+            pkg = package_from_snapshot(settings, reg, files, Path(tmp) / "export", weights=False)
         except FarmError as exc:
             with reg.db.session() as s:
                 c = states.claim(s, build_id, owner=executor.owner, lease_seconds=settings.lease_seconds,
@@ -391,8 +392,14 @@ def execute_package(executor: Any, build_id: int) -> Any:
         executor.events.publish(build_id, state)
         if ran and art_digest and twin_status(_description(reg, art_digest)) == "pending":
             # The release answered at publication (the row is final); this worker records the
-            # twin right after, on the export it laid out.
-            twin_after(executor, build_id, b_queue, spec, pkg.export.root, art_digest)
+            # twin right after, on the export laid out again with its weights.
+            try:
+                full = package_from_snapshot(settings, reg, files, Path(tmp) / "weights" / "export")
+            except FarmError as exc:
+                why = f"{exc.code}: the export could not be laid out for the twin: {exc.message[:500]}"
+                record_twin(reg, art_digest, {"status": "unverified", "detail": why})
+            else:
+                twin_after(executor, build_id, b_queue, spec, full.export.root, art_digest)
     if not ran:
         return Result("busy", build_id)
     return Result("succeeded" if state == states.BuildState.SUCCEEDED else "failed", build_id,

@@ -316,6 +316,23 @@ def test_a_hostile_export_is_refused_naming_the_file(copy: Path, case: str) -> N
     assert len(err.message) < 1000
 
 
+def test_a_stored_package_laid_out_without_weights_reads_the_same(olive: Path, copy: Path) -> None:
+    """The assembly lays a stored package out without its parts' weights (it reads none): the
+    export reads the same, external data named; read with its weights, the same folder is refused."""
+    for data in copy.glob("*.onnx.data"):
+        data.unlink()
+    light = genai.read_export(copy, weights=False)
+    full = genai.read_export(olive)
+    assert [p.prefill.graph.data for p in light.parts] == [p.prefill.graph.data for p in full.parts]
+    assert light.parts[0].data and light.config == full.config
+    with pytest.raises(BadGenaiError, match="is missing"):
+        genai.read_export(copy)
+    # A hostile name is refused all the same: only the file's presence is not looked for.
+    _escape_data(copy)
+    with pytest.raises(BadGenaiError):
+        genai.read_export(copy, weights=False)
+
+
 def test_not_a_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     for p, why in ((tmp_path / "missing", "no such folder"), (tmp_path / "f", "not a folder")):
