@@ -170,3 +170,19 @@ def test_twin_that_would_not_fit_is_refused_before_it_starts() -> None:
         plan_twin([1604 * MIB] * 2, everything, 6144, twin_peak_mb(everything, generate=True) - 1, concurrent=False)
     assert err.value.code == "resource-limit"
     assert "generation" in err.value.message and "not started" in err.value.message
+
+
+def test_what_the_twin_children_load_is_counted_once_a_file() -> None:
+    from pathlib import Path
+
+    from farm.core.genai import read_export
+    from workers.qnn.genai import _generate_bytes, _part_bytes
+
+    root = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+    export = read_export(root)
+    size = {f.name: f.stat().st_size for f in root.iterdir()}
+    # A part: its prefill and decode graph and the weights they share, once.
+    assert _part_bytes(export) == [size[f"context_{i}.onnx"] + size[f"iterator_{i}.onnx"]
+                                   + size[f"context_{i}.onnx.data"] for i in (0, 1)]
+    # The generation: every part and the CPU stages.
+    assert _generate_bytes(export) == sum(_part_bytes(export)) + size["embeddings.onnx"] + size["lm_head.onnx"]
