@@ -309,6 +309,9 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
     def left() -> float:
         return max(1.0, deadline - time.perf_counter())
 
+    concurrent = len(cpus) >= 2 if concurrent is None else concurrent
+    part_bytes, generate_bytes = _part_bytes(export), _generate_bytes(export)
+    plan_twin(part_bytes, generate_bytes, memory_mb, _available_mb(), concurrent=concurrent)  # no fit: compile nothing
     if not all(given.get(st.name) for st in stages):
         how, given = "here", {}
         t = time.perf_counter()
@@ -320,7 +323,7 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
                                                   cpus=slot)
 
         done = _pooled([compile_one(p.index) for p in export.parts],
-            cpu_slots(cpus, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory()))))
+            cpu_slots(cpus, min(len(export.parts), memory_bound(part_bytes, _available_memory()))))
         for r in done:
             if isinstance(r, WorkerLostError):  # died during the compile
                 return {"status": "runtime-crashed", "detail": r.message, "tokens_compared": int(tokens),
@@ -331,11 +334,9 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
             graphs.update(r["graphs"])
         compile_wall = time.perf_counter() - t
 
-    concurrent = len(cpus) >= 2 if concurrent is None else concurrent
     # Each child capped by what it loads (``memory_mb``, FARM_COMPILE_MEMORY_MB: the floor), and
-    # only as many at once as this host holds; one that can't fit alone is resource-limit, here.
-    part_bytes = _part_bytes(export)
-    plan = plan_twin(part_bytes, _generate_bytes(export), memory_mb, _available_mb(), concurrent=concurrent)
+    # only as many at once as this host holds now; one that can't fit alone is resource-limit.
+    plan = plan_twin(part_bytes, generate_bytes, memory_mb, _available_mb(), concurrent=concurrent)
     concurrent, room = plan.concurrent, plan.parts_at_once
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
            "provider_options": twin_compile_options(target, options), "tokens": int(tokens), "prompt": prompt,

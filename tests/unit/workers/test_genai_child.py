@@ -186,3 +186,22 @@ def test_what_the_twin_children_load_is_counted_once_a_file() -> None:
                                    + size[f"context_{i}.onnx.data"] for i in (0, 1)]
     # The generation: every part and the CPU stages.
     assert _generate_bytes(export) == sum(_part_bytes(export)) + size["embeddings.onnx"] + size["lm_head.onnx"]
+
+
+def test_run_twin_that_would_not_fit_starts_no_child(monkeypatch: Any, tmp_path: Any) -> None:
+    from pathlib import Path
+
+    import pytest
+
+    from farm.core.catalog import parse_target
+    from farm.core.errors import ResourceLimitError
+    from workers.qnn import genai
+
+    started: list[str] = []
+    monkeypatch.setattr(genai, "_available_mb", lambda: 64)  # a host with 64 MiB to spare
+    monkeypatch.setattr(genai, "run_child", lambda *a, **k: started.append(a[1]))
+    monkeypatch.setattr(genai, "twin_compile_part", lambda *a, **k: started.append("compile_part"))
+    export = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+    with pytest.raises(ResourceLimitError, match="not started"):
+        genai.run_twin(export, parse_target("qnn:SM8650"), {}, tmp_path / "work", memory_mb=6144)
+    assert started == []
