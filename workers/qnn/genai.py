@@ -129,17 +129,22 @@ def memory_bound(part_bytes: list[int], available: int) -> int:
 #   export                    loads (MiB)      peak RSS (MiB)   VmPeak (MiB)
 #   hidden 1024, 8 layers     part 162         445 / 485        1,522 / 1,559   (part check 0 / 1)
 #                             all 326          757              1,930           (generation)
+#   hidden 1536, 12 layers    part 543         1,043 / 1,484    2,417 / 2,855
+#                             all 1,089        2,313            3,240
 #   hidden 2048, 20 layers    part 1,604       2,524 / 3,210    3,939 / 4,616
 #                             all 3,214        6,615            7,195
 #
-# Lines through the larger of each pair: a part check 179 MiB + 1.89 x its part, the generation
-# 95 MiB + 2.03 x all it loads (RSS); VmPeak runs ~1.2-1.3 GiB above RSS at both sizes (the
-# simulator's and the runtime's reserved address space), so the flat 6 GiB compile cap killed
-# the default size's generation (7.2 GiB of address space: std::bad_alloc).
-PART_CHECK_BASE_MB, PART_CHECK_RATIO = 179.0, 1.89
-GENERATE_BASE_MB, GENERATE_RATIO = 95.0, 2.03
+# Least-squares lines through the larger part check of each size and the generation: a part
+# check 315 MiB + 1.83 x its part (+26 %, -12 %, +1 % of the three), the generation 100 MiB +
+# 2.03 x all it loads (within 1 %). Part 1's check peaks higher than part 0's: it first runs part
+# 0 on the CPU EP for its inputs (one session at a time, but the heap keeps what it grew to).
+# VmPeak runs 0.6-1.4 GiB above RSS (the simulator's and the runtime's reserved address space),
+# so the flat 6 GiB compile cap killed the default size's generation (7.2 GiB of address space:
+# std::bad_alloc; reproduced here with the cap at 6,144 MiB).
+PART_CHECK_BASE_MB, PART_CHECK_RATIO = 315.0, 1.83
+GENERATE_BASE_MB, GENERATE_RATIO = 100.0, 2.03
 # VmPeak above the RSS line: the cap is never under the predicted RSS plus this (the measured gap
-# is 1.1-1.4 GiB), so a small child under a low FARM_COMPILE_MEMORY_MB is not capped below its
+# is 0.6-1.4 GiB), so a small child under a low FARM_COMPILE_MEMORY_MB is not capped below its
 # address space.
 VM_OVER_RSS_MB = 2048
 # As a compile's (farm.pipeline.memory.CAP_FACTOR): RLIMIT_AS counts address space, above RSS.
