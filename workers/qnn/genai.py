@@ -25,11 +25,12 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm.core.catalog import Target
-from farm.core.errors import FarmError, WorkerLostError
+from farm.core.errors import FarmError, ResourceLimitError, WorkerLostError
 from farm.core.genai import TWIN_PROMPT, TWIN_TOKENS
 from workers.runner import run_child
 
@@ -37,6 +38,7 @@ MODULE = "workers.qnn.genai_child"
 TWIN_MIN_TOKENS = 4  # compared, always (fewer only where the KV cache can't hold them)
 GENERATE_SHARE = 20  # the twin's generation past the minimum: within timeout / GENERATE_SHARE
 HVX_THREADS = 4  # the threads the HTP simulator runs a graph on (genai_child.HVX_THREADS)
+MIB = 1 << 20
 
 
 def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None, timeout: float = 300.0,
@@ -109,11 +111,103 @@ def cpu_slots(cpus: list[int], count: int) -> list[list[int]]:
 
 
 def memory_bound(part_bytes: list[int], available: int) -> int:
-    """How many part checks fit in ``available`` bytes at once: each holds its part's weights
-    about three times (the CPU EP session, the context binary, the simulator's copy), the
-    largest part counted for each; at least one."""
+    """How many twin compiles (``twin_compile_part``, the parts compiled here) fit in
+    ``available`` bytes at once: each holds its part's weights about three times, the largest
+    part counted for each; at least one."""
     need = 3 * max(part_bytes, default=0)
     return max(1, available // need) if need else len(part_bytes) or 1
+
+
+# ---- the twin's children: their memory caps and what runs at once ---------------------------------
+#
+# Each check child's peak grows with what it loads: a part check its part (the CPU EP session of
+# both graphs, the simulator's copy of the contexts), the generation every part and the CPU stages
+# (the source pipeline on the CPU EP, then the twin: the prefill graphs on the CPU EP, the decode
+# contexts on the simulator). Measured, QNN 2.51.0, x86_64, no cap (the children's peak_rss_kib /
+# peak_vm_kib; bench/genai_export.py --parts 2, prompt TWIN_PROMPT, 2 tokens):
+#
+#   export                    loads (MiB)      peak RSS (MiB)   VmPeak (MiB)
+#   hidden 1024, 8 layers     part 162         445 / 485        1,522 / 1,559   (part check 0 / 1)
+#                             all 326          757              1,930           (generation)
+#   hidden 1536, 12 layers    part 543         1,043 / 1,484    2,417 / 2,855
+#                             all 1,089        2,313            3,240
+#   hidden 2048, 20 layers    part 1,604       2,524 / 3,210    3,939 / 4,616
+#                             all 3,214        6,615            7,195
+#
+# Least-squares lines through the larger part check of each size and the generation: a part
+# check 315 MiB + 1.83 x its part (+26 %, -12 %, +1 % of the three), the generation 100 MiB +
+# 2.03 x all it loads (within 1 %). Part 1's check peaks higher than part 0's: it first runs part
+# 0 on the CPU EP for its inputs (one session at a time, but the heap keeps what it grew to).
+# VmPeak runs 0.6-1.4 GiB above RSS (the simulator's and the runtime's reserved address space),
+# so the flat 6 GiB compile cap killed the default size's generation (7.2 GiB of address space:
+# std::bad_alloc; reproduced here with the cap at 6,144 MiB).
+PART_CHECK_BASE_MB, PART_CHECK_RATIO = 315.0, 1.83
+GENERATE_BASE_MB, GENERATE_RATIO = 100.0, 2.03
+# VmPeak above the RSS line: the cap is never under the predicted RSS plus this (the measured gap
+# is 0.6-1.4 GiB), so a small child under a low FARM_COMPILE_MEMORY_MB is not capped below its
+# address space.
+VM_OVER_RSS_MB = 2048
+# As a compile's (farm.pipeline.memory.CAP_FACTOR): RLIMIT_AS counts address space, above RSS.
+CAP_FACTOR = 2.0
+# What the twin leaves free beside its children (the worker, the page cache the store needs).
+TWIN_RESERVE_MB = 512
+
+
+def twin_peak_mb(load_bytes: int, *, generate: bool = False) -> int:
+    """A twin child's predicted peak RSS in MiB: a part check (``load_bytes``: its part's graphs
+    and weights) or, ``generate``, the generation (every part and the CPU stages)."""
+    base, ratio = (GENERATE_BASE_MB, GENERATE_RATIO) if generate else (PART_CHECK_BASE_MB, PART_CHECK_RATIO)
+    return int(round(base + ratio * load_bytes / MIB))
+
+
+def twin_cap_mb(load_bytes: int, floor_mb: int, *, generate: bool = False) -> int:
+    """The address-space cap of a twin child: CAP_FACTOR x its predicted peak RSS (and at least
+    that peak plus VM_OVER_RSS_MB), never below ``floor_mb`` (FARM_COMPILE_MEMORY_MB); 0 (no
+    cap) stays 0."""
+    if floor_mb <= 0:
+        return 0
+    peak = twin_peak_mb(load_bytes, generate=generate)
+    return max(floor_mb, int(CAP_FACTOR * peak), peak + VM_OVER_RSS_MB)
+
+
+@dataclass(frozen=True)
+class TwinPlan:
+    """How the twin's check children run: each part check's cap and the generation's (MiB, 0:
+    none), whether the generation runs beside the part checks, and how many part checks at once."""
+
+    part_caps_mb: list[int]
+    generate_cap_mb: int
+    concurrent: bool
+    parts_at_once: int
+
+
+def plan_twin(part_bytes: list[int], generate_bytes: int, floor_mb: int, available_mb: int | None, *,
+              concurrent: bool) -> TwinPlan:
+    """The twin's children sized to this host: each capped by what it loads (``twin_cap_mb``);
+    what runs at once predicted to fit ``available_mb`` (None: not known, nothing held back). The
+    generation runs beside the part checks (``concurrent``) only with room for it and one part
+    check; part checks run together only as many as fit (at least one). Raises
+    ``ResourceLimitError`` when one child alone would not fit: not started, rather than killed by
+    the kernel (or another process of the host) halfway."""
+    part_need = [twin_peak_mb(b) for b in part_bytes]
+    gen_need = twin_peak_mb(generate_bytes, generate=True)
+    caps = [twin_cap_mb(b, floor_mb) for b in part_bytes]
+    gen_cap = twin_cap_mb(generate_bytes, floor_mb, generate=True)
+    largest = max(part_need, default=0)
+    if available_mb is None:
+        return TwinPlan(caps, gen_cap, concurrent, max(len(part_bytes), 1))
+    if max(largest, gen_need) > available_mb:
+        which = ("the generation (every part and the CPU stages)" if gen_need >= largest
+                 else f"a part check (part {part_need.index(largest)})")
+        raise ResourceLimitError(
+            f"the twin check was not started: {which} is predicted to peak at {max(largest, gen_need)} MiB and "
+            f"this host has {available_mb} MiB for it (MemAvailable less {TWIN_RESERVE_MB} MiB)",
+            hint="run the twin on a worker with more memory, or cut the model into more parts")
+    if concurrent and gen_need + largest > available_mb:
+        concurrent = False  # the part checks first, then the generation alone
+    room = available_mb - (gen_need if concurrent else 0)
+    at_once = max(1, min(len(part_bytes), room // largest)) if largest else max(len(part_bytes), 1)
+    return TwinPlan(caps, gen_cap, concurrent, at_once)
 
 
 def _available_memory() -> int:
@@ -125,6 +219,23 @@ def _available_memory() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 1 << 62
+
+
+def _available_mb() -> int | None:
+    """What the twin's children may use now: MemAvailable (within a cgroup v2 limit) less
+    TWIN_RESERVE_MB; None where /proc can't tell."""
+    avail = _available_memory()
+    if avail >= 1 << 62:
+        return None
+    figures = [avail // MIB]
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit.isdigit() and used.isdigit():
+            figures.append(max(int(limit) - int(used), 0) // MIB)
+    except OSError:
+        pass
+    return max(min(figures) - TWIN_RESERVE_MB, 0)
 
 
 def _pooled(jobs: list[Callable[[list[int] | None], Any]], slots: list[list[int]]) -> list[Any]:
@@ -181,7 +292,10 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
     generation's prefill stages on the CPU EP (the part checks ran each prefill graph on the
     simulator), so its tokens past the first come from the simulator's decode steps.
     ``nice``: the children's niceness (a worker's twin yields to its compiles; a command that
-    waits on its twin gives 0). Raises ``BadGenaiError`` for an export that can't be mapped,
+    waits on its twin gives 0). ``memory_mb`` (FARM_COMPILE_MEMORY_MB) is the floor of each check
+    child's address-space cap, which grows with what the child loads (``plan_twin``; 0: no caps);
+    a check that this host can't hold is ``resource-limit`` before any child starts. Raises
+    ``BadGenaiError`` for an export that can't be mapped,
     ``ToolchainError`` when the EP compiles no node; a runtime that dies while generating is
     ``status: runtime-crashed`` with the steps it finished."""
     from farm.core.genai import read_export
@@ -200,6 +314,9 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
     def left() -> float:
         return max(1.0, deadline - time.perf_counter())
 
+    concurrent = len(cpus) >= 2 if concurrent is None else concurrent
+    part_bytes, generate_bytes = _part_bytes(export), _generate_bytes(export)
+    plan_twin(part_bytes, generate_bytes, memory_mb, _available_mb(), concurrent=concurrent)  # no fit: compile nothing
     if not all(given.get(st.name) for st in stages):
         how, given = "here", {}
         t = time.perf_counter()
@@ -211,7 +328,7 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
                                                   cpus=slot)
 
         done = _pooled([compile_one(p.index) for p in export.parts],
-            cpu_slots(cpus, min(len(export.parts), memory_bound(_part_bytes(export), _available_memory()))))
+            cpu_slots(cpus, min(len(export.parts), memory_bound(part_bytes, _available_memory()))))
         for r in done:
             if isinstance(r, WorkerLostError):  # died during the compile
                 return {"status": "runtime-crashed", "detail": r.message, "tokens_compared": int(tokens),
@@ -222,8 +339,10 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
             graphs.update(r["graphs"])
         compile_wall = time.perf_counter() - t
 
-    concurrent = len(cpus) >= 2 if concurrent is None else concurrent
-    room = memory_bound(_part_bytes(export), _available_memory())
+    # Each child capped by what it loads (``memory_mb``, FARM_COMPILE_MEMORY_MB: the floor), and
+    # only as many at once as this host holds now; one that can't fit alone is resource-limit.
+    plan = plan_twin(part_bytes, generate_bytes, memory_mb, _available_mb(), concurrent=concurrent)
+    concurrent, room = plan.concurrent, plan.parts_at_once
     req = {"export": str(Path(export_dir).resolve()), "work": str((work_dir / "twin-run").resolve()),
            "provider_options": twin_compile_options(target, options), "tokens": int(tokens), "prompt": prompt,
            "min_tokens": int(min_tokens), "nice": int(nice), "compiled": given, "prefill_on": prefill_on,
@@ -236,8 +355,8 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
         gen_dir = work_dir / "generate"
         gen_dir.mkdir(parents=True, exist_ok=True)
         try:
-            return run_child(MODULE, "twin", {**req, "cpus": slot}, gen_dir, timeout=left(), memory_mb=memory_mb,
-                             python=python)
+            return run_child(MODULE, "twin", {**req, "cpus": slot}, gen_dir, timeout=left(),
+                             memory_mb=plan.generate_cap_mb, python=python)
         finally:
             phases["generate"] = time.perf_counter() - t
 
@@ -250,8 +369,8 @@ def run_twin(export_dir: Path, target: Target, options: dict[str, Any], work_dir
                     "nice": int(nice), "cpus": slot,
                     "compiled": {st.name: given[st.name] for st in (p.prefill, p.decode)}}
             try:
-                result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(), memory_mb=memory_mb,
-                                         python=python)
+                result, _, _ = run_child(MODULE, "part_check", preq, d, timeout=left(),
+                                         memory_mb=plan.part_caps_mb[index], python=python)
             finally:
                 phases["parts_check"] = time.perf_counter() - t_checks
             return result
@@ -322,3 +441,12 @@ def _part_bytes(export: Any) -> list[int]:
         files = {p.prefill.graph.file, p.decode.graph.file, *p.data}
         out.append(sum(export.path(f).stat().st_size for f in files))
     return out
+
+
+def _generate_bytes(export: Any) -> int:
+    """What the twin's generation loads, in bytes: every stage's graph and external data (the
+    parts and the CPU stages), each file once."""
+    files = {f for st in export.stages for f in (st.graph.file, *st.graph.data)}
+    for p in export.parts:
+        files.update(p.data)
+    return sum(export.path(f).stat().st_size for f in files)

@@ -242,7 +242,25 @@ def compile_part(req: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
     files, graphs = _compile_parts(export, [export.parts[index]], Path(req["out_dir"]),
                                    dict(req.get("provider_options") or {}))
-    return {"part": index, "files": files, "graphs": graphs, "compile_seconds": round(time.perf_counter() - t, 3)}
+    return {"part": index, "files": files, "graphs": graphs, "compile_seconds": round(time.perf_counter() - t, 3),
+            **peaks()}
+
+
+def peaks() -> dict[str, int]:
+    """This process's peaks so far, in KiB: ``peak_rss_kib`` (VmHWM) and ``peak_vm_kib`` (VmPeak,
+    the address space that RLIMIT_AS caps: the figure a twin child's cap is sized on,
+    ``workers.qnn.genai.twin_cap_mb``); 0 where /proc can't tell."""
+    out = {"peak_rss_kib": 0, "peak_vm_kib": 0}
+    fields = {"VmHWM:": "peak_rss_kib", "VmPeak:": "peak_vm_kib"}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = fields.get(line.split(maxsplit=1)[0]) if line.strip() else None
+                if key:
+                    out[key] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
 
 
 def _given_context(export: genai.GenaiExport, stage: genai.Stage, given: str, out: Path) -> dict[str, Any]:
@@ -478,7 +496,7 @@ def part_check(req: dict[str, Any]) -> dict[str, Any]:
                 default=None)
     return {**out, "status": "ok", "detail": None,
             "worst": {"phase": worst[1], "output": worst[2], "psnr_db": worst[0]} if worst else None,
-            "timing": timing, "seconds": round(time.perf_counter() - start, 3)}
+            "timing": timing, "seconds": round(time.perf_counter() - start, 3), **peaks()}
 
 
 # The HTP simulator runs a graph on 4 busy HVX threads (thr_hvx_0..3, measured, QNN 2.51.0).
@@ -578,14 +596,14 @@ def twin(req: dict[str, Any]) -> dict[str, Any]:
                        stop_file=Path(req["stop_file"]) if req.get("stop_file") else None)
     except Exception as exc:  # the runtime refused the twin: nothing to compare, say why
         return {**base, "status": "unverified", "reference_tokens": ref["tokens"], "timing": timing,
-                "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}"}
+                "detail": f"onnxruntime-genai could not run the twin on QNN: {str(exc).strip()[:1500]}", **peaks()}
     timing["twin"] = {k: round(v, 4) for k, v in got.items() if k.endswith("seconds") or k.endswith("token")}
     if got["stopped"] != "tokens":  # compared on the tokens the simulator had time for
         n = len(got["tokens"])
         ref = {**ref, "tokens": ref["tokens"][:n], "logits": ref["logits"][:n]}
     return {**base, "status": "ok", "detail": None, "prompt_tokens": len(ref["prompt_ids"]),
             **compare_runs(ref, got, first=1 if prefill_on == "cpu" else 0), "tokens_stopped": got["stopped"],
-            "timing": timing}
+            "timing": timing, **peaks()}
 
 
 def _preload_check() -> None:

@@ -112,3 +112,96 @@ def test_worst_part_names_the_part_phase_and_output() -> None:
              {"part": 2, "prefill": {"h": 80.0}, "decode": {"present.4.key": 12.5}}]
     assert worst_part(parts) == {"part": 2, "phase": "decode", "output": "present.4.key", "psnr_db": 12.5}
     assert worst_part([{"part": 0, "status": "unverified"}]) is None
+
+
+MIB = 1 << 20
+
+
+def test_twin_caps_grow_with_what_each_child_loads() -> None:
+    from workers.qnn.genai import CAP_FACTOR, twin_cap_mb, twin_peak_mb
+
+    part, everything = 1604 * MIB, 3214 * MIB  # the default export: 2 parts of 1.57 GiB
+    # The measured peaks at that size (part check 3,210 MiB, generation 6,615 MiB RSS) are predicted.
+    assert abs(twin_peak_mb(part) - 3210) < 0.05 * 3210
+    assert abs(twin_peak_mb(everything, generate=True) - 6615) < 0.05 * 6615
+    # The generation's cap covers its measured VmPeak (7,195 MiB), which the flat 6 GiB did not.
+    gen_cap = twin_cap_mb(everything, 6144, generate=True)
+    assert gen_cap == int(CAP_FACTOR * twin_peak_mb(everything, generate=True)) > 7195
+    assert twin_cap_mb(part, 6144) > 4616  # a part check's measured VmPeak
+    # Small children keep the floor; no floor means no cap at all.
+    assert twin_cap_mb(162 * MIB, 6144) == 6144
+    assert twin_cap_mb(everything, 0, generate=True) == 0
+    # A floor below a child's address space: the cap still holds its predicted RSS plus the gap.
+    assert twin_cap_mb(162 * MIB, 512) >= twin_peak_mb(162 * MIB) + 1024
+
+
+def test_twin_plan_runs_only_what_fits_at_once() -> None:
+    from workers.qnn.genai import plan_twin, twin_peak_mb
+
+    parts, everything = [1604 * MIB, 1604 * MIB], 3214 * MIB
+    part_need, gen_need = twin_peak_mb(parts[0]), twin_peak_mb(everything, generate=True)
+
+    roomy = plan_twin(parts, everything, 6144, gen_need + 2 * part_need, concurrent=True)
+    assert (roomy.concurrent, roomy.parts_at_once) == (True, 2)
+    assert roomy.part_caps_mb == [max(6144, 2 * part_need)] * 2
+
+    one_beside = plan_twin(parts, everything, 6144, gen_need + part_need, concurrent=True)
+    assert (one_beside.concurrent, one_beside.parts_at_once) == (True, 1)
+
+    # No room for the generation beside a part check: the part checks first, then it alone.
+    after = plan_twin(parts, everything, 6144, gen_need + part_need - 1, concurrent=True)
+    assert after.concurrent is False
+    assert after.parts_at_once == min(2, (gen_need + part_need - 1) // part_need)  # as many as the host holds
+    assert plan_twin(parts, MIB, 6144, 2 * part_need - 1, concurrent=False).parts_at_once == 1  # one at a time
+
+    unknown = plan_twin(parts, everything, 0, None, concurrent=True)
+    assert (unknown.concurrent, unknown.parts_at_once, unknown.generate_cap_mb) == (True, 2, 0)
+    assert plan_twin(parts, everything, 6144, gen_need, concurrent=False).concurrent is False
+
+
+def test_twin_that_would_not_fit_is_refused_before_it_starts() -> None:
+    import pytest
+
+    from farm.core.errors import ResourceLimitError
+    from workers.qnn.genai import plan_twin, twin_peak_mb
+
+    everything = 3214 * MIB
+    with pytest.raises(ResourceLimitError) as err:
+        plan_twin([1604 * MIB] * 2, everything, 6144, twin_peak_mb(everything, generate=True) - 1, concurrent=False)
+    assert err.value.code == "resource-limit"
+    assert "generation" in err.value.message and "not started" in err.value.message
+
+
+def test_what_the_twin_children_load_is_counted_once_a_file() -> None:
+    from pathlib import Path
+
+    from farm.core.genai import read_export
+    from workers.qnn.genai import _generate_bytes, _part_bytes
+
+    root = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+    export = read_export(root)
+    size = {f.name: f.stat().st_size for f in root.iterdir()}
+    # A part: its prefill and decode graph and the weights they share, once.
+    assert _part_bytes(export) == [size[f"context_{i}.onnx"] + size[f"iterator_{i}.onnx"]
+                                   + size[f"context_{i}.onnx.data"] for i in (0, 1)]
+    # The generation: every part and the CPU stages.
+    assert _generate_bytes(export) == sum(_part_bytes(export)) + size["embeddings.onnx"] + size["lm_head.onnx"]
+
+
+def test_run_twin_that_would_not_fit_starts_no_child(monkeypatch: Any, tmp_path: Any) -> None:
+    from pathlib import Path
+
+    import pytest
+
+    from farm.core.catalog import parse_target
+    from farm.core.errors import ResourceLimitError
+    from workers.qnn import genai
+
+    started: list[str] = []
+    monkeypatch.setattr(genai, "_available_mb", lambda: 64)  # a host with 64 MiB to spare
+    monkeypatch.setattr(genai, "run_child", lambda *a, **k: started.append(a[1]))
+    monkeypatch.setattr(genai, "twin_compile_part", lambda *a, **k: started.append("compile_part"))
+    export = Path(__file__).resolve().parents[2] / "data" / "genai" / "olive-qwen2-tiny"
+    with pytest.raises(ResourceLimitError, match="not started"):
+        genai.run_twin(export, parse_target("qnn:SM8650"), {}, tmp_path / "work", memory_mb=6144)
+    assert started == []
