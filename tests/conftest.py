@@ -20,16 +20,9 @@ def migrated_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, migrated_index: Path) -> Settings:
-    """Embedded settings in a private FARM_HOME (SQLite + local blob dir), its index already at
-    the migrations' head (a copy of ``migrated_index``): what its first use would have made, minus
-    the migrations' second or so in every test's first `farm` command. A fresh FARM_HOME's first
-    use (the schema made under a file lock) is tested where it is the subject (tests/unit/registry)."""
-    from tests.common.indexes import copy_index
-
-    home = tmp_path / "farm-home"
-    copy_index(migrated_index, home / "index.db")
-    return Settings.from_env({"FARM_HOME": str(home)})
+def settings(tmp_path: Path) -> Settings:
+    """Embedded settings in a private FARM_HOME (SQLite + local blob dir)."""
+    return Settings.from_env({"FARM_HOME": str(tmp_path / "farm-home")})
 
 
 @pytest.fixture
