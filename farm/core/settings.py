@@ -66,6 +66,9 @@ class Settings:
     lease_seconds: float = 60.0
     heartbeat_seconds: float = 10.0
     max_attempts: int = 3
+    # A build whose attempt died is queued again after this many seconds, doubled each attempt (at
+    # most 300): a crashing SDK or a lost worker is not asked again at once.
+    retry_backoff_seconds: float = 5.0
     # Redis redelivers a task unacked this long: keep it above the longest compile (the DB lease
     # still guards against a second delivery running twice).
     visibility_timeout: float = 0.0
@@ -185,6 +188,7 @@ class Settings:
             lease_seconds=number("FARM_LEASE_SECONDS", 60.0),
             heartbeat_seconds=number("FARM_HEARTBEAT_SECONDS", 10.0),
             max_attempts=integer("FARM_MAX_ATTEMPTS", 3),
+            retry_backoff_seconds=number("FARM_RETRY_BACKOFF_SECONDS", 5.0, allow_zero=True),
             visibility_timeout=number("FARM_VISIBILITY_TIMEOUT", 0.0, allow_zero=True),
             debug=parse_bool("FARM_DEBUG", env.get("FARM_DEBUG")),
             max_upload_mb=integer("FARM_MAX_UPLOAD_MB", 4096),

@@ -62,8 +62,10 @@ RENEW_MAX_S = 5.0
 YIELD_MAX_S = 0.25
 
 
-def backoff(attempt: int) -> float:
-    return float(min(5 * 2 ** max(attempt - 1, 0), 300))
+def backoff(attempt: int, base: float = 5.0) -> float:
+    """Seconds before a build whose attempt ``attempt`` died is run again: ``base``
+    (FARM_RETRY_BACKOFF_SECONDS), doubled each attempt, at most 300."""
+    return float(min(base * 2 ** max(attempt - 1, 0), 300))
 
 
 @dataclass(frozen=True)
@@ -649,7 +651,7 @@ class Executor:
                 ok = states.fail(s, lease, code, message, text, phases)
                 result = Result("failed" if ok else "lost", lease.build_id)
             else:
-                delay = backoff(lease.attempt)
+                delay = backoff(lease.attempt, s_.retry_backoff_seconds)
                 ok = states.requeue(s, lease, code, message, text, delay=delay, phases=phases)
                 result = Result("retry" if ok else "lost", lease.build_id, countdown=delay)
         if ok:

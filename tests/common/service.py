@@ -29,7 +29,7 @@ def serve(env: dict[str, str], port: int, log: Path, *, timeout: float = 60.0,
         except OSError:
             if proc.poll() is not None:
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)  # a refused connect costs nothing: ask often, start the test sooner
     proc.kill()
     proc.wait()
     raise AssertionError(f"farm serve did not answer: {log.read_text()[-3000:]}")

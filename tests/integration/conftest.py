@@ -60,22 +60,62 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     svc.stop()
 
 
+class PgDatabases:
+    """Test databases on one PostgreSQL server: each a copy of a template migrated to head once
+    (``CREATE DATABASE ... TEMPLATE``: 0.1-0.4 s, where running the migrations on each test's
+    database took 1.2-1.8 s), each dropped on a thread of its own (a DROP waits 1-2 s for the
+    server's writes, which the next test need not wait for); every drop is done by ``close``."""
+
+    def __init__(self, server: str):
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        from registry.db import migrate
+
+        self.server = server
+        self.admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+        self.template = f"ctxfarm_tmpl_{uuid.uuid4().hex[:12]}"
+        self._sql(f'CREATE DATABASE "{self.template}"')
+        # PostgreSQL is never migrated implicitly: the operator's `farm db upgrade` step.
+        migrate(f"{server}/{self.template}")
+        self._dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-drop")
+        self._drops: list[Future[None]] = []
+
+    def _sql(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(statement)
+
+    def create(self) -> str:
+        name = f"ctxfarm_t_{uuid.uuid4().hex[:12]}"
+        self._sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        return name
+
+    def drop_later(self, name: str) -> None:
+        self._drops.append(self._dropper.submit(self._sql, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    def close(self) -> None:
+        self._dropper.shutdown(wait=True)
+        self._sql(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+        for done in self._drops:
+            done.result()  # a drop that failed says so: a database left behind
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_server: str) -> Iterator[PgDatabases]:
+    dbs = PgDatabases(pg_server)
+    try:
+        yield dbs
+    finally:
+        dbs.close()
+
+
 @pytest.fixture
-def pg_url(pg_server: str) -> Iterator[str]:
-    """A fresh database per test, dropped afterwards."""
-    import psycopg
-
-    name = f"ctxfarm_t_{uuid.uuid4().hex[:12]}"
-    admin = pg_server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    from registry.db import migrate
-
-    # PostgreSQL is never migrated implicitly: the operator's `farm db upgrade` step.
-    migrate(f"{pg_server}/{name}")
-    yield f"{pg_server}/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def pg_url(pg_databases: PgDatabases) -> Iterator[str]:
+    """A fresh database per test, at the migrations' head, dropped afterwards."""
+    name = pg_databases.create()
+    yield f"{pg_databases.server}/{name}"
+    pg_databases.drop_later(name)
 
 
 @pytest.fixture(scope="session")

@@ -35,31 +35,58 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def _env_vars(tmp_path: Path, db_url: str) -> dict[str, str]:
+    return {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": db_url,
+            "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"}
+
+
+def _built(tmp_path: Path, db_url: str) -> str:
+    """The lab's model (mm.onnx) really built for SM8650 and tagged mm:cand: its artifact."""
+    model = matmul_model(tmp_path / "mm.onnx")
+    (o,) = build(Settings.from_env(_env_vars(tmp_path, db_url)), model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
+    assert o.artifact, o
+    return str(o.artifact)
+
+
+@pytest.fixture(scope="module")
+def built_on_sqlite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The SQLite labs' farm once per module (a folder: the model, its index, blobs and home) and
+    its artifact; each test works on a copy of the folder (the same build in ~10 ms, not a compile)."""
+    base = tmp_path_factory.mktemp("lab-built")
+    return base, _built(base, f"sqlite:///{base / 'index.db'}")
+
+
+def _sqlite_lab(tmp_path: Path, built: tuple[Path, str]) -> Iterator[dict[str, Any]]:
+    import shutil
+
+    shutil.copytree(built[0], tmp_path, dirs_exist_ok=True)
+    yield from _lab(tmp_path, f"sqlite:///{tmp_path / 'index.db'}", built[1])
+
+
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    yield from _lab(tmp_path, f"sqlite:///{tmp_path / 'index.db'}")
+def lab(tmp_path: Path, built_on_sqlite: tuple[Path, str]) -> Iterator[dict[str, Any]]:
+    yield from _sqlite_lab(tmp_path, built_on_sqlite)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def lab_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'index.db'}"
-    yield from _lab(tmp_path, url)
+    if request.param == "sqlite":
+        yield from _sqlite_lab(tmp_path, request.getfixturevalue("built_on_sqlite"))
+        return
+    url = request.getfixturevalue("pg_url")
+    yield from _lab(tmp_path, url, _built(tmp_path, url))
 
 
-def _lab(tmp_path: Path, db_url: str) -> Iterator[dict[str, Any]]:
-    env_vars = {"FARM_HOME": str(tmp_path / "home"), "FARM_DATABASE_URL": db_url,
-                "FARM_STORE_URL": f"file://{tmp_path / 'blobs'}"}
+def _lab(tmp_path: Path, db_url: str, artifact: str) -> Iterator[dict[str, Any]]:
+    env_vars = _env_vars(tmp_path, db_url)
     settings = Settings.from_env(env_vars)
-    model = matmul_model(tmp_path / "mm.onnx")
-    (o,) = build(settings, model, ["qnn:SM8650"], name="mm", tag="cand").outcomes
-    assert o.artifact, o
     admin = token(settings, "ops", "admin")
     # A bogus FARM_TOKEN in every child's environment: the agent must never read it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | env_vars | {"FARM_TOKEN": "cfk_bogus"}
     port = _port()
     proc = serve(env, port, tmp_path / "serve.log")
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "admin": admin, "artifact": o.artifact, "settings": settings,
+        yield {"url": f"http://127.0.0.1:{port}", "admin": admin, "artifact": artifact, "settings": settings,
                "env": env, "tmp": tmp_path}
     finally:
         proc.terminate()

@@ -27,7 +27,7 @@ def test_farm_up_end_to_end(tmp_path: Path) -> None:
                              "--ephemeral"], env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=ROOT)
     try:
-        assert wait_for(lambda: (base / "farm.json").exists() or farm.poll() is not None, 300, poll=0.5)
+        assert wait_for(lambda: (base / "farm.json").exists() or farm.poll() is not None, 300, poll=0.1)
         assert farm.poll() is None, log.read_text()[-3000:]
         info = json.loads((base / "farm.json").read_text())
         farm_env = {**env, **info["env"]}

@@ -126,15 +126,37 @@ def fail_twin_build(settings: Settings, *, part: int) -> int:
         reg.close()
 
 
+NO_TWIN = ("-t", "qnn:SM8650", "--name", "llm/nt", "--tag", "t")
+
+
+@pytest.fixture(scope="module")
+def built_no_twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """The tiny export's package built for SM8650 with --no-twin (`farm build --genai`), once per
+    module: its FARM_HOME (each test below works on a copy), the export and the command's answer."""
+    import os
+
+    base = tmp_path_factory.mktemp("no-twin")
+    export = str(make_export(base / "export"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")} | {"FARM_HOME": str(base / "home")}
+    first = json.loads(farm(env, "build", "--genai", export, *NO_TWIN, "--json", "--no-twin").stdout)
+    return base / "home", export, first
+
+
+def _home_from(built: tuple[Path, str, dict[str, Any]], settings: Settings) -> None:
+    import shutil
+
+    shutil.copytree(built[0], settings.home, dirs_exist_ok=True)
+
+
 def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_published(
-        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
-    export = str(make_export(tmp_path / "export"))
-    build = ("build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tf", "--tag", "t", "--json")
-    first = json.loads(farm(farm_env, *build, "--no-twin").stdout)
+        settings: Settings, farm_env: dict[str, str], built_no_twin: tuple[Path, str, dict[str, Any]]) -> None:
+    _home_from(built_no_twin, settings)
+    export, first = built_no_twin[1], built_no_twin[2]
+    build = ("build", "--genai", export, *NO_TWIN, "--json")
     (package,) = first["builds"]
     failed = fail_twin_build(settings, part=0)
     farm(farm_env, *build)  # the twin is evidence: the command succeeds, the package stays the answer
-    res = json.loads(farm(farm_env, "resolve", "--model", "llm/tf:t", "--soc", "SM8650", "--qnn", "2.51.0",
+    res = json.loads(farm(farm_env, "resolve", "--model", "llm/nt:t", "--soc", "SM8650", "--qnn", "2.51.0",
                           "--json").stdout)
     assert res["artifact"] == package["artifact"]
     tw = res["twin"]
@@ -144,7 +166,7 @@ def test_a_twin_build_that_failed_leaves_the_twin_unverified_and_the_package_pub
 
 
 def test_a_worker_killed_during_the_twin_leaves_it_pending_and_the_next_worker_records_it(
-        settings: Settings, farm_env: dict[str, str], tmp_path: Path) -> None:
+        settings: Settings, built_no_twin: tuple[Path, str, dict[str, Any]]) -> None:
     """What a worker killed mid-twin leaves: the package published with its twin ``pending``
     (since long ago), one twin build running under a lease that lapsed. The package's build sent
     again (what the next submission does once the twin is pending past the budget) finds it on a
@@ -159,8 +181,7 @@ def test_a_worker_killed_during_the_twin_leaves_it_pending_and_the_next_worker_r
     from registry.index import Registry
     from registry.models import Artifact, Build, TwinBuild
 
-    export = str(make_export(tmp_path / "export"))
-    farm(farm_env, "build", "--genai", export, "-t", "qnn:SM8650", "--name", "llm/tk", "--tag", "t", "--no-twin")
+    _home_from(built_no_twin, settings)  # the package built with --no-twin
     reg = Registry.open(settings)
     try:
         with reg.db.session() as s:

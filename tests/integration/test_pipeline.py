@@ -177,6 +177,8 @@ def test_postgresql_is_never_migrated_implicitly(tmp_path: Path, pg_server: str,
 
         assert f"schema at {SCHEMA_HEAD}" in farm(env, "db", "upgrade").stdout
         assert farm(env, "ls", "--json").stdout.strip() == "[]"
+        again = farm(env, "db", "upgrade").stdout  # at head: nothing to do
+        assert f"schema at {SCHEMA_HEAD} (head {SCHEMA_HEAD})" in again and "was" not in again, again
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -219,7 +219,7 @@ def _failed(executor: Any, lease: states.Lease, code: str, message: str, text: s
         if code in DETERMINISTIC_FAILURES or code == "no-worker" or lease.attempt >= settings.max_attempts:
             ok = states.fail(s, lease, code, message[:4000], text, ph.final())
             return Result("failed" if ok else "lost", lease.build_id)
-        delay = backoff(lease.attempt)
+        delay = backoff(lease.attempt, settings.retry_backoff_seconds)
         ok = states.requeue(s, lease, code, message[:4000], text, delay=delay, phases=ph.final())
         return Result("retry" if ok else "lost", lease.build_id, countdown=delay)
 

@@ -137,6 +137,20 @@ def test_requeue_keeps_the_error_and_holds_off_the_reconciler(db, model):
     assert (r.state, r.attempts, r.error_code) == ("queued", 1, "storage-error")
 
 
+def test_a_retry_waits_the_set_backoff_doubled_each_attempt() -> None:
+    from farm.core.errors import ConfigError
+    from farm.core.settings import Settings
+    from farm.pipeline.execute import backoff
+
+    assert [backoff(a) for a in (1, 2, 3, 9)] == [5.0, 10.0, 20.0, 300.0]  # the default: 5 s, at most 300
+    base = Settings.from_env({"FARM_HOME": "/nonexistent/ctxfarm", "FARM_RETRY_BACKOFF_SECONDS": "0.5"})
+    assert [backoff(a, base.retry_backoff_seconds) for a in (1, 2)] == [0.5, 1.0]
+    assert Settings.from_env({"FARM_HOME": "/nonexistent/ctxfarm"}).retry_backoff_seconds == 5.0
+    assert Settings.from_env({"FARM_HOME": "/x", "FARM_RETRY_BACKOFF_SECONDS": "0"}).retry_backoff_seconds == 0.0
+    with pytest.raises(ConfigError):
+        Settings.from_env({"FARM_HOME": "/x", "FARM_RETRY_BACKOFF_SECONDS": "-1"})
+
+
 def test_dead_executors_are_capped_then_worker_lost(db, model):
     build_id, _ = enqueue(db, spec(model))
     for attempt in (1, 2, 3):

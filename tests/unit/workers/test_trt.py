@@ -151,8 +151,10 @@ def test_toolchain_carries_full_version_and_platform() -> None:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Database:
-    return Database(f"sqlite:///{tmp_path / 'i.db'}")
+def db(tmp_path: Path, migrated_index: Path) -> Database:
+    from tests.common.indexes import copy_index
+
+    return Database(copy_index(migrated_index, tmp_path / "i.db"))
 
 
 def _artifact(db: Database, n: int, target: str, trt: str, **o: str) -> None:
