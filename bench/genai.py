@@ -530,7 +530,7 @@ def main() -> int:
     walls = " / ".join(f"{h['wall_s']:.1f}" for h in doc["hand_loop"])
     print(f"hand loop (baseline, before and after)  {walls} s, mean {base:.1f} s")
     vr = doc["verified_ratio"]
-    print(f"farm submit --genai --wait: published    {fm['published_s']:8.1f} s {doc['published_ratio']:5.2f}x"
+    print(f"farm submit --genai --wait: published    {fm['published_s']:8.1f} s {doc['published_ratio']:6.3f}x"
           "   goal <= 1.05")
     print(f"twin recorded on the artifact           {_n(fm['verified_s']):>8s} s "
           f"{(f'{vr:5.2f}x' if vr is not None else '    -')}   goal <= 2.0; twin {fm['twin_figures']}")
