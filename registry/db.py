@@ -43,8 +43,13 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     # busy_timeout first: the journal-mode switch below can itself meet a lock.
     cur.execute("PRAGMA busy_timeout=30000")
-    # WAL lets readers run while a build commits.
-    cur.execute("PRAGMA journal_mode=WAL")
+    # WAL lets readers run while a build commits. Switched once, by the connection that finds the
+    # file in another mode: asking for WAL again on every new connection can meet another
+    # connection's write and answer "database is locked" at once, without the busy timeout (seen
+    # on a fresh FARM_HOME, where `farm build --genai` opens connections from several threads).
+    mode = cur.execute("PRAGMA journal_mode").fetchone()
+    if not mode or str(mode[0]).lower() != "wal":
+        cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
