@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -573,8 +574,9 @@ class Device(Base):
     enrolled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     public_key: Mapped[str | None] = mapped_column(String(64))
     key_id: Mapped[str | None] = mapped_column(String(16))
-    # The agent's bearer token (scope read: it installs artifacts like any device), made at enrollment.
-    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    # The agent's bearer token (scope read: it installs artifacts like any device), made at enrollment;
+    # indexed: every lease, renewal and report finds its device by it.
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), index=True)
     soc: Mapped[str | None] = mapped_column(String(64))  # a catalog SoC, or "simulator"
     simulator: Mapped[bool] = mapped_column(default=False)
     facts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # arch, os, runtime, ep versions
@@ -588,8 +590,13 @@ class VerificationJob(Base):
     a fresh ``nonce`` per lease; the first accepted report makes it ``done`` for good."""
 
     __tablename__ = "verification_jobs"
+    # ix_verification_jobs_open: the open jobs in id order, what a lease walks (registry.verification
+    # .lease); done jobs, the lab's history, are never read by it. device_id: a device's jobs.
     __table_args__ = (CheckConstraint(f"state IN {DEVICE_JOB_STATES!r}", name="state_known"),
-                      UniqueConstraint("artifact_id", "soc", "slot"), Index(None, "state", "soc"))
+                      UniqueConstraint("artifact_id", "soc", "slot"), Index(None, "state", "soc"),
+                      Index("ix_verification_jobs_open", "id", postgresql_where=text("state <> 'done'"),
+                            sqlite_where=text("state <> 'done'")),
+                      Index(None, "device_id"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id"), index=True)

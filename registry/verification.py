@@ -17,11 +17,12 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import DateTime, Integer, Table, and_, bindparam, exists, func, literal_column, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from farm.core.errors import (
     NotFoundError,
@@ -55,6 +56,9 @@ KINDS = ("context", "group", "genai-package")
 GENAI_CTX_MODEL = "genai_config.json"
 GROUP_CTX_MODEL = "g0_ctx.onnx"
 MAX_REFERENCE_TOKENS = 4096
+LEASE_PAGE = 50  # open jobs a lease reads at once when it checks each against resolve's answer
+_JOBS: Table = VerificationJob.__table__  # type: ignore[assignment]  # Core, not ORM entities: a lease and a report read and write few columns
+_ARTS: Table = Artifact.__table__  # type: ignore[assignment]
 
 
 def kind_of(ctx_model: str | None) -> str:
@@ -126,59 +130,114 @@ def lease(session: Session, device: Device, socs: list[str] | None = None, *, ru
     resolve and leaves a job whose artifact it is not answered: jobs on several SDKs' artifacts
     go each to agents of the runtime resolve answers it; ``prefer_fastest``: the service's
     FARM_RESOLVE_PREFER_FASTEST, as its resolve answers the agent). ``kinds``: the kinds of
-    artifact the agent runs (``KINDS``; default one context, what every agent runs)."""
-    from farm.core.keys import parse_version
-    from registry.models import Model, ModelSample
+    artifact the agent runs (``KINDS``; default one context, what every agent runs).
 
-    now = datetime.now(UTC)
-    wanted = [device.soc] if not device.simulator else socs
-    # Never a second job of a cell (artifact, SoC) this device holds or reported: in the query, so
-    # a device that did many cells still finds the open ones.
-    held = aliased(VerificationJob)
-    held_cell = exists().where(held.device_id == device.id, held.artifact_id == VerificationJob.artifact_id,
-                               held.soc == VerificationJob.soc)
-    reported_cell = exists().where(DeviceVerification.device_id == device.id,
-                                   DeviceVerification.artifact_id == VerificationJob.artifact_id,
-                                   DeviceVerification.soc == VerificationJob.soc)
-    open_ = or_(VerificationJob.state == "queued",
-                and_(VerificationJob.state == "leased", VerificationJob.lease_until < now))
-    query = (select(VerificationJob, Artifact).join(Artifact, Artifact.id == VerificationJob.artifact_id)
-             .where(open_, Artifact.status == "active", ~held_cell, ~reported_cell)
-             .order_by(VerificationJob.id).limit(50))
-    if wanted:
-        query = query.where(VerificationJob.soc.in_(wanted))
-    answered: dict[tuple[str, str], int | None] = {}  # (model, SoC) -> what resolve answers this runtime
+    The open jobs are read in id order by the partial index of open jobs, a page at a time from
+    where the last page ended, until one is taken or none is left: a job the device may take is
+    found wherever it is in the queue, and each job is read at most once. Without ``runtime``
+    every row the query answers is one the device may take: one row, locked as it is read on
+    PostgreSQL and skipping rows another agent's lease holds (``FOR UPDATE SKIP LOCKED``), so
+    agents asking at once take different jobs without waiting on each other."""
+    from farm.core.keys import parse_version
+
     unknown = set(kinds or ()) - set(KINDS)
     if unknown:
         raise UsageError(f"kinds: {sorted(unknown)[:3]} are not artifact kinds ({', '.join(KINDS)})")
-    query = query.where(_kind_clause(list(kinds or ["context"])))
-    for job, art in session.execute(query).all():
-        if runtime and parse_version(art.toolchain) > parse_version(runtime):
-            continue
-        if runtime and _answered(session, answered, art.model_digest, job.soc, runtime, prefer_fastest) != art.id:
-            continue
-        nonce = secrets.token_hex(16)
-        until = now + timedelta(seconds=lease_s)
-        # Guarded: the row is still open as read; of two agents, one changes it.
-        took = session.execute(
-            update(VerificationJob).where(VerificationJob.id == job.id, VerificationJob.state == job.state,
-                                          VerificationJob.attempts == job.attempts, open_)
-            .values(state="leased", device_id=device.id, nonce=nonce, lease_until=until,
-                    attempts=VerificationJob.attempts + 1).execution_options(synchronize_session=False))
-        if took.rowcount != 1:  # type: ignore[attr-defined]
-            continue
-        model = session.get(Model, art.model_digest)
-        files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (model.files if model else [])]
-        sample = session.get(ModelSample, art.model_digest)
-        samples = {"digest": sample.digest, "size": sample.size} if sample is not None else None
-        kind = kind_of(art.ctx_model)
-        reference, why = _reference(sample)
-        tokens = None
-        if kind == "genai-package":
-            tokens, why = _reference_tokens(art)
-        return Lease(job.id, nonce, art.digest, art.model_digest, job.soc, art.target, art.toolchain, until, files,
-                     lease_s, samples, reference, why, kind, tokens)
-    return None
+    now = datetime.now(UTC)
+    wanted = [device.soc] if not device.simulator else socs
+    lock = not runtime and session.get_bind().dialect.name == "postgresql"
+    query = _open_jobs(tuple(sorted(set(kinds or ["context"]))), bool(wanted), LEASE_PAGE if runtime else 1, lock)
+    conn = session.connection()
+    answered: dict[tuple[str, str], int | None] = {}  # (model, SoC) -> what resolve answers this runtime
+    after = 0
+    while True:
+        rows = conn.execute(query, {"device": device.id, "now": now, "after": after, "socs": wanted or []}).all()
+        if not rows:
+            return None
+        for row in rows:
+            after = row.id
+            if runtime and (parse_version(row.toolchain) > parse_version(runtime) or _answered(
+                    session, answered, row.model_digest, row.soc, runtime, prefer_fastest) != row.artifact_id):
+                continue
+            got = _take(session, device, row, now, lease_s)
+            if got is not None:
+                return got
+
+
+# The statements of a lease and a report are built once (per variant) with bound parameters:
+# building SQLAlchemy expressions costs more CPU than running them.
+
+@lru_cache(maxsize=32)
+def _open_jobs(kinds: tuple[str, ...], narrowed: bool, page: int, lock: bool) -> Any:
+    """The open jobs a device (``:device``) may take as far as SQL can tell, in id order past
+    ``:after``, ``page`` at once, with what a lease names (the artifact, the model's files, its
+    samples and reference): one statement. ``narrowed``: of the SoCs ``:socs`` only. ``lock``
+    (PostgreSQL): the rows locked as read, skipping those another transaction holds."""
+    from registry.models import Model, ModelSample
+
+    held = _JOBS.alias("held")
+    reports = DeviceVerification.__table__
+    samples = ModelSample.__table__
+    models = Model.__table__
+    device = bindparam("device", type_=Integer)
+    query = (select(_JOBS.c.id, _JOBS.c.state, _JOBS.c.attempts, _JOBS.c.soc, _JOBS.c.artifact_id,
+                    _ARTS.c.digest, _ARTS.c.model_digest, _ARTS.c.target, _ARTS.c.toolchain, _ARTS.c.ctx_model,
+                    models.c.files, samples.c.digest.label("sample_digest"), samples.c.size.label("sample_size"),
+                    samples.c.reference_digest, samples.c.reference_size, samples.c.reference_why)
+             .select_from(_JOBS.join(_ARTS, _ARTS.c.id == _JOBS.c.artifact_id)
+                          .outerjoin(models, models.c.digest == _ARTS.c.model_digest)
+                          .outerjoin(samples, samples.c.model_digest == _ARTS.c.model_digest))
+             # The literal is the partial index's predicate (ix_verification_jobs_open): a bound
+             # parameter would hide it from a prepared statement's generic plan.
+             .where(_JOBS.c.state != literal_column("'done'"), _JOBS.c.id > bindparam("after", type_=Integer),
+                    _open(bindparam("now", type_=DateTime(timezone=True))), _ARTS.c.status == "active",
+                    _kind_clause(list(kinds)),
+                    # Never a second job of a cell (artifact, SoC) this device holds or reported.
+                    ~exists().where(held.c.device_id == device, held.c.artifact_id == _JOBS.c.artifact_id,
+                                    held.c.soc == _JOBS.c.soc),
+                    ~exists().where(reports.c.device_id == device, reports.c.artifact_id == _JOBS.c.artifact_id,
+                                    reports.c.soc == _JOBS.c.soc))
+             .order_by(_JOBS.c.id).limit(page))
+    if narrowed:
+        query = query.where(_JOBS.c.soc.in_(bindparam("socs", expanding=True)))
+    if lock:
+        query = query.with_for_update(of=_JOBS, skip_locked=True)
+    return query
+
+
+def _open(now: Any) -> Any:
+    """A job another agent may take: queued, or leased and the lease ran out."""
+    return or_(_JOBS.c.state == "queued", and_(_JOBS.c.state == "leased", _JOBS.c.lease_until < now))
+
+
+@lru_cache(maxsize=1)
+def _take_stmt() -> Any:
+    # Guarded: the row is still open as read; of two agents, one changes it.
+    return (update(_JOBS).where(_JOBS.c.id == bindparam("job"), _JOBS.c.state == bindparam("was"),
+                                _JOBS.c.attempts == bindparam("tries"), _open(bindparam("now")))
+            .values(state="leased", device_id=bindparam("device"), nonce=bindparam("new_nonce"),
+                    lease_until=bindparam("until"), attempts=_JOBS.c.attempts + 1))
+
+
+def _take(session: Session, device: Device, row: Any, now: datetime, lease_s: int) -> Lease | None:
+    """Lease the job of ``row`` (one of ``_open_jobs``) to ``device``; None when another agent
+    took it since it was read."""
+    nonce = secrets.token_hex(16)
+    until = now + timedelta(seconds=lease_s)
+    took = session.connection().execute(_take_stmt(), {"job": row.id, "was": row.state, "tries": row.attempts,
+                                                       "now": now, "device": device.id, "new_nonce": nonce,
+                                                       "until": until})
+    if took.rowcount != 1:
+        return None
+    files = [{"path": f["path"], "digest": f["digest"], "size": f["size"]} for f in (row.files or [])]
+    samples = {"digest": row.sample_digest, "size": row.sample_size} if row.sample_digest is not None else None
+    kind = kind_of(row.ctx_model)
+    reference, why = _reference(samples is not None, row.reference_digest, row.reference_size, row.reference_why)
+    tokens = None
+    if kind == "genai-package":  # only a package reads its description (the twin's tokens)
+        tokens, why = _reference_tokens(session.scalar(select(_ARTS.c.description).where(_ARTS.c.id == row.artifact_id)))
+    return Lease(row.id, nonce, row.digest, row.model_digest, row.soc, row.target, row.toolchain, until, files,
+                 lease_s, samples, reference, why, kind, tokens)
 
 
 def _answered(session: Session, seen: dict[tuple[str, str], int | None], model: str, soc: str, runtime: str,
@@ -200,9 +259,10 @@ def _answered(session: Session, seen: dict[tuple[str, str], int | None], model: 
     return seen[(model, soc)]
 
 
-def _reference_tokens(art: Artifact) -> tuple[dict[str, Any] | None, str | None]:
-    """A genai package's reference for a device: the twin's prompt and CPU tokens, or why none."""
-    twin = (art.description or {}).get("twin") if isinstance(art.description, dict) else None
+def _reference_tokens(description: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A genai package's reference for a device (from its artifact's ``description``): the twin's
+    prompt and CPU tokens, or why none."""
+    twin = description.get("twin") if isinstance(description, dict) else None
     tokens = twin.get("reference_tokens") if isinstance(twin, dict) else None
     if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens) and \
             isinstance(twin.get("prompt"), str):  # type: ignore[union-attr]
@@ -212,13 +272,14 @@ def _reference_tokens(art: Artifact) -> tuple[dict[str, Any] | None, str | None]
                   else "the package was built without its twin (--no-twin): no reference tokens")
 
 
-def _reference(sample: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _reference(has_samples: bool, digest: str | None, size: int | None, why: str | None
+               ) -> tuple[dict[str, Any] | None, str | None]:
     """The lease's reference blob (digest, size), or why it names none."""
-    if sample is None:
+    if not has_samples:
         return None, "the model has no sample inputs (the farm keeps a reference only for those)"
-    if sample.reference_digest and sample.reference_size is not None:
-        return {"digest": sample.reference_digest, "size": int(sample.reference_size)}, None
-    return None, sample.reference_why or "no CPU reference is kept for these samples yet (no accuracy check ran on them)"
+    if digest and size is not None:
+        return {"digest": digest, "size": int(size)}, None
+    return None, why or "no CPU reference is kept for these samples yet (no accuracy check ran on them)"
 
 
 def renew(session: Session, device: Device, job_id: int, nonce: Any, *, lease_s: int = LEASE_S) -> datetime:
@@ -310,6 +371,17 @@ def accept(session: Session, device: Device, job_id: int, body_text: Any, signat
     body = parse_body(body_text)
     if body["job"] != job_id or body["device"] != device.name:
         raise ReportReplayedError("the signed report is for another job or another device")
+    now = datetime.now(UTC)
+    if device.simulator or body["soc"] == device.soc:
+        # The common case in one statement: the job is leased to this device with this nonce, on
+        # the SoC and artifact the report names; closing it is every check below passed at once
+        # (a nonce is reported only as its job closes). Anything else changes nothing here and
+        # is told apart below, in the order the checks are documented.
+        closed = session.connection().execute(_close_stmt(), {
+            "job": job_id, "device": device.id, "leased_nonce": body["nonce"], "job_soc": body["soc"],
+            "artifact": body["artifact"], "now": now}).first()
+        if closed is not None:
+            return _record(session, device, job_id, closed.artifact_id, body, signature, now), True
     same = session.scalar(select(DeviceVerification).where(DeviceVerification.nonce == body["nonce"]))
     if same is not None:
         if same.job_id == job_id and same.device_id == device.id and same.signature == signature:
@@ -327,21 +399,47 @@ def accept(session: Session, device: Device, job_id: int, body_text: Any, signat
     if body["soc"] != job.soc or art is None or body["artifact"] != art.digest:
         raise ReportSocMismatchError(f"job {job_id} is {job.soc} on {art.digest if art else '?'}; the report is "
                                      f"{str(body['soc'])[:64]} on {str(body['artifact'])[:71]}")
-    row = DeviceVerification(job_id=job.id, device_id=device.id, artifact_id=job.artifact_id, soc=job.soc,
-                             simulator=device.simulator, nonce=body["nonce"], outcome=body["outcome"],
-                             body=body, signature=str(signature)[:128], **{k: body.get(k) for k in NUMBERS})
-    closed = session.execute(
-        update(VerificationJob).where(VerificationJob.id == job.id, VerificationJob.state == "leased",
-                                      VerificationJob.device_id == device.id, VerificationJob.nonce == body["nonce"])
-        .values(state="done", done_at=datetime.now(UTC)).execution_options(synchronize_session=False))
-    if closed.rowcount != 1:  # type: ignore[attr-defined]
+    done = session.connection().execute(
+        update(_JOBS).where(_JOBS.c.id == job.id, _JOBS.c.state == "leased", _JOBS.c.device_id == device.id,
+                            _JOBS.c.nonce == body["nonce"]).values(state="done", done_at=now))
+    if done.rowcount != 1:
         raise ReportReplayedError(f"job {job_id} was taken over meanwhile")
+    return _record(session, device, job.id, job.artifact_id, body, signature, now), True
+
+
+@lru_cache(maxsize=1)
+def _close_stmt() -> Any:
+    return (update(_JOBS).where(_JOBS.c.id == bindparam("job"), _JOBS.c.state == "leased",
+                                _JOBS.c.device_id == bindparam("device"), _JOBS.c.nonce == bindparam("leased_nonce"),
+                                _JOBS.c.soc == bindparam("job_soc"),
+                                _JOBS.c.artifact_id == select(_ARTS.c.id).where(_ARTS.c.digest == bindparam("artifact"))
+                                .scalar_subquery())
+            .values(state="done", done_at=bindparam("now")).returning(_JOBS.c.artifact_id))
+
+
+def _record(session: Session, device: Device, job_id: int, artifact_id: int, body: dict[str, Any],
+            signature: Any, now: datetime) -> DeviceVerification:
+    """The report's row, inserted in the transaction that closed its job (one statement, not a
+    flush of the unit of work) and handed back as a row of the session."""
+    from sqlalchemy.orm import make_transient_to_detached
+
+    values = {"job_id": job_id, "device_id": device.id, "artifact_id": artifact_id, "soc": body["soc"],
+              "simulator": device.simulator, "nonce": body["nonce"], "outcome": body["outcome"], "body": body,
+              "signature": str(signature)[:128], "created_at": now, **{k: body.get(k) for k in NUMBERS}}
     try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:
+        new_id = session.connection().execute(_insert_report_stmt(), values).scalar_one()
+    except IntegrityError:  # its job or its nonce has a report already: the transaction is refused whole
         raise ReportReplayedError(f"job {job_id} already has its report") from None
-    return row, True
+    row = DeviceVerification(id=new_id, struck_at=None, struck_why=None, **values)
+    make_transient_to_detached(row)
+    session.add(row)
+    return row
+
+
+@lru_cache(maxsize=1)
+def _insert_report_stmt() -> Any:
+    table: Table = DeviceVerification.__table__  # type: ignore[assignment]
+    return table.insert().returning(table.c.id)
 
 
 def view(row: DeviceVerification, device_name: str | None = None) -> dict[str, Any]:

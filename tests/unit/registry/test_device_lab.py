@@ -141,3 +141,24 @@ def test_jobs_are_for_what_resolve_serves_each_soc(db) -> None:
         got = targets_of(s, model)
         assert set(got) == {"SM8650", "SM8750"} and got["SM8750"] == older_sdk.id
         assert got["SM8650"] == plain.id  # resolve's order: default options before the newest build
+
+
+def test_a_lease_finds_the_devices_job_however_deep_in_the_queue(db) -> None:
+    """Sixty open jobs ahead of it that this agent may not take (built with a newer SDK than its
+    runtime, another SoC's, a cell it reported on): the one it may take is still found."""
+    with db.session() as s:
+        for i in range(60):
+            model = add_model(s, f"new-{i}", name=f"new{i}").digest
+            ensure_jobs(s, add_artifact(s, model, target="SM8650", toolchain="2.51.0").id, "SM8650", 1)
+            ensure_jobs(s, add_artifact(s, model, target="SM8750", toolchain="2.47.0").id, "SM8750", 1)
+        old = add_model(s, "old", name="old").digest
+        want = add_artifact(s, old, target="SM8650", toolchain="2.47.0")
+        ensure_jobs(s, want.id, "SM8650", 1)
+        phone = _device(s, "p", soc="SM8650", arch="aarch64")
+        got = lease(s, phone, runtime="2.47.0")
+        assert got is not None and got.artifact == want.digest and got.soc == "SM8650"
+        assert lease(s, phone, runtime="2.47.0") is None  # nothing else it may take
+        sim = _device(s, "sim")
+        got = lease(s, sim, ["SM8650"], runtime="2.47.0")  # a simulator narrowed to one SoC
+        assert got is None  # the only 2.47.0 SM8650 job is held by the phone
+        assert lease(s, sim, ["SM8750"], runtime="2.47.0") is not None
