@@ -23,10 +23,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from farm.core.errors import ResourceLimitError
+from farm.core.hostmem import available_mb, cgroup_free_mb, meminfo_mb  # noqa: F401 (this module's names)
 
 MIB = 1024 * 1024
 
@@ -112,34 +112,6 @@ def history(session: Any, backend: str, toolchain: str, limit: int = HISTORY) ->
 
 # ---- what this host holds ------------------------------------------------------------------------
 
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def meminfo_mb(field: str = "MemAvailable", path: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def cgroup_free_mb(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What this process's cgroup (v2) may still use: memory.max less memory.current; None when
-    unlimited or not a cgroup v2 host."""
-    limit, used = _read_int(root / "memory.max"), _read_int(root / "memory.current")
-    if limit is None or used is None:
-        return None
-    return max(limit - used, 0) // MIB
-
-
 def build_jobs(settings: Any, builds: int) -> int:
     """How many builds embedded ``farm build`` compiles at once: one per CPU this process may
     use, no more than there are builds, and only as many as MemAvailable holds at the compile
@@ -152,12 +124,6 @@ def build_jobs(settings: Any, builds: int) -> int:
     if settings.compile_memory_mb > 0 and available is not None:
         jobs = min(jobs, available // settings.compile_memory_mb)
     return max(jobs, 1)
-
-
-def available_mb() -> int | None:
-    """Memory a compile started now may use: MemAvailable, within the cgroup's limit."""
-    figures = [v for v in (meminfo_mb(), cgroup_free_mb()) if v is not None]
-    return min(figures) if figures else None
 
 
 # ---- admission -----------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 from farm.core.catalog import Target
 from farm.core.errors import FarmError, ResourceLimitError, WorkerLostError
 from farm.core.genai import TWIN_PROMPT, TWIN_TOKENS
+from farm.core.hostmem import available_mb
 from workers.runner import run_child
 
 MODULE = "workers.qnn.genai_child"
@@ -211,31 +212,17 @@ def plan_twin(part_bytes: list[int], generate_bytes: int, floor_mb: int, availab
 
 
 def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 62
+    """MemAvailable within the cgroup's limit, in bytes (``farm.core.hostmem``); unbounded where
+    the host can't tell."""
+    avail = available_mb()
+    return avail * MIB if avail is not None else 1 << 62
 
 
 def _available_mb() -> int | None:
     """What the twin's children may use now: MemAvailable (within a cgroup v2 limit) less
-    TWIN_RESERVE_MB; None where /proc can't tell."""
-    avail = _available_memory()
-    if avail >= 1 << 62:
-        return None
-    figures = [avail // MIB]
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-        if limit.isdigit() and used.isdigit():
-            figures.append(max(int(limit) - int(used), 0) // MIB)
-    except OSError:
-        pass
-    return max(min(figures) - TWIN_RESERVE_MB, 0)
+    TWIN_RESERVE_MB; None where the host can't tell."""
+    avail = available_mb()
+    return max(avail - TWIN_RESERVE_MB, 0) if avail is not None else None
 
 
 def _pooled(jobs: list[Callable[[list[int] | None], Any]], slots: list[list[int]]) -> list[Any]:
