@@ -37,7 +37,7 @@ import copy
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -747,11 +747,13 @@ class FolderStage:
     run_on_token_gen: bool
 
 
-def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[FolderStage]]:
+def inspect_folder(path: str | os.PathLike[str], *,
+                   elsewhere: Collection[str] = ()) -> tuple[dict[str, Any], list[FolderStage]]:
     """Check a built genai folder without a runtime: ``genai_config.json`` is a decoder-pipeline,
     every file its stages name exists inside the folder, every external-data reference and every
-    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it, the tokenizer is
-    there. Returns (config,
+    EPContext ``ep_cache_context`` (embed_mode 0) resolves to a file inside it (or, for a binary
+    the caller holds elsewhere, named in ``elsewhere``: its name is still checked), the tokenizer
+    is there. Returns (config,
     stages in order); raises ``GenaiFolderError`` (``genai-folder-invalid``) naming the file.
     What it can't tell (the config's schema, a binary's graphs) is ``workers.qnn.genai``'s."""
     import onnx
@@ -796,7 +798,8 @@ def inspect_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[F
             try:
                 check_file_name(rel, f"{file}: EPContext node {node.name!r}")
                 rel = f"{here}/{rel}" if here else rel
-                _regular(root, rel, f"{file}: EPContext node {node.name!r}", limit=1 << 62)
+                if rel not in elsewhere:
+                    _regular(root, rel, f"{file}: EPContext node {node.name!r}", limit=1 << 62)
             except BadGenaiError as exc:
                 raise GenaiFolderError(exc.message, hint="every EPContext node of the folder points at a "
                                        "context binary beside it") from None

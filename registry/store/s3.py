@@ -71,7 +71,11 @@ class S3BlobStore:
                 # reject them. Our own sha256 is the integrity check.
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
-                s3={"addressing_style": "path"},
+                # Over plain http botocore otherwise hashes every body again to sign it: a
+                # second sha256 pass per upload part. The upload is checked against its digest
+                # here, and every read of a blob verifies it (measured: 1.5 GiB into a local
+                # SeaweedFS in 12-13 s against 15-19 s).
+                s3={"addressing_style": "path", "payload_signing_enabled": False},
                 retries={"max_attempts": max_attempts, "mode": "standard"},
                 connect_timeout=10,
                 read_timeout=120,

@@ -42,10 +42,13 @@ HVX_THREADS = 4  # the threads the HTP simulator runs a graph on (genai_child.HV
 MIB = 1 << 20
 
 
-def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None, timeout: float = 300.0,
+def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None = None,
+                 described: dict[str, list[str]] | None = None, timeout: float = 300.0,
                  memory_mb: int = 0, python: str | None = None) -> dict[str, Any]:
     """Check a built genai folder in a child process (see the module docstring). ``parts``:
     each part's [prefill file, decode file], when the caller knows them (the manifest's roles).
+    ``described``: binaries not in the folder, by name, with the QNN graphs the System API found
+    in them when they were built (the same bytes: the check takes those graphs, reads nothing).
     ``python``: the interpreter of the worker environment to run it in (default: this one).
     Raises ``GenaiFolderError``; a child that dies is ``worker-lost`` / ``resource-limit``."""
     from workers.host import pool_for
@@ -54,7 +57,8 @@ def check_folder(folder: Path, work_dir: Path, *, parts: list[list[str]] | None 
     # A job forked from the warm check host (``prestart_check``; started here if it was not): the
     # guards and errors of ``run_child``, without an interpreter and runtime imports per check.
     result, _, _, _ = pool_for(MODULE, python=python).run(
-        "check", {"folder": str(Path(folder).resolve()), "parts": parts or []}, work_dir, timeout=timeout,
+        "check", {"folder": str(Path(folder).resolve()), "parts": parts or [], "described": described or {}},
+        work_dir, timeout=timeout,
         memory_mb=memory_mb)
     result.pop("ok", None)
     return result

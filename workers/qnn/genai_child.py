@@ -52,11 +52,14 @@ def check(req: dict[str, Any]) -> dict[str, Any]:
     (onnxruntime-genai's own schema check), then each context binary as the QNN System API reads
     it: it holds exactly the graphs its EPContext nodes name, and those are one prefill and one
     decode stage (``parts``, when given as [[prefill file, decode file], ...], must be exactly
-    those pairs). Any failure is ``GenaiFolderError`` naming the file."""
+    those pairs). ``described``: {binary: its graphs}, binaries not laid out here, which the
+    System API read when they were built (the same bytes): their graphs are taken as given.
+    Any failure is ``GenaiFolderError`` naming the file."""
     from workers.qnn.sysapi import DescriptionError, describe_file
 
     folder = Path(req["folder"])
-    config, stages = genai.inspect_folder(folder)
+    described = {str(k): [str(g) for g in v] for k, v in (req.get("described") or {}).items()}
+    config, stages = genai.inspect_folder(folder, elsewhere=described)
     og = _register_qnn()
     try:
         og.Config(str(folder))
@@ -72,11 +75,14 @@ def check(req: dict[str, Any]) -> dict[str, Any]:
         decode = [s for s in users if s.run_on_token_gen and not s.run_on_prompt]
         if len(users) != 2 or len(prefill) != 1 or len(decode) != 1:
             raise GenaiFolderError(f"{name}: used by {files}, not by one part's prefill and decode stage")
-        try:
-            desc = describe_file(library, str(folder.resolve() / name))
-        except (DescriptionError, OSError, ValueError) as exc:
-            raise GenaiFolderError(f"{name}: not a context binary this QNN SDK reads ({str(exc)[:300]})") from None
-        graphs = sorted(str(g.get("name")) for g in desc.get("graphs", []))
+        if name in described:
+            graphs = sorted(described[name])
+        else:
+            try:
+                desc = describe_file(library, str(folder.resolve() / name))
+            except (DescriptionError, OSError, ValueError) as exc:
+                raise GenaiFolderError(f"{name}: not a context binary this QNN SDK reads ({str(exc)[:300]})") from None
+            graphs = sorted(str(g.get("name")) for g in desc.get("graphs", []))
         if graphs != nodes:
             raise GenaiFolderError(f"{name}: holds the graphs {graphs[:8]}, but the EPContext nodes of {files} "
                                    f"name {nodes[:8]}", hint="a part's binary holds exactly its prefill and decode graph")

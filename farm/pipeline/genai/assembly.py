@@ -9,7 +9,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,8 @@ def assemble(settings: Settings, reg: Any, pkg: PackageBundle, spec: Any, build_
                 # As a device opens it: og.Config, and each binary's own graphs (QNN System API).
                 parts_files = [[st["file"] for st in layout.stages if st.get("part") == row["part"]]
                                for row in layout.parts]
-                check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, timeout=settings.accuracy_budget,
-                                   memory_mb=settings.compile_memory_mb)
+                check_genai_folder(folder, Path(tmp) / "check", parts=parts_files, described=layout.described,
+                                   timeout=settings.accuracy_budget, memory_mb=settings.compile_memory_mb)
             keeper.check()
             # Published is not verified: the twin is evidence that follows (verify_twin).
             _publish(reg, lease, spec, layout, twin_pending() if twin and export_dir is not None else None)
@@ -107,6 +107,9 @@ class Layout:
     compile_seconds: float
     nodes_ep: int
     nodes_cpu: int
+    # Each part's binary (its name in the folder) -> the QNN graphs its part build read from it
+    # with the System API: the same bytes (by digest), so the folder check does not read them again.
+    described: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcome]) -> Layout:
@@ -125,6 +128,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     blobs: dict[str, bytes] = {}
     names: dict[str, str] = {}  # stage name -> file in the folder
     part_rows: list[dict[str, Any]] = []
+    described: dict[str, list[str]] = {}
     epcontext: list[dict[str, Any]] = []
     toolchain: dict[str, Any] = {}
     seconds = 0.0
@@ -168,6 +172,7 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
             blobs[digest] = data
             names[stage.name] = layout_names[stage.name]
             add(names[stage.name], digest, len(data), by_name[ctx].get("mediaType") or "application/octet-stream")
+        described.update(_described(art.description, renamed))
         part_rows.append({"part": i, "artifact": art.digest, "build": p.build_id, "binaries": list(renamed.values())})
         epcontext += [{**n, "part": i} for n in manifest.get("epcontext") or []]
     for name, _, f in pkg.carried:
@@ -184,7 +189,23 @@ def _layout(reg: Any, pkg: PackageBundle, spec: Any, parts: Sequence[BuildOutcom
     stages = [{"name": st.name, "role": roles[st.name], "file": names[st.name],
                **({"part": st.part} if st.part is not None else {})} for st in export.stages]
     return Layout(files, stages, part_rows, blobs, toolchain, epcontext,
-                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}, seconds, ep, cpu)
+                  {"ep_nodes": ep, "cpu_nodes": cpu, "cpu_op_types": sorted(cpu_ops)}, seconds, ep, cpu, described)
+
+
+def _described(description: Any, renamed: dict[str, str]) -> dict[str, list[str]]:
+    """The part build's own reading of each binary (``artifacts.description``, written by the
+    worker that compiled it: the QNN System API found exactly the requested graphs in it), by the
+    binary's name in the folder; nothing for a part whose evidence is not that check's ``ok``."""
+    if not isinstance(description, dict) or not str(description.get("check") or "").startswith("ok"):
+        return {}
+    out: dict[str, list[str]] = {}
+    for g in description.get("graphs") or []:
+        if not isinstance(g, dict):
+            return {}
+        for b in g.get("binaries") or []:
+            if b in renamed:
+                out.setdefault(renamed[b], []).extend(str(q) for q in g.get("qnn_graphs") or [])
+    return {b: sorted(graphs) for b, graphs in out.items() if graphs}
 
 
 def rename_contexts(data: bytes, renamed: dict[str, str]) -> bytes:
@@ -210,11 +231,15 @@ def _materialize(reg: Any, layout: Layout, folder: Path) -> None:
     """The folder on disk, for the checks: every blob under its name. From a local store, a
     read-only hard link of each stored blob, verified once per blob (``registry.store.base.place``:
     the carried files every target's folder holds, and the binaries the parts just stored, are not
-    read again per target); otherwise a verified copy."""
+    read again per target); otherwise a verified copy. The parts' binaries their builds described
+    (``layout.described``) are not laid out: nothing here reads them (``check_folder``, and the
+    check child, take their graphs as described), and from S3 they are most of the package's bytes."""
     from registry.store.base import place
 
     folder.mkdir(parents=True)
     for f in layout.files:
+        if f["name"] in layout.described:
+            continue
         target = inside(folder, f["name"])
         target.parent.mkdir(parents=True, exist_ok=True)
         if f["digest"] in layout.blobs:
@@ -264,7 +289,7 @@ def check_folder(folder: Path, layout: Layout) -> None:
                 target = inside(folder, ref)
             except Exception:  # noqa: BLE001 - UnsafePathError and anything a tampered name gives
                 raise bad(f"{st['file']}: EPContext points outside the folder ({ref[:120]!r})") from None
-            if not target.is_file():
+            if not target.is_file() and ref not in layout.described:
                 raise bad(f"{st['file']}: EPContext points at {ref}, which is not in the folder")
             users.setdefault(ref, set()).add(st["file"])
     for row in layout.parts:

@@ -382,6 +382,23 @@ def test_a_built_folder_is_read_back(olive: Path, tmp_path: Path) -> None:
     assert [s.file for s in stages if not s.binaries] == ["embeddings.onnx", "lm_head.onnx"]
 
 
+def test_a_binary_held_elsewhere_need_not_be_in_the_folder_but_its_name_is_checked(olive: Path,
+                                                                                    tmp_path: Path) -> None:
+    """``inspect_folder(elsewhere=...)``: the farm's folder check does not fetch a binary its part
+    build already read; its name is still checked as every EPContext path is, and a binary not
+    named there must still be in the folder."""
+    root = _built(tmp_path / "pkg", olive)
+    (root / "context_1_ctx_qnn.bin").unlink()
+    _, stages = genai.inspect_folder(root, elsewhere={"context_1_ctx_qnn.bin"})
+    assert {b for s in stages for b in s.binaries} == {"context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin"}
+    (root / "context_0_ctx_qnn.bin").unlink()
+    with pytest.raises(GenaiFolderError, match="context_0_ctx_qnn.bin is missing"):
+        genai.inspect_folder(root, elsewhere={"context_1_ctx_qnn.bin"})
+    _ctx_model(root / "iterator_1_ctx.onnx", "decode_1", "../outside.bin")
+    with pytest.raises(GenaiFolderError, match="is not allowed"):
+        genai.inspect_folder(root, elsewhere={"context_0_ctx_qnn.bin", "context_1_ctx_qnn.bin", "../outside.bin"})
+
+
 @pytest.mark.parametrize("case,needle", [
     ("missing bin", "context_1_ctx_qnn.bin is missing"),
     ("bin escapes", "'../outside.bin' is not allowed"),

@@ -188,6 +188,55 @@ def test_the_farm_refuses_to_publish_a_folder_that_does_not_hold_together(tmp_pa
         check_folder(d, _layout(stages, parts))
 
 
+def test_a_binary_its_part_build_described_is_neither_laid_out_nor_read_again(tmp_path: Path) -> None:
+    """A part's binary the part build described (the QNN System API read its graphs from the same
+    bytes) is not fetched for the folder check: from S3 it is most of the package. The rest of the
+    check still holds: a binary neither in the folder nor described is refused, and a described
+    one still has to be used by exactly its part's two context models."""
+    from farm.core.errors import GenaiFolderError
+    from farm.pipeline.genai import Layout, check_folder
+    from farm.pipeline.genai.assembly import _described, _materialize
+
+    description = {"check": "ok: the binaries hold exactly the requested graphs",
+                   "graphs": [{"name": "prefill", "qnn_graphs": ["p0"], "binaries": ["out_ctx.bin"]},
+                              {"name": "decode", "qnn_graphs": ["d0"], "binaries": ["out_ctx.bin"]}]}
+    renamed = {"out_ctx.bin": "context_0_ctx_qnn.bin"}
+    assert _described(description, renamed) == {"context_0_ctx_qnn.bin": ["d0", "p0"]}
+    # Evidence that is not the check's ok, or not shaped as one, vouches for nothing: read it again.
+    assert _described({**description, "check": "not read: embedded"}, renamed) == {}
+    assert _described({"check": "ok", "graphs": ["x"]}, renamed) == {}
+    assert _described(None, renamed) == {}
+
+    class Store:
+        def stat(self, digest: str) -> Any:
+            raise AssertionError(f"{digest} was fetched")
+
+    class Reg:
+        store = Store()
+
+    stages = [{"file": "context_0_ctx.onnx", "role": "part0.prefill", "part": 0},
+              {"file": "iterator_0_ctx.onnx", "role": "part0.decode", "part": 0}]
+    parts = [{"part": 0, "binaries": ["context_0_ctx_qnn.bin"]}]
+    layout = Layout([{"name": "context_0_ctx_qnn.bin", "role": "context", "digest": "sha256:" + "a" * 64,
+                      "size": 1 << 31, "mediaType": "application/octet-stream"}], stages, parts, {}, {}, [], {},
+                    0.0, 0, 0, _described(description, renamed))
+    folder = tmp_path / "package"
+    _materialize(Reg, layout, folder)  # nothing fetched
+    assert not (folder / "context_0_ctx_qnn.bin").exists()
+    config = {"model": {"decoder": {"pipeline": [{"c": {"filename": "context_0_ctx.onnx"},
+                                                  "i": {"filename": "iterator_0_ctx.onnx"}}]}}}
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    (folder / "context_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    (folder / "iterator_0_ctx.onnx").write_bytes(_ctx_model("context_0_ctx_qnn.bin"))
+    check_folder(folder, layout)
+    with pytest.raises(GenaiFolderError, match="not in the folder"):
+        check_folder(folder, _layout(stages, parts))  # not described: it must be there
+    (folder / "iterator_0_ctx.onnx").write_bytes(_ctx_model("other.bin"))
+    (folder / "other.bin").write_bytes(b"x")
+    with pytest.raises(GenaiFolderError, match="context_0_ctx_qnn.bin"):
+        check_folder(folder, layout)
+
+
 def _blob_layout(files: list[tuple[str, str, int]]) -> Any:
     from farm.pipeline.genai import Layout
 
