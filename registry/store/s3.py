@@ -37,6 +37,8 @@ COMPRESS_KEEP = 0.9  # stored compressed only when that saves at least a tenth
 COMPRESS_SAMPLE = 256 * 1024  # a larger blob is tried on this much of its middle first
 ZSTD_LEVEL = 3
 SIZE_META = "ctxfarm-size"  # a compressed object's own size (x-amz-meta-ctxfarm-size)
+RANGE_SIZE = 32 * 1024 * 1024  # a large blob is read as ranges of this size ...
+RANGE_STREAMS = 4  # ... this many at once (memory: about this many ranges)
 COPY_PART_SIZE = 1024 * 1024 * 1024
 MAX_SINGLE_COPY = 5 * 1024 * 1024 * 1024
 
@@ -249,6 +251,46 @@ class S3BlobStore:
         finally:
             body.close()
 
+    def read_ranges(self, digest: str, size: int) -> Iterator[bytes]:
+        """The blob's bytes in order, read as ranged GETs ``RANGE_STREAMS`` at a time: one stream
+        is bound by each request's round trips (measured: 1.5 GiB from a local SeaweedFS in
+        4.3-6.5 s this way against 7.4-10.5 s as one GET). For a blob stored as it is, of the
+        ``size`` its caller recorded; raises ``StoredCompressed`` before yielding anything when it
+        is stored compressed (read it with ``open``). The caller verifies what it gets."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        key = self._key(blob_key(check_digest(digest)))
+
+        def get(start: int) -> bytes:
+            end = min(start + RANGE_SIZE, size) - 1
+            with self._errors("reading a blob", digest):
+                resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+                if _own_size(resp, digest) is not None:
+                    resp["Body"].close()
+                    raise StoredCompressed(digest)
+                total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+                data: bytes = resp["Body"].read()
+            if total != str(size) or len(data) != end - start + 1:
+                raise DigestMismatchError(f"blob {digest} is not the {size} bytes recorded for it (the store "
+                                          f"holds {total or 'an unknown size'})",
+                                          hint="the stored blob was altered or corrupted; run `farm registry verify`")
+            return data
+
+        starts = iter(range(0, size, RANGE_SIZE))
+        with ThreadPoolExecutor(RANGE_STREAMS, thread_name_prefix="ctxfarm-s3-range") as pool:
+            pending = deque(pool.submit(get, start) for _, start in zip(range(RANGE_STREAMS), starts, strict=False))
+            try:
+                while pending:
+                    data = pending.popleft().result()
+                    start = next(starts, None)
+                    if start is not None:
+                        pending.append(pool.submit(get, start))
+                    yield data
+            finally:
+                for f in pending:
+                    f.cancel()
+
     def stat(self, digest: str) -> BlobInfo:
         with self._errors("reading blob metadata", digest):
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(blob_key(digest)))
@@ -316,6 +358,10 @@ def _pack(data: bytes) -> bytes | None:
             return None
     packed: bytes = z.compress(data)
     return packed if len(packed) <= len(data) * COMPRESS_KEEP else None
+
+
+class StoredCompressed(Exception):
+    """``read_ranges`` of a blob stored zstd-compressed (its ranges are not the blob's)."""
 
 
 def _own_size(resp: dict[str, Any], digest: str) -> int | None:

@@ -256,3 +256,41 @@ def test_s3_tampered_compressed_objects_never_read_as_the_blob(s3_url: str, tmp_
             while chunk := f.read(1 << 20):
                 n += len(chunk)
         assert n <= len(data), "a bomb is stopped at the recorded size"
+
+
+# -- large blobs read as parallel ranges (S3BlobStore.read_ranges) --------------------------------
+
+def test_a_large_blob_downloads_as_parallel_ranges_and_is_still_verified(
+        store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob past ``RANGED_MIN`` comes down as ranged GETs, several at once, written in order
+    and verified as one: the same bytes; a blob whose recorded size is not the store's is refused
+    before anything lands; a compressed blob (its ranges are not the blob's) reads as one stream."""
+    import registry.store.base as base
+    import registry.store.s3 as s3
+
+    monkeypatch.setattr(base, "RANGED_MIN", 1)
+    monkeypatch.setattr(s3, "RANGE_SIZE", 1 << 20)
+    data = os.urandom(5 * (1 << 20) + 333)  # 6 ranges: more than RANGE_STREAMS in flight
+    info = store.put_stream(io.BytesIO(data), expected=sha256_bytes(data))
+    ranges: list[str] = []
+    client = getattr(store, "client", None)
+    if client is not None:
+        def seen(params: Any, **kw: Any) -> None:
+            if params.get("Range"):
+                ranges.append(params["Range"])
+
+        client.meta.events.register("provide-client-params.s3.GetObject", seen)
+    download(store, info.digest, tmp_path / "out.bin", size=len(data))
+    assert (tmp_path / "out.bin").read_bytes() == data
+    if client is not None:
+        assert len(ranges) == 6 and ranges[-1] == f"bytes={5 << 20}-{len(data) - 1}"
+    with pytest.raises(DigestMismatchError):
+        download(store, info.digest, tmp_path / "short.bin", size=len(data) - 1)
+    assert not (tmp_path / "short.bin").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".part-")] == []
+    packed = compressible(256 * 1024)
+    small = put_bytes(store, packed)
+    if client is not None:
+        assert store.stat(small.digest).encoding == "zstd"
+    download(store, small.digest, tmp_path / "packed.bin", size=len(packed))
+    assert (tmp_path / "packed.bin").read_bytes() == packed
