@@ -7,6 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 MIB = 1024 * 1024
+# RLIMIT_AS counts address space, which runs above RSS (vgg19: VmPeak 2.5 GiB at RSS 1.6 GiB): a
+# child's cap is this many times its predicted peak RSS (a compile's, farm.pipeline.memory; a
+# genai twin check's, workers.qnn.genai), never below the caller's floor.
+CAP_FACTOR = 2.0
 
 
 def _read_int(path: Path) -> int | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.core.errors import ResourceLimitError
-from farm.core.hostmem import available_mb, cgroup_free_mb, meminfo_mb  # noqa: F401 (this module's names)
+from farm.core.hostmem import CAP_FACTOR, available_mb, cgroup_free_mb, meminfo_mb  # noqa: F401 (this module's names)
 
 MIB = 1024 * 1024
 
@@ -40,10 +40,8 @@ RATIO_MIN_MODEL_MB = 256.0
 HISTORY = 200  # the most recent successful builds of a toolchain the fit reads
 # What admission keeps free beside the compiles (the executor, the page cache the store needs).
 RESERVE_MB = 512
-# RLIMIT_AS counts address space, which runs above RSS (vgg19: VmPeak 2.5 GiB at RSS 1.6 GiB):
-# the default cap of a compile is this many times its predicted peak, never below the floor
-# (FARM_COMPILE_MEMORY_MB, 6 GiB by default).
-CAP_FACTOR = 2.0
+# The default cap of a compile is CAP_FACTOR (farm.core.hostmem) times its predicted peak, never
+# below the floor (FARM_COMPILE_MEMORY_MB, 6 GiB by default).
 PEAK_KEY = "child.peak_rss_kib"
 
 

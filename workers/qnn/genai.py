@@ -32,7 +32,7 @@ from typing import Any
 from farm.core.catalog import Target
 from farm.core.errors import FarmError, ResourceLimitError, WorkerLostError
 from farm.core.genai import TWIN_PROMPT, TWIN_TOKENS
-from farm.core.hostmem import available_mb
+from farm.core.hostmem import CAP_FACTOR, available_mb
 from workers.runner import run_child
 
 MODULE = "workers.qnn.genai_child"
@@ -152,8 +152,6 @@ GENERATE_BASE_MB, GENERATE_RATIO = 100.0, 2.03
 # is 0.6-1.4 GiB), so a small child under a low FARM_COMPILE_MEMORY_MB is not capped below its
 # address space.
 VM_OVER_RSS_MB = 2048
-# As a compile's (farm.pipeline.memory.CAP_FACTOR): RLIMIT_AS counts address space, above RSS.
-CAP_FACTOR = 2.0
 # What the twin leaves free beside its children (the worker, the page cache the store needs).
 TWIN_RESERVE_MB = 512
 
