@@ -58,12 +58,13 @@ def twin_spec(group_digest: str, backend: str, target: str, toolchain: str, opti
     (toolchain, the part build's options): compiled for the arch's reference SoC
     (``Catalog.arch_reference``: SM8550 for every v73 SoC), which the row names as its target and
     its key holds, so the packages of two SoCs of one arch share their twin builds. The twin
-    check loads a twin context as it was compiled (no ``soc_model`` at load). Measured (QNN
-    2.51.0, hidden 256 x 4 layers, 2 parts): the twins compiled for SM8550, SC8380XP and QCS9100
-    differ in their bytes, but every output of each part's prefill and decode graph on the
-    simulator was bit for bit the same, and so was the twin check on them (PSNR per output, the
-    tokens, the largest logit error); an SM8450 (v69) twin's outputs were up to 0.004 apart, so the
-    arch stays in the key. A multi-SoC target, or one the catalog no longer knows, keeps its name."""
+    check loads a twin context as it was compiled (no ``soc_model`` at load). Measured
+    (``bench/genai_twin_arch.py``, QNN 2.51.0, 2 parts of hidden 256 x 4 layers, and of 512 x 4
+    with grouped-query attention): the twins compiled for SM8550, SC8380XP and QCS9100 differ in
+    their bytes, but every output of each part's prefill and decode graph on the simulator was bit
+    for bit the same, and so was the twin check on them (PSNR per output, the tokens, the largest
+    logit error); an SM8450 (v69) twin's outputs were up to 0.004 apart, so the arch stays in the
+    key. A multi-SoC target, or one the catalog no longer knows, keeps its name."""
     from farm.core.catalog import load_catalog
 
     try:
