@@ -63,7 +63,7 @@ def test_submit_genai_fans_out_to_workers_and_answers_one_folder(farm_cluster: F
 
 
 def _twin_rows(farm: Farm) -> dict[int, dict[str, object]]:
-    """The farm's twin builds by id: state, attempts, options, when they finished."""
+    """The farm's twin builds by id: state, attempts, options, when they finished, their SoC."""
     from sqlalchemy import select
 
     from registry.models import TwinBuild
@@ -72,9 +72,39 @@ def _twin_rows(farm: Farm) -> dict[int, dict[str, object]]:
     try:
         with reg.db.session() as s:
             return {t.id: {"state": t.state, "attempts": t.attempts, "options": dict(t.options),
-                           "finished_at": t.finished_at} for t in s.scalars(select(TwinBuild))}
+                           "finished_at": t.finished_at, "target": t.target} for t in s.scalars(select(TwinBuild))}
     finally:
         reg.close()
+
+
+def _settled_twin(farm: Farm, ref: str, soc: str) -> dict[str, object]:
+    """REF's twin for SOC once it is no longer pending (the worker runs it after publication)."""
+    deadline = time.monotonic() + 240
+    while True:
+        res = json.loads(farm.cli("resolve", "--model", ref, "--soc", soc, "--qnn", "2.51.0", "--json").stdout)
+        if res["twin"]["status"] != "pending" or time.monotonic() > deadline:
+            return dict(res["twin"])
+        time.sleep(0.5)
+
+
+def test_a_second_soc_of_one_htp_arch_sends_no_twin_build(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
+    """SM8550 and SC8380XP are both HTP v73: the second submission queues and sends no twin
+    build, and its worker's twin runs on the twin builds compiled for SM8550."""
+    from tests.common.genai import make_export
+
+    export = make_export(tmp_path / "export")
+    farm_cluster.start_worker("2.51.0")
+    for soc in ("SM8550", "SC8380XP"):
+        got = farm_cluster.cli("submit", "--genai", str(export), "-t", f"qnn:{soc}", "--name", "llm/v73", "--tag",
+                               "c", "--wait", "--timeout", "240", "--json", timeout=300)
+        assert json.loads(got.stdout)["ok"], got.stdout
+        tw = _settled_twin(farm_cluster, "llm/v73:c", soc)
+        assert tw["status"] == "ok" and tw["compiled"] == "given", tw
+        twins = _twin_rows(farm_cluster)
+        if soc == "SM8550":
+            first = twins
+        assert twins == first and len(twins) == 2 and all(t["target"] == "SM8550" for t in twins.values()), twins
+        assert sorted(tw["twin_builds"]["builds"]) == sorted(first)  # type: ignore[index]
 
 
 def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811

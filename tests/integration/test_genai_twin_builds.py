@@ -1,7 +1,8 @@
 """A genai part's twin compile is a build of its own (farm.pipeline.genai.twin_builds): keyed by
-the part's group, SoC, toolchain and options with the twin marker, cached like any build, never
-served. For real: the tiny export of tests/common/genai.py, its parts and their twins compiled by
-QNN 2.51.0 in the embedded farm, the twin check on the HTP simulator on those contexts."""
+the part's group, the HTP arch's reference SoC, toolchain and options with the twin marker,
+cached like any build, never served. For real: the tiny export of tests/common/genai.py, its
+parts and their twins compiled by QNN 2.51.0 in the embedded farm, the twin check on the HTP
+simulator on those contexts."""
 
 from __future__ import annotations
 
@@ -49,13 +50,13 @@ def _index(settings: Settings, sql: str) -> Any:
         reg.close()
 
 
-def _twin_of(env: dict[str, str], ref: str) -> dict[str, Any]:
-    """The twin of REF's SM8650 package as ``farm resolve`` answers it."""
-    res = json.loads(farm(env, "resolve", "--model", ref, "--soc", "SM8650", "--qnn", "2.51.0", "--json").stdout)
+def _twin_of(env: dict[str, str], ref: str, soc: str = "SM8650") -> dict[str, Any]:
+    """The twin of REF's package for SOC as ``farm resolve`` answers it."""
+    res = json.loads(farm(env, "resolve", "--model", ref, "--soc", soc, "--qnn", "2.51.0", "--json").stdout)
     return dict(res["twin"])
 
 
-def test_twin_builds_are_cached_per_soc_and_never_served(settings: Settings, farm_env: dict[str, str],
+def test_twin_builds_are_cached_per_arch_and_never_served(settings: Settings, farm_env: dict[str, str],
                                                          tmp_path: Path) -> None:
     export = str(make_export(tmp_path / "export"))
     build = ("build", "--genai", export, "--name", "llm/tb", "--tag", "t", "--json")
@@ -95,11 +96,33 @@ def test_twin_builds_are_cached_per_soc_and_never_served(settings: Settings, far
     assert again["status"] == "ok" and again["compiled"] == "given", again
     assert _twin_rows(settings) == first
 
-    # The same export with a second SoC: only that SoC's twin parts compile.
+    # The same export with a SoC of another arch (v79): only its twin parts compile.
     farm(farm_env, *build, "-t", "qnn:SM8650", "-t", "qnn:SM8750")
     rows = _twin_rows(settings)
     assert {i: r for i, r in rows.items() if i in first} == first
     assert sorted(r["target"] for i, r in rows.items() if i not in first) == ["SM8750", "SM8750"]
+
+
+def test_the_socs_of_one_htp_arch_share_their_twin_builds(settings: Settings, farm_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """SC8380XP, QCS9100 and SM8550 are all HTP v73: their packages' twins run on the twin builds
+    compiled once for SM8550 (the arch's first SoC in the catalog), in one command or the next."""
+    export = str(make_export(tmp_path / "export"))
+    build = ("build", "--genai", export, "--name", "llm/v73", "--tag", "t", "--json")
+    farm(farm_env, *build, "-t", "qnn:SC8380XP", "-t", "qnn:QCS9100")
+    first = _twin_rows(settings)
+    assert len(first) == 2 and all(r["state"] == "succeeded" and r["target"] == "SM8550" for r in first.values()), first
+    for soc in ("SC8380XP", "QCS9100"):
+        tw = _twin_of(farm_env, "llm/v73:t", soc)
+        assert tw["status"] == "ok" and tw["compiled"] == "given", tw
+        assert sorted(tw["twin_builds"]["builds"]) == sorted(first) and tw["twin_builds"]["target"] == "SM8550"
+        assert tw["compile_options"]["soc_model"] == "43", tw  # what they were compiled with: SM8550's
+        assert tw["tokens_matched"] == tw["tokens_compared"] > 0, tw
+
+    farm(farm_env, *build, "-t", "qnn:SM8550")  # a second command, a third SoC of the arch: no twin build
+    assert _twin_rows(settings) == first
+    tw = _twin_of(farm_env, "llm/v73:t", "SM8550")
+    assert tw["status"] == "ok" and sorted(tw["twin_builds"]["builds"]) == sorted(first), tw
 
 
 def fail_twin_build(settings: Settings, *, part: int) -> int:

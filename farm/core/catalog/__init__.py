@@ -87,6 +87,14 @@ class Catalog:
             details={"known": [t.name for t in self.of_backend(backend_part)]},
         )
 
+    def arch_reference(self, target: Target) -> Target:
+        """The SoC that stands for ``target``'s HTP arch where one compile serves every SoC of it
+        (a genai package's twin builds): the first SoC of that arch in catalog order, so one
+        arch always names the same SoC while the catalog does. ``target`` itself when it has no
+        one arch: a multi-SoC target, a GPU, a SoC whose arch the catalog lacks."""
+        if target.backend != "qnn" or target.multi_soc or not target.htp_arch:
+            return target
+        return next((t for t in self.of_backend("qnn") if t.htp_arch == target.htp_arch), target)
 
     def _multi_soc(self, name: str) -> Target:
         """``SM8650+SM8750``: one target covering several SoCs, named canonically (catalog

@@ -106,13 +106,16 @@ def build_package(settings: Settings, export_dir: str | Path, target_refs: Seque
         twin_specs = twins_wanted(reg, pkg, planned) if twin else {}
         jobs_of: dict[int, tuple[list[Any], list[Future[Any]]]] = {}
         after: list[Callable[[], Any]] = []
+        by_key: dict[str, Future[Any]] = {}  # two SoCs of one HTP arch share their twin builds: one job each
         for k, specs in twin_specs.items():
             ex = executors[planned[k][0].backend]
             futures: list[Future[Any]] = []
             for one in specs:
-                fut: Future[Any] = Future()
+                fut = by_key.get(one.build_key)
+                if fut is None:
+                    fut = by_key[one.build_key] = Future()
+                    after.append(pool_job(fut, partial(twin_job, ex, one, stop)))
                 futures.append(fut)
-                after.append(pool_job(fut, partial(twin_job, ex, one, stop)))
             jobs_of[k] = (specs, futures)
         builds = 0 if final else len(pkg.parts) * len(planned)
         pool = ThreadPoolExecutor(max_workers=build_jobs(settings, builds + len(after)), thread_name_prefix="build")

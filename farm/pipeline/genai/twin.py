@@ -159,6 +159,8 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
                 compiled, why = collect_compiled(reg, twins, read_export(export_dir), Path(work) / "compiled")
                 if compiled is None:
                     raise TwinBuildFailed(why)
+                if built.get("target"):  # their arch's reference SoC: the record says what they were compiled for
+                    target = load_catalog().get(built["target"], backend=spec.backend)
             result = genai_twin(export_dir, target, spec.options, Path(work) / "check",
                                 timeout=settings.accuracy_budget, memory_mb=settings.compile_memory_mb, nice=nice,
                                 compiled=compiled)

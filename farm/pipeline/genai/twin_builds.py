@@ -1,13 +1,14 @@
 """A genai part's twin build: the part's prefill and decode compiled alone (no weight sharing, the
 quickest finalization, the build's other options), what the twin check runs on the simulator.
 
-A build like any other: keyed (``twin_spec``: the part's group digest, target, toolchain and
-options with the ``twin`` marker), so a re-submit, or the same export with another SoC added,
-compiles no twin part compiled already; queued, claimed under a lease and moved by the guarded
-transitions of ``farm.pipeline.states``; admitted by the memory planner. It lives in its own
-table (``registry.models.TwinBuild``): nothing that serves devices reads it (no artifact row, no
-coverage cell, no tag, nothing to resolve or install); its output is the compiled files as
-content-addressed blobs listed on the row (``output``), kept by ``registry gc``.
+A build like any other: keyed (``twin_spec``: the part's group digest, the reference SoC of the
+target's HTP arch, toolchain and options with the ``twin`` marker), so a re-submit, or the same
+export for a second SoC of an arch compiled already, compiles no twin part again; queued, claimed
+under a lease and moved by the guarded transitions of ``farm.pipeline.states``; admitted by the
+memory planner. It lives in its own table (``registry.models.TwinBuild``): nothing that serves
+devices reads it (no artifact row, no coverage cell, no tag, nothing to resolve or install); its
+output is the compiled files as content-addressed blobs listed on the row (``output``), kept by
+``registry gc``.
 
 Publication wins: a twin build is admitted after any compile that waits (``MemoryGate.admit(low=
 True)``), its child runs at ``workers.qnn.runner.TWIN_NICE``, the embedded pool takes it after the
@@ -26,7 +27,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from farm.core.errors import DETERMINISTIC_FAILURES, FarmError, Interrupted, LeaseLostError, NoWorkerError
+from farm.core.errors import (
+    DETERMINISTIC_FAILURES,
+    FarmError,
+    Interrupted,
+    LeaseLostError,
+    NoWorkerError,
+    UnknownTargetError,
+)
 from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.settings import Settings
 from farm.pipeline import states
@@ -46,9 +54,23 @@ def twin_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def twin_spec(group_digest: str, backend: str, target: str, toolchain: str, options: dict[str, Any]) -> states.BuildSpec:
-    """The twin build of the part group ``group_digest`` for (target, toolchain, the part
-    build's options). Keyed by the SoC, as the part build is: the simulator runs the SoC's HTP
-    arch, but whether two SoCs of one arch compile the same numerics is not measured here."""
+    """The twin build of the part group ``group_digest`` for the HTP arch of ``target``
+    (toolchain, the part build's options): compiled for the arch's reference SoC
+    (``Catalog.arch_reference``: SM8550 for every v73 SoC), which the row names as its target and
+    its key holds, so the packages of two SoCs of one arch share their twin builds. The twin
+    check loads a twin context as it was compiled (no ``soc_model`` at load). Measured
+    (``bench/genai_twin_arch.py``, QNN 2.51.0, 2 parts of hidden 256 x 4 layers, and of 512 x 4
+    with grouped-query attention): the twins compiled for SM8550, SC8380XP and QCS9100 differ in
+    their bytes, but every output of each part's prefill and decode graph on the simulator was bit
+    for bit the same, and so was the twin check on them (PSNR per output, the tokens, the largest
+    logit error); an SM8450 (v69) twin's outputs were up to 0.004 apart, so the arch stays in the
+    key. A multi-SoC target, or one the catalog no longer knows, keeps its name."""
+    from farm.core.catalog import load_catalog
+
+    try:
+        target = load_catalog().arch_reference(load_catalog().get(target, backend=backend)).name
+    except UnknownTargetError:
+        pass  # compiled under its own name: its twin build fails there with this error's code
     opts = twin_options(options)
     od = options_digest(opts)
     return states.BuildSpec(build_key(group_digest, backend, target, toolchain, od), group_digest, backend, target,
@@ -286,13 +308,20 @@ def collect_compiled(reg: Any, twin_ids: Sequence[int], export: Any, dest: Path)
 
 
 def twin_figures(reg: Any, twin_ids: Sequence[int]) -> dict[str, Any]:
-    """What the twin builds did, for the twin's record: their ids and compile seconds."""
+    """What the twin builds did, for the twin's record: their ids, compile seconds and the SoC
+    they were compiled for (``target``: the reference SoC of the package's HTP arch, which may
+    be another SoC than the package's; absent when they name several)."""
     from registry.models import TwinBuild
 
     with reg.db.session() as s:
         rows = [states.get_build(s, i, TwinBuild) for i in twin_ids]
-        return {"builds": [int(r.id) for r in rows],
-                "compile_seconds": round(sum(float((r.output or {}).get("compile_seconds") or 0.0) for r in rows), 3)}
+        out: dict[str, Any] = {
+            "builds": [int(r.id) for r in rows],
+            "compile_seconds": round(sum(float((r.output or {}).get("compile_seconds") or 0.0) for r in rows), 3)}
+        targets = {str(r.target) for r in rows}
+        if len(targets) == 1:
+            out["target"] = targets.pop()
+        return out
 
 
 # ---- scheduling: which twin builds a package wants, and running them -------------------------------
