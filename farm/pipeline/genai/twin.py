@@ -25,6 +25,7 @@ from farm.pipeline.genai.twin_record import (
     raised_twin,
     record_twin,
     twin_status,
+    twin_to_run,
 )
 from farm.pipeline.submission import BuildOutcome, Progress
 
@@ -47,8 +48,10 @@ def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Seq
     if published is not None:
         published(result)
     for k, ((t, spec, _), o) in enumerate(zip(planned, result.package.outcomes, strict=True)):
-        if twin and o.state != "failed" and o.artifact and twin_status(_description(reg, o.artifact)) in (
-                None, "pending"):
+        if not (twin and o.state != "failed" and o.artifact):
+            continue
+        desc = _description(reg, o.artifact)
+        if twin_status(desc) is None or twin_to_run(desc):
             progress("checking", t.ref, {"what": "twin"})
             ids: list[int] | None = None
             if twins is not None and k in twins:
