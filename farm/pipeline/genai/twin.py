@@ -167,6 +167,8 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
                                 compiled=compiled)
     except TwinBuildFailed as exc:
         result = {"status": "unverified", "detail": str(exc)}
+        if twins is not None and _cancelled(reg, twins):
+            result["cancelled"] = True  # its release was cancelled: the next submission runs it
     except FarmError as exc:
         result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
     result = dict(result)
@@ -174,6 +176,15 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
         result["twin_builds"] = built
     result.setdefault("wall_seconds", round(time.perf_counter() - start, 3))
     return result
+
+
+def _cancelled(reg: Any, twin_ids: Sequence[int]) -> bool:
+    """Whether a twin build of these was cancelled (``farm cancel`` of its package's release)."""
+    from farm.pipeline import states
+    from registry.models import TwinBuild
+
+    with reg.db.session() as s:
+        return any(states.get_build(s, i, TwinBuild).error_code == "cancelled" for i in twin_ids)
 
 
 class TwinBuildFailed(Exception):

@@ -31,7 +31,7 @@ from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.genai.bundle import PackageBundle
-from farm.pipeline.genai.twin_record import twin_cancelled, twin_of, twin_status, twin_to_run
+from farm.pipeline.genai.twin_record import twin_cancelled, twin_of, twin_pending, twin_status, twin_to_run
 
 log = logging.getLogger("ctxfarm.genai")
 TWIN_MARK = "twin"
@@ -352,20 +352,35 @@ def twin_wanted(s: Any, build_id: int) -> bool:
     return art is not None and twin_to_run(art.description)
 
 
+def reopen_cancelled_twin(s: Any, build_id: int) -> bool:
+    """In the caller's transaction: a published package whose twin was cancelled with its
+    release, submitted again, has its twin ``pending`` again and due at once (``twin_orphaned``:
+    the submission sends the package's message, a worker runs the twin). A message of the
+    cancelled release taken later finds the twin cancelled, not due, and runs nothing."""
+    from registry.index import artifact_for_build
+
+    art = artifact_for_build(s, build_id)
+    tw = twin_of(art.description if art is not None else None)
+    if art is None or tw is None or tw.get("cancelled") is not True:
+        return False
+    art.description = {**(art.description or {}), "twin": {**twin_pending(), "rerun": True}}
+    return True
+
+
 def twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
     """A published package whose twin is ``pending`` for longer than a twin may take (the
-    accuracy budget, and the lease for good measure): whoever ran it died; run it again. A twin
-    cancelled with its release is run again at once."""
+    accuracy budget, and the lease for good measure): whoever ran it died; run it again. One
+    made pending again by a new submission after a cancel (``reopen_cancelled_twin``): at once."""
     from datetime import UTC, datetime
 
     from registry.index import artifact_for_build
 
     art = artifact_for_build(s, build_id)
     tw = twin_of(art.description if art is not None else None)
-    if tw is not None and tw.get("cancelled") is True:
-        return True
     if tw is None or tw.get("status") != "pending":
         return False
+    if tw.get("rerun") is True:
+        return True
     try:
         since = datetime.fromisoformat(str(tw.get("since")))
     except ValueError:

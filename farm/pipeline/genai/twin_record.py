@@ -27,7 +27,7 @@ def twin_cancelled(reason: str) -> dict[str, Any]:
     """The twin of a published package whose release was cancelled before its twin was
     recorded: ``unverified`` and ``cancelled``, the twin not run rather than left ``pending``
     (``farm show`` says why); like a cancelled build, not a verdict: the package's next
-    submission runs it (``twin_to_run``)."""
+    submission runs it (``twin_to_run``; on a cluster ``twin_builds.reopen_cancelled_twin``)."""
     return {"status": "unverified", "cancelled": True,
             "detail": f"cancelled ({reason}) at {datetime.now(UTC).isoformat(timespec='seconds')} before the twin "
                       "ran; submitting the package again runs it"}

@@ -7,6 +7,7 @@ next submission."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,15 @@ from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.cancel import cancel
 from farm.pipeline.genai.links import link_parts
-from farm.pipeline.genai.twin_builds import enqueue_twins, execute_twin, twin_orphaned, twin_spec, twin_wanted
+from farm.pipeline.genai.twin import run_twin
+from farm.pipeline.genai.twin_builds import (
+    enqueue_twins,
+    execute_twin,
+    reopen_cancelled_twin,
+    twin_orphaned,
+    twin_spec,
+    twin_wanted,
+)
 from farm.pipeline.genai.twin_record import twin_of, twin_pending
 from registry.index import Registry, artifact_for_build
 from registry.models import Release, ReleaseBuild, TwinBuild
@@ -127,11 +136,30 @@ def test_a_published_packages_pending_twin_is_recorded_cancelled_and_run_again_o
         tw = twin_of(art.description)
         assert tw is not None and (tw["status"], tw["cancelled"]) == ("unverified", True)
         assert "cancelled (farm cancel)" in tw["detail"]
+        # A message of the cancelled release taken later (the package's fallback) runs nothing.
+        assert not twin_orphaned(settings, s, pkg_build)
+    with reg.db.session() as s:
         # Not a verdict: the next submission runs the twin (its builds queued again, the
         # package's message sent for its twin at once).
-        assert twin_wanted(s, pkg_build) and twin_orphaned(settings, s, pkg_build)
+        assert twin_wanted(s, pkg_build) and reopen_cancelled_twin(s, pkg_build)
+        assert twin_orphaned(settings, s, pkg_build)
         assert [states.enqueue(s, states.BuildSpec(**_spec_of(s, t)), GENAI_Q, table=TwinBuild)[1]
                 for t in twins] == [True, True]
+
+
+def test_a_twin_check_that_finds_its_twin_builds_cancelled_says_so(settings: Settings, reg: Registry,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker checking a published package's twin when its release is cancelled: its twin
+    builds end cancelled, and what it records is ``unverified`` and cancelled (run again by the
+    next submission), not a twin that failed."""
+    rel, _, twins = submit(reg, "pkg", ["g0", "g1"], published=True)
+    cancel(settings, release_id=rel, registry=reg)
+    monkeypatch.setattr("farm.core.genai.read_export", lambda path: None)  # no part is read: the first failed
+    tw = run_twin(settings, SimpleNamespace(backend="qnn", target="SM8650", options={}), tmp_path, twins=twins,
+                  reg=reg)
+    assert (tw["status"], tw.get("cancelled")) == ("unverified", True)
+    assert "did not succeed: cancelled" in tw["detail"]
 
 
 def test_a_package_another_live_release_holds_keeps_its_twin(settings: Settings, reg: Registry) -> None:
