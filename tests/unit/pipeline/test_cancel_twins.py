@@ -179,3 +179,17 @@ def _spec_of(s: Any, twin_id: int) -> dict[str, Any]:
     t = states.get_build(s, twin_id, TwinBuild)
     return {"build_key": t.build_key, "model_digest": t.model_digest, "backend": t.backend, "target": t.target,
             "toolchain": t.toolchain, "options": dict(t.options), "options_digest": t.options_digest}
+
+
+def test_farm_cancel_says_how_many_twin_builds_it_cancelled_and_kept(settings: Settings, reg: Registry,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from farm.cli import cancel_cmd
+
+    rel, _, _ = submit(reg, "pkg-a", ["g0", "g1"])
+    submit(reg, "pkg-b", ["g0"])  # shares part g0: its build and its twin build are kept
+    args = argparse.Namespace(release=rel, build=None, server=None, token=None, json=False)
+    assert cancel_cmd.run("cancel", args, settings) == 0
+    out = capsys.readouterr().out
+    assert "2 build(s) cancelled, 0 already finished, 1 kept" in out and "1 twin build(s) cancelled, 1 kept" in out, out
