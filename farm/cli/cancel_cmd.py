@@ -44,9 +44,16 @@ def run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps({"builds": rows}, indent=2))
     else:
+        twins = [r for r in rows if "twin_build" in r]
+        rows = [r for r in rows if "twin_build" not in r]
         table(rows, ["build", "was", "now"])
         stopped = sum(1 for r in rows if r.get("now") == "cancelled")
         kept = sum(1 for r in rows if r.get("now") == "kept")
         print(f"{stopped} build(s) cancelled, {len(rows) - stopped - kept} already finished"
               + (f", {kept} kept (another release still wants them)" if kept else ""))
+        if twins:  # a genai package's twin builds (the parts compiled alone for its twin check)
+            t_stopped = sum(1 for r in twins if r.get("now") == "cancelled")
+            t_kept = sum(1 for r in twins if r.get("now") == "kept")
+            print(f"{t_stopped} twin build(s) cancelled" + (f", {t_kept} kept (another release waits on them)"
+                                                            if t_kept else ""))
     return 0

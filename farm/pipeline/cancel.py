@@ -8,6 +8,10 @@ needed: tasks are sent by name and reload their row). A running build is changed
 the executor running it finds its lease gone at its next renewal (every few seconds,
 ``execute.LeaseKeeper``), kills the compile child and publishes nothing. ``cancelled`` is not a
 deterministic failure: submitting the same build again queues it again.
+
+A genai package's release also cancels its packages' twin builds (the parts compiled alone for
+the twin check, sent at submit; ``farm.pipeline.genai.twin_builds.cancel_twins``) that no live
+release waits on, the same way; a published package's twin left pending is recorded cancelled.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ class Cancelled:
     build: int
     was: str  # the state read before cancelling
     now: str  # "cancelled", "kept" (another release still wants it), or the final state it already had
+    twin: bool = False  # ``build`` is a genai part's twin build (its own table and ids)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.twin:
+            return {"twin_build": self.build, "was": self.was, "now": self.now}
         return {"build": self.build, "was": self.was, "now": self.now}
 
 
@@ -85,6 +92,8 @@ def cancel(settings: Settings, *, release_id: int | None = None, build_id: int |
             out.append(Cancelled(bid, was, now))
             if now == "cancelled":
                 events.publish(bid, states.BuildState.FAILED.value)  # long polls answer at once
+        if release_id is not None:
+            out += _cancel_twins(reg, ids, reason)
         return out
     finally:
         if own:
@@ -109,3 +118,15 @@ def _kept(s: Any, build_id: int, by_build: bool, admin: bool, caller: int | None
     if by_build:
         return not admin and any(o != caller for o in _wanting(s, build_id, live_only=True))
     return bool(_wanting(s, build_id, live_only=True))  # the cancelled release is no longer live
+
+
+def _cancel_twins(reg: Registry, build_ids: list[int], reason: str) -> list[Cancelled]:
+    """The twin builds of the genai package builds among ``build_ids`` that no live release
+    waits on, cancelled (after the builds: a package cancelled first publishes nothing)."""
+    from farm.pipeline.genai.twin_builds import cancel_twins
+
+    with reg.db.session() as s:
+        packages = [b for b in build_ids if states.part_builds(s, b) is not None]
+        if not packages:
+            return []
+        return [Cancelled(t, was, now, twin=True) for t, was, now in cancel_twins(s, packages, reason)]

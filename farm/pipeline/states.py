@@ -265,23 +265,25 @@ def release(session: Session, lease: Lease, reason: str) -> bool:
         lease_owner=None, lease_expires_at=None, enqueued_at=now())) == 1
 
 
-def cancel(session: Session, build_id: int, reason: str) -> str:
+def cancel(session: Session, build_id: int, reason: str, *, table: Any = Build) -> str:
     """queued | running -> failed with code ``cancelled``: one guarded UPDATE on the state,
     attempt and lease owner that were read (a race with a claim or a finish is read again).
     The running attempt loses its lease: its keeper's next renewal changes no row, and the
     executor kills the compile and publishes nothing. A queued build's message, when a worker
     takes it, finds the row final and is dropped. Returns ``cancelled``, or the final state the
-    build already had."""
+    build already had. ``table``: a genai part's twin build (``registry.models.TwinBuild``) is
+    cancelled the same way."""
+    T = table
     for _ in range(5):
-        row = session.get(Build, build_id, populate_existing=True)
+        row = session.get(T, build_id, populate_existing=True)
         if row is None:
             raise NotFoundError(f"no build {build_id}", hint="`farm status RELEASE` lists a release's builds")
         if row.state in FINAL:
             return str(row.state)
         was = f"{row.state}, attempt {row.attempts}" if row.state == BuildState.RUNNING else str(row.state)
-        n = _changed(session, update(Build).where(
-            Build.id == row.id, Build.state == row.state, Build.attempts == row.attempts,
-            Build.lease_owner.is_(None) if row.lease_owner is None else Build.lease_owner == row.lease_owner)
+        n = _changed(session, update(T).where(
+            T.id == row.id, T.state == row.state, T.attempts == row.attempts,
+            T.lease_owner.is_(None) if row.lease_owner is None else T.lease_owner == row.lease_owner)
             .values(state=BuildState.FAILED.value, error_code="cancelled",
                     error_message=f"cancelled ({reason}) while {was} at {now().isoformat(timespec='seconds')}",
                     lease_owner=None, lease_expires_at=None, finished_at=now()))

@@ -109,8 +109,8 @@ def test_a_second_soc_of_one_htp_arch_sends_no_twin_build(farm_cluster: Farm, tm
 
 def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, tmp_path: Path) -> None:  # noqa: F811
     """`farm cancel RELEASE` while the parts compile: every build of the package's release is
-    final (cancelled, or done before the cancel), the package publishes nothing, and the next
-    submit builds it (a cancel is not a verdict)."""
+    final (cancelled, or done before the cancel), and its twin builds too; the package publishes
+    nothing, and the next submit builds it (a cancel is not a verdict)."""
     export = tmp_path / "export"
     subprocess.run([sys.executable, str(ROOT / "bench" / "genai_export.py"), str(export), "--parts", "2"],
                    check=True, capture_output=True, timeout=120)
@@ -126,6 +126,9 @@ def test_cancel_mid_package_leaves_the_registry_consistent(farm_cluster: Farm, t
     # Nothing is left running once the workers have seen the cancel; no artifact for the package.
     rows = farm_cluster.wait_builds(lambda rows: all(r["state"] in ("succeeded", "failed") for r in rows))
     assert [r for r in rows if r["id"] == package][0]["code"] == "cancelled"
+    # The package's twin builds (sent at submit) went with it: none left to run.
+    twins = _twin_rows(farm_cluster)
+    assert len(twins) == 2 and all(t["state"] in ("succeeded", "failed") for t in twins.values()), twins
     again = json.loads(farm_cluster.cli("submit", "--genai", str(export), "-t", "qnn:SM8650", "--name", "llm/cx",
                                         "--wait", "--timeout", "240", "--json", timeout=300).stdout)
     assert again["ok"], again

@@ -24,7 +24,8 @@ router = APIRouter(tags=["submit"])
 async def cancel_release(release_id: int, settings: SettingsDep, reg: RegistryDep,
                          who: Annotated[Caller, submitter]) -> dict[str, Any]:
     """Every build of the release still queued or running: ``{"builds": [{"build", "was", "now"}]}``,
-    ``now`` ``cancelled`` or the final state the build already had."""
+    ``now`` ``cancelled`` or the final state the build already had; a genai package's release
+    adds its twin builds as ``{"twin_build", "was", "now"}``."""
     from farm.pipeline.cancel import cancel
 
     plan.check_id(release_id, "release")

@@ -29,6 +29,7 @@ from farm.pipeline.genai.twin import _then_twin, _with_twin, twin_after
 from farm.pipeline.genai.twin_builds import (
     enqueue_twins,
     pool_job,
+    reopen_cancelled_twin,
     twin_job,
     twin_orphaned,
     twin_spec,
@@ -274,6 +275,8 @@ def submit_package(settings: Settings, export_dir: str | Path, target_refs: Sequ
                 for b in (build_id, *parts):
                     s.merge(ReleaseBuild(release_id=release.id, build_id=b))
                 pb = s.get(Build, build_id)
+                if dispatch and pb is not None and pb.state == states.BuildState.SUCCEEDED:
+                    reopen_cancelled_twin(s, build_id)  # cancelled with an earlier release: due again
                 if dispatch and pb is not None and pb.state == states.BuildState.QUEUED and all(
                         states.get_build(s, p).state in states.FINAL for p in parts):
                     to_send.append((build_id, queue))

@@ -25,6 +25,7 @@ from farm.pipeline.genai.twin_record import (
     raised_twin,
     record_twin,
     twin_status,
+    twin_to_run,
 )
 from farm.pipeline.submission import BuildOutcome, Progress
 
@@ -47,8 +48,10 @@ def _then_twin(settings: Settings, reg: Any, result: PackageReport, planned: Seq
     if published is not None:
         published(result)
     for k, ((t, spec, _), o) in enumerate(zip(planned, result.package.outcomes, strict=True)):
-        if twin and o.state != "failed" and o.artifact and twin_status(_description(reg, o.artifact)) in (
-                None, "pending"):
+        if not (twin and o.state != "failed" and o.artifact):
+            continue
+        desc = _description(reg, o.artifact)
+        if twin_status(desc) is None or twin_to_run(desc):
             progress("checking", t.ref, {"what": "twin"})
             ids: list[int] | None = None
             if twins is not None and k in twins:
@@ -166,6 +169,8 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
                                 compiled=compiled)
     except TwinBuildFailed as exc:
         result = {"status": "unverified", "detail": str(exc)}
+        if twins is not None and _cancelled(reg, twins):
+            result["cancelled"] = True  # its release was cancelled: the next submission runs it
     except FarmError as exc:
         result = {"status": "unverified", "detail": f"{exc.code}: {exc.message[:1000]}"}
     result = dict(result)
@@ -173,6 +178,15 @@ def run_twin(settings: Settings, spec: Any, export_dir: Path, *, nice: int = 10,
         result["twin_builds"] = built
     result.setdefault("wall_seconds", round(time.perf_counter() - start, 3))
     return result
+
+
+def _cancelled(reg: Any, twin_ids: Sequence[int]) -> bool:
+    """Whether a twin build of these was cancelled (``farm cancel`` of its package's release)."""
+    from farm.pipeline import states
+    from registry.models import TwinBuild
+
+    with reg.db.session() as s:
+        return any(states.get_build(s, i, TwinBuild).error_code == "cancelled" for i in twin_ids)
 
 
 class TwinBuildFailed(Exception):

@@ -39,7 +39,7 @@ from farm.core.keys import build_key, options_digest, sha256_file
 from farm.core.settings import Settings
 from farm.pipeline import states
 from farm.pipeline.genai.bundle import PackageBundle
-from farm.pipeline.genai.twin_record import twin_of, twin_status
+from farm.pipeline.genai.twin_record import twin_cancelled, twin_of, twin_pending, twin_status, twin_to_run
 
 log = logging.getLogger("ctxfarm.genai")
 TWIN_MARK = "twin"
@@ -340,7 +340,7 @@ def twins_wanted(reg: Any, pkg: PackageBundle, planned: Sequence[tuple[Any, Any,
                 continue
             if b.state == states.BuildState.SUCCEEDED:
                 art = artifact_for_build(s, build_id)
-                if art is None or twin_status(art.description) not in (None, "pending"):
+                if art is None or not (twin_status(art.description) is None or twin_to_run(art.description)):
                     continue
             out[k] = [twin_spec(g.digest, t.backend, t.name, spec.toolchain, spec.options) for g in pkg.parts]
     return out
@@ -370,7 +370,7 @@ def pool_job(fut: Future[Any], run: Callable[[], Any]) -> Callable[[], None]:
 
 def twin_wanted(s: Any, build_id: int) -> bool:
     """Whether a package build's twin will run: not published yet, or published with its twin
-    pending (a published package whose twin is recorded needs no twin build)."""
+    pending or cancelled (a published package whose twin is recorded needs no twin build)."""
     from farm.pipeline import states
     from registry.index import artifact_for_build
 
@@ -378,12 +378,28 @@ def twin_wanted(s: Any, build_id: int) -> bool:
     if b.state != states.BuildState.SUCCEEDED:
         return True
     art = artifact_for_build(s, build_id)
-    return art is not None and twin_status(art.description) == "pending"
+    return art is not None and twin_to_run(art.description)
+
+
+def reopen_cancelled_twin(s: Any, build_id: int) -> bool:
+    """In the caller's transaction: a published package whose twin was cancelled with its
+    release, submitted again, has its twin ``pending`` again and due at once (``twin_orphaned``:
+    the submission sends the package's message, a worker runs the twin). A message of the
+    cancelled release taken later finds the twin cancelled, not due, and runs nothing."""
+    from registry.index import artifact_for_build
+
+    art = artifact_for_build(s, build_id)
+    tw = twin_of(art.description if art is not None else None)
+    if art is None or tw is None or tw.get("cancelled") is not True:
+        return False
+    art.description = {**(art.description or {}), "twin": {**twin_pending(), "rerun": True}}
+    return True
 
 
 def twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
     """A published package whose twin is ``pending`` for longer than a twin may take (the
-    accuracy budget, and the lease for good measure): whoever ran it died; run it again."""
+    accuracy budget, and the lease for good measure): whoever ran it died; run it again. One
+    made pending again by a new submission after a cancel (``reopen_cancelled_twin``): at once."""
     from datetime import UTC, datetime
 
     from registry.index import artifact_for_build
@@ -392,9 +408,91 @@ def twin_orphaned(settings: Settings, s: Any, build_id: int) -> bool:
     tw = twin_of(art.description if art is not None else None)
     if tw is None or tw.get("status") != "pending":
         return False
+    if tw.get("rerun") is True:
+        return True
     try:
         since = datetime.fromisoformat(str(tw.get("since")))
     except ValueError:
         return True
     age = (datetime.now(UTC) - (since if since.tzinfo else since.replace(tzinfo=UTC))).total_seconds()
     return age > settings.accuracy_budget + settings.lease_seconds
+
+
+# ---- cancel: the twin builds of a cancelled release's packages ----------------------------------
+
+def cancel_twins(s: Any, package_build_ids: Sequence[int], reason: str) -> list[tuple[int, str, str]]:
+    """In the caller's transaction, after the cancelled releases are marked: the twin builds of
+    these package builds' parts that no live release waits on, cancelled (``states.cancel``: a
+    running one's worker loses its lease and records nothing, a queued one's message finds its
+    row final and is dropped); (twin build id, state read, ``cancelled`` | ``kept`` | the final
+    state it reached meanwhile) for each one that was queued or running. A package build a live
+    release still holds keeps its twin builds. The twin of a published package left ``pending``
+    is recorded ``unverified`` and cancelled (``twin_cancelled``), not pending forever: a worker
+    still checking it records its figures over that."""
+    from registry.index import artifact_for_build
+    from registry.models import TwinBuild
+
+    out: list[tuple[int, str, str]] = []
+    for pkg_id in package_build_ids:
+        if _held(s, pkg_id):
+            continue
+        for twin_id in _twins_of(s, pkg_id):
+            was = str(states.get_build(s, twin_id, TwinBuild).state)
+            if was in states.FINAL:
+                continue
+            if _twin_needed(s, twin_id):
+                out.append((twin_id, was, "kept"))
+                continue
+            out.append((twin_id, was, states.cancel(s, twin_id, reason, table=TwinBuild)))
+        if states.get_build(s, pkg_id).state == states.BuildState.SUCCEEDED:
+            art = artifact_for_build(s, pkg_id)
+            if art is not None and twin_status(art.description) == "pending":
+                art.description = {**(art.description or {}), "twin": twin_cancelled(reason)}
+    return out
+
+
+def _twins_of(s: Any, package_build_id: int) -> list[int]:
+    """The twin builds of a package build's parts that exist (by their keys; none queued here)."""
+    from sqlalchemy import select
+
+    from registry.models import TwinBuild
+
+    keys = []
+    for p in states.part_builds(s, package_build_id) or []:
+        b = states.get_build(s, p)
+        keys.append(twin_spec(b.model_digest, b.backend, b.target, b.toolchain, dict(b.options)).build_key)
+    if not keys:
+        return []
+    return [int(i) for i in s.scalars(select(TwinBuild.id).where(TwinBuild.build_key.in_(keys)).order_by(TwinBuild.id))]
+
+
+def _held(s: Any, build_id: int) -> bool:
+    """Whether a live (not cancelled) release holds this build."""
+    from sqlalchemy import select
+
+    from registry.models import Release, ReleaseBuild
+
+    return s.scalar(select(Release.id).join(ReleaseBuild, ReleaseBuild.release_id == Release.id)
+                    .where(ReleaseBuild.build_id == build_id, Release.cancelled_at.is_(None)).limit(1)) is not None
+
+
+def _twin_needed(s: Any, twin_id: int) -> bool:
+    """Whether a live release waits on this twin build: one holding a package build whose twin
+    will run (``twin_wanted``) and one of whose parts' builds this is the twin of (the same part,
+    target, toolchain and options: another package with that part, or the same package
+    submitted again)."""
+    from sqlalchemy import select
+
+    from registry.models import Build, GenaiPart, TwinBuild
+
+    tb = states.get_build(s, twin_id, TwinBuild)
+    rows = s.execute(select(GenaiPart.package_build_id, Build).join(Build, Build.id == GenaiPart.part_build_id)
+                     .where(Build.model_digest == tb.model_digest, Build.backend == tb.backend,
+                            Build.target == tb.target, Build.toolchain == tb.toolchain)).all()
+    for pkg_id, part in rows:
+        if twin_spec(part.model_digest, part.backend, part.target, part.toolchain,
+                     dict(part.options)).build_key != tb.build_key:
+            continue
+        if _held(s, int(pkg_id)) and twin_wanted(s, int(pkg_id)):
+            return True
+    return False

@@ -23,6 +23,22 @@ def twin_pending() -> dict[str, Any]:
                       "publication: farm build --genai of the same export runs it if none is running"}
 
 
+def twin_cancelled(reason: str) -> dict[str, Any]:
+    """The twin of a published package whose release was cancelled before its twin was
+    recorded: ``unverified`` and ``cancelled``, the twin not run rather than left ``pending``
+    (``farm show`` says why); like a cancelled build, not a verdict: the package's next
+    submission runs it (``twin_to_run``; on a cluster ``twin_builds.reopen_cancelled_twin``)."""
+    return {"status": "unverified", "cancelled": True,
+            "detail": f"cancelled ({reason}) at {datetime.now(UTC).isoformat(timespec='seconds')} before the twin "
+                      "ran; submitting the package again runs it"}
+
+
+def twin_to_run(description: dict[str, Any] | None) -> bool:
+    """Whether a published package's twin is still to run: ``pending``, or cancelled."""
+    tw = twin_of(description)
+    return tw is not None and (tw.get("status") == "pending" or tw.get("cancelled") is True)
+
+
 def twin_status(description: dict[str, Any] | None) -> str | None:
     """``pending``, ``ok``, ``unverified``, ``runtime-crashed``; None: no twin was asked for."""
     tw = twin_of(description)
