@@ -139,13 +139,16 @@ def download(store: BlobStore, digest: str, dest: Path, *, size: int | None = No
 RANGED_MIN = 128 * 1024 * 1024  # a blob this large is read as parallel ranges where the store can
 
 
+class StoredCompressed(Exception):
+    """A store's ``read_ranges`` of a blob it holds compressed (its ranges are not the blob's):
+    raised before any range is yielded; the blob is read as one stream."""
+
+
 def _chunks(store: BlobStore, digest: str, size: int | None) -> Generator[bytes, None, None]:
     """The blob's bytes in order: a large one of known size as parallel ranges (``read_ranges``,
     an S3 store's), else one stream."""
     ranged = getattr(store, "read_ranges", None)
     if ranged is not None and size is not None and size >= RANGED_MIN:
-        from registry.store.s3 import StoredCompressed
-
         try:
             yield from ranged(digest, size)
             return

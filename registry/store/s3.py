@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlparse
 
 from farm.core.errors import BlobNotFound, ConfigError, DigestMismatchError, StorageError, StorageUnavailable
 from farm.core.settings import parse_bool
-from registry.store.base import BlobInfo, blob_key, check_digest, foreign_entry
+from registry.store.base import BlobInfo, StoredCompressed, blob_key, check_digest, foreign_entry
 
 PART_SIZE = 16 * 1024 * 1024  # memory per upload is about one part
 COMPRESS_MIN = 64 * 1024  # smaller blobs are stored as they are
@@ -358,10 +358,6 @@ def _pack(data: bytes) -> bytes | None:
             return None
     packed: bytes = z.compress(data)
     return packed if len(packed) <= len(data) * COMPRESS_KEEP else None
-
-
-class StoredCompressed(Exception):
-    """``read_ranges`` of a blob stored zstd-compressed (its ranges are not the blob's)."""
 
 
 def _own_size(resp: dict[str, Any], digest: str) -> int | None:
