@@ -49,10 +49,33 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # on a fresh FARM_HOME, where `farm build --genai` opens connections from several threads).
     mode = cur.execute("PRAGMA journal_mode").fetchone()
     if not mode or str(mode[0]).lower() != "wal":
-        cur.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cur)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _switch_to_wal(cur: Any, *, tries: int = 100) -> None:
+    """``PRAGMA journal_mode=WAL``, tried again while another connection holds the file. The
+    switch reads the file (a shared lock) and then needs it alone: SQLite answers "database is
+    locked" at once, without the busy timeout, when another connection does the same (two
+    threads opening a fresh file at once both find it in rollback mode), since waiting there could
+    deadlock. Up to ``tries`` times, 20-120 ms apart (jittered, so the two stop meeting)."""
+    import random
+    import sqlite3
+    import time
+
+    for attempt in range(tries):
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == tries - 1:
+                raise
+            time.sleep(0.02 + random.random() * 0.1)  # noqa: S311 - jitter, not a secret
+            row = cur.execute("PRAGMA journal_mode").fetchone()
+            if row and str(row[0]).lower() == "wal":
+                return  # the other connection switched it
 
 
 def _sqlite_begin(conn: Any) -> None:

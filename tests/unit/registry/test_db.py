@@ -75,3 +75,38 @@ def test_sqlite_pragmas(db):
     with db.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_the_switch_to_wal_waits_out_a_lock_sqlite_answers_at_once():
+    """Two connections switching a fresh file to WAL at once: SQLite answers one of them
+    "database is locked" at once, past the busy timeout (waiting could deadlock). The switch is
+    tried again until the file is in WAL (here switched by the other connection); any other
+    error, or a lock that outlasts the tries, still raises."""
+    import sqlite3
+
+    from registry.db import _switch_to_wal
+
+    class Cursor:
+        def __init__(self, locked: int, then: str = "wal", error: str = "database is locked"):
+            self.locked, self.then, self.error, self.calls = locked, then, error, []
+
+        def execute(self, sql: str) -> Cursor:
+            self.calls.append(sql)
+            if sql == "PRAGMA journal_mode=WAL" and self.locked:
+                self.locked -= 1
+                raise sqlite3.OperationalError(self.error)
+            return self
+
+        def fetchone(self) -> tuple[str]:
+            return (self.then,)
+
+    cur = Cursor(locked=1, then="wal")
+    _switch_to_wal(cur)  # the other connection switched it meanwhile
+    assert cur.calls == ["PRAGMA journal_mode=WAL", "PRAGMA journal_mode"]
+    cur = Cursor(locked=3, then="delete")
+    _switch_to_wal(cur)
+    assert cur.calls.count("PRAGMA journal_mode=WAL") == 4
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _switch_to_wal(Cursor(locked=1, error="disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _switch_to_wal(Cursor(locked=5, then="delete"), tries=3)
