@@ -68,7 +68,8 @@ def twin_spec(group_digest: str, backend: str, target: str, toolchain: str, opti
     from farm.core.catalog import load_catalog
 
     try:
-        target = load_catalog().arch_reference(load_catalog().get(target, backend=backend)).name
+        catalog = load_catalog()
+        target = catalog.arch_reference(catalog.get(target, backend=backend)).name
     except UnknownTargetError:
         pass  # compiled under its own name: its twin build fails there with this error's code
     opts = twin_options(options)
@@ -479,8 +480,9 @@ def _held(s: Any, build_id: int) -> bool:
 def _twin_needed(s: Any, twin_id: int) -> bool:
     """Whether a live release waits on this twin build: one holding a package build whose twin
     will run (``twin_wanted``) and one of whose parts' builds this is the twin of (the same part,
-    target, toolchain and options: another package with that part, or the same package
-    submitted again)."""
+    toolchain and options, for any SoC of the twin's HTP arch: another package with that part,
+    the same package submitted again, or for another SoC of the arch). The part builds are
+    matched by the twin's key, not its target: the twin row names the arch's reference SoC."""
     from sqlalchemy import select
 
     from registry.models import Build, GenaiPart, TwinBuild
@@ -488,7 +490,7 @@ def _twin_needed(s: Any, twin_id: int) -> bool:
     tb = states.get_build(s, twin_id, TwinBuild)
     rows = s.execute(select(GenaiPart.package_build_id, Build).join(Build, Build.id == GenaiPart.part_build_id)
                      .where(Build.model_digest == tb.model_digest, Build.backend == tb.backend,
-                            Build.target == tb.target, Build.toolchain == tb.toolchain)).all()
+                            Build.toolchain == tb.toolchain)).all()
     for pkg_id, part in rows:
         if twin_spec(part.model_digest, part.backend, part.target, part.toolchain,
                      dict(part.options)).build_key != tb.build_key:

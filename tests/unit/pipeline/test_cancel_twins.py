@@ -52,24 +52,26 @@ def release(s: Any, model: str, builds: Sequence[int], parts: Sequence[int] = ()
     return int(r.id)
 
 
-def submit(reg: Registry, package: str, groups: Sequence[str], *, published: bool = False) -> tuple[int, int, list[int]]:
+def submit(reg: Registry, package: str, groups: Sequence[str], *, published: bool = False,
+           target: str = "SM8650") -> tuple[int, int, list[int]]:
     """As ``submit_package`` records one: a release per part, the package's release holding the
     package build and its parts', and each part's twin build queued. Returns (release, package
     build, twin builds in part order)."""
     with reg.db.session() as s:
         pkg = add_model(s, package, name=package).digest
         digests = [add_model(s, g, name=g).digest for g in groups]
-        parts = [states.enqueue(s, spec(d), "compile.qnn.2.51.0")[0] for d in digests]
+        parts = [states.enqueue(s, spec(d, target=target), "compile.qnn.2.51.0")[0] for d in digests]
         if published:
             art = add_artifact(s, pkg)
             art.description = {"twin": twin_pending()}
             pkg_build = int(art.build_id)
         else:
-            pkg_build = states.enqueue(s, spec(pkg), GENAI_Q)[0]
+            pkg_build = states.enqueue(s, spec(pkg, target=target), GENAI_Q)[0]
         link_parts(s, pkg_build, parts)
         part_releases = [release(s, d, [p]) for d, p in zip(digests, parts, strict=True)]
         rel = release(s, pkg, [pkg_build, *parts], part_releases)
-        twins = [i for i, _ in enqueue_twins(s, [twin_spec(d, "qnn", "SM8650", "2.51.0", dict(spec(d).options))
+        twins = [i for i, _ in enqueue_twins(s, [twin_spec(d, "qnn", target, "2.51.0",
+                                                           dict(spec(d, target=target).options))
                                                  for d in digests], GENAI_Q)]
     return rel, pkg_build, twins
 
@@ -103,6 +105,18 @@ def test_a_twin_build_another_live_release_waits_on_is_kept(settings: Settings, 
     done = {c.build: c.now for c in cancel(settings, release_id=rel_b, registry=reg) if c.twin}
     assert done == {shared: "cancelled", only_b: "cancelled"}
     assert twin_row(reg, shared) == ("failed", "cancelled")
+
+
+def test_a_twin_build_a_package_for_another_soc_of_its_arch_waits_on_is_kept(settings: Settings,
+                                                                              reg: Registry) -> None:
+    """Twin builds are keyed by the HTP arch's reference SoC: an SC8380XP package (v73) shares
+    its twin builds with the SM8550 one. Cancelling the SM8550 release keeps them for it."""
+    rel_a, _, twins_a = submit(reg, "pkg-a", ["g0", "g1"], target="SM8550")
+    _, _, twins_b = submit(reg, "pkg-b", ["g0", "g1"], target="SC8380XP")
+    assert twins_b == twins_a
+    done = {c.build: c.now for c in cancel(settings, release_id=rel_a, registry=reg) if c.twin}
+    assert done == {t: "kept" for t in twins_a}
+    assert [twin_row(reg, t) for t in twins_a] == [("queued", None)] * 2
 
 
 def test_a_running_twin_build_loses_its_lease_and_a_late_message_is_dropped(settings: Settings,
